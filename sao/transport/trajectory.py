@@ -1,0 +1,355 @@
+"""The trajectory record: one finished episode, as the rollout worker hands it to the trainer.
+
+This is the contract between the two halves of the system (DESIGN.md). A `Trajectory` always holds arrays of the
+contract dtypes (the constructor converts losslessly or raises); `validate(vocab_size)` checks the semantics the
+learner relies on and raises a `TrajectoryError` whose `reason_code` doubles as the gRPC reject reason.
+
+Shapes (T tokens, prompt + model turns + tool observations, unpadded):
+  token_ids:        [T] int32
+  action_mask:      [T] bool     True on tokens the policy sampled (trained on), False on prompt/observations
+  rollout_logprobs: [T] float32  the engine's log-prob of each sampled token; exactly 0 where action_mask is False
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+from sao.transport import sao_pb2
+
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+class Status(enum.StrEnum):
+  """How an episode ended. Only `ok` and `truncated` episodes are trained on (REFERENCE.md)."""
+  OK = "ok"
+  TIMEOUT = "timeout"
+  ENV_ERROR = "env_error"
+  TRUNCATED = "truncated"
+
+
+class ReasonCode(enum.IntEnum):
+  """Why a trajectory is rejected; numbers equal the proto's `RejectReason` (`REJECT_REASON_<name>`)."""
+  NONE = 0
+  INVALID_FIELD = 1
+  EMPTY = 2
+  LENGTH_MISMATCH = 3
+  NON_FINITE = 4
+  POSITIVE_LOGPROB = 5
+  TOKEN_OUT_OF_RANGE = 6
+  NO_ACTION_TOKEN = 7
+  OBSERVATION_LOGPROB = 8
+  UNKNOWN_STATUS = 9
+  BAD_TURN_BOUNDARIES = 10
+  NEGATIVE_POLICY_VERSION = 11
+  # Transport-level reasons, raised by the trainer-side service rather than by `validate`.
+  UNKNOWN_LEASE = 20
+  STALE_POLICY = 21
+  DUPLICATE = 22
+  BACKPRESSURE = 23
+  INTERNAL = 24
+
+
+class TrajectoryError(ValueError):
+  """A trajectory that breaks the contract. `field` names the offending field; `reason_code` is a `ReasonCode`."""
+
+  def __init__(self, field: str, reason_code: ReasonCode, detail: str):
+    self.field = field
+    self.reason_code = ReasonCode(reason_code)
+    self.detail = detail
+    super().__init__(f"trajectory field {field!r}: {detail} [{self.reason_code.name}]")
+
+
+_STATUS_TO_PROTO = {
+    Status.OK: sao_pb2.TRAJECTORY_STATUS_OK,
+    Status.TIMEOUT: sao_pb2.TRAJECTORY_STATUS_TIMEOUT,
+    Status.ENV_ERROR: sao_pb2.TRAJECTORY_STATUS_ENV_ERROR,
+    Status.TRUNCATED: sao_pb2.TRAJECTORY_STATUS_TRUNCATED,
+}
+_STATUS_FROM_PROTO = {v: k for k, v in _STATUS_TO_PROTO.items()}
+
+
+def _int_array(field: str, value: Any) -> np.ndarray:
+  """`value` as a 1-D int32 array; raises rather than wrap or truncate (a wrapped id would pass the range check)."""
+  arr = np.asarray(value)
+  if arr.ndim != 1:
+    raise TrajectoryError(field, ReasonCode.INVALID_FIELD, f"expected a 1-D array, got shape {arr.shape}")
+  if arr.size == 0:
+    return np.zeros((0,), np.int32)
+  if arr.dtype.kind not in "iu":
+    raise TrajectoryError(field, ReasonCode.INVALID_FIELD, f"expected integers, got dtype {arr.dtype}")
+  if arr.min() < _INT32_MIN or arr.max() > _INT32_MAX:
+    code = {"token_ids": ReasonCode.TOKEN_OUT_OF_RANGE,
+            "turn_boundaries": ReasonCode.BAD_TURN_BOUNDARIES}.get(field, ReasonCode.INVALID_FIELD)
+    raise TrajectoryError(field, code, f"values outside int32: [{arr.min()}, {arr.max()}]")
+  return arr.astype(np.int32)
+
+
+def _bool_array(field: str, value: Any) -> np.ndarray:
+  """`value` as a 1-D bool array; integers are accepted only when every entry is 0 or 1."""
+  arr = np.asarray(value)
+  if arr.ndim != 1:
+    raise TrajectoryError(field, ReasonCode.INVALID_FIELD, f"expected a 1-D array, got shape {arr.shape}")
+  if arr.size == 0:
+    return np.zeros((0,), bool)
+  if arr.dtype == bool:
+    return arr
+  if arr.dtype.kind not in "iu" or not np.isin(arr, (0, 1)).all():
+    raise TrajectoryError(field, ReasonCode.INVALID_FIELD, f"expected booleans (0/1), got dtype {arr.dtype}")
+  return arr.astype(bool)
+
+
+def _float_array(field: str, value: Any) -> np.ndarray:
+  """`value` as a 1-D float32 array (non-finite values are kept: `validate` reports them)."""
+  arr = np.asarray(value)
+  if arr.ndim != 1:
+    raise TrajectoryError(field, ReasonCode.INVALID_FIELD, f"expected a 1-D array, got shape {arr.shape}")
+  if arr.size == 0:
+    return np.zeros((0,), np.float32)
+  if arr.dtype.kind not in "fiu":
+    raise TrajectoryError(field, ReasonCode.INVALID_FIELD, f"expected floats, got dtype {arr.dtype}")
+  with np.errstate(over="ignore"):  # a float64 beyond float32 becomes inf, which validate() then rejects
+    return arr.astype(np.float32)
+
+
+def _arrays_equal(a: np.ndarray, b: np.ndarray) -> bool:
+  """Bitwise equality (dtype, shape and bytes), so a round trip is checked exactly."""
+  return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+@dataclasses.dataclass(eq=False)
+class Trajectory:
+  """One finished episode (see the module docstring for array shapes).
+
+  Attributes:
+    task_id: the task's id (from the task dispenser).
+    sample_index: index of this rollout within its group (GSPO); 0 for SAO.
+    group_id: rollouts of one task that are advantaged together share a group id.
+    policy_version: the weights version that sampled the action tokens.
+    token_ids, action_mask, rollout_logprobs: see module docstring.
+    reward: the environment's scalar outcome reward (placed on `reward_token_index()` by the learner).
+    turn_boundaries: token offset where each message starts; strictly increasing, inside [0, T).
+    num_turns: number of assistant (model) turns.
+    status: one of `Status`.
+    harness: which agent scaffold produced it ("sao", "openhands", ...).
+    timings: seconds spent per phase ("generate", "tool", "total", ...).
+    metrics: extra scalar diagnostics.
+    lease_id: the lease under which the task was run (the transport matches it to the dispenser's lease).
+    metadata: free-form string annotations.
+  """
+  task_id: str
+  token_ids: np.ndarray
+  action_mask: np.ndarray
+  rollout_logprobs: np.ndarray
+  reward: float
+  policy_version: int = 0
+  sample_index: int = 0
+  group_id: str = ""
+  turn_boundaries: tuple[int, ...] = ()
+  num_turns: int = 0
+  status: str = Status.OK
+  harness: str = ""
+  timings: dict[str, float] = dataclasses.field(default_factory=dict)
+  metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+  lease_id: str = ""
+  metadata: dict[str, str] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    self.token_ids = _int_array("token_ids", self.token_ids)
+    self.action_mask = _bool_array("action_mask", self.action_mask)
+    self.rollout_logprobs = _float_array("rollout_logprobs", self.rollout_logprobs)
+    self.turn_boundaries = tuple(int(b) for b in _int_array("turn_boundaries", list(self.turn_boundaries)))
+    self.reward = float(self.reward)
+    self.policy_version = int(self.policy_version)
+    self.sample_index = int(self.sample_index)
+    self.num_turns = int(self.num_turns)
+    if self.status in Status.__members__.values():
+      self.status = Status(self.status)
+    self.timings = {str(k): float(v) for k, v in self.timings.items()}
+    self.metrics = {str(k): float(v) for k, v in self.metrics.items()}
+    self.metadata = {str(k): str(v) for k, v in self.metadata.items()}
+
+  def __eq__(self, other: object) -> bool:
+    if not isinstance(other, Trajectory):
+      return NotImplemented
+    for f in dataclasses.fields(self):
+      a, b = getattr(self, f.name), getattr(other, f.name)
+      if isinstance(a, np.ndarray):
+        if not _arrays_equal(a, b):
+          return False
+      elif a != b:
+        return False
+    return True
+
+  __hash__ = None  # mutable, holds arrays
+
+  # ----------------------------------------------------------------------------------------------------------------
+  # Derived quantities.
+
+  @property
+  def num_tokens(self) -> int:
+    return int(self.token_ids.shape[0])
+
+  @property
+  def num_action_tokens(self) -> int:
+    return int(self.action_mask.sum())
+
+  @property
+  def is_trainable(self) -> bool:
+    """Timeouts and environment failures are dropped, not trained on (REFERENCE.md)."""
+    return self.status in (Status.OK, Status.TRUNCATED)
+
+  def reward_token_index(self) -> int:
+    """Index of the last action token: where the outcome reward goes (an episode usually ends on an observation)."""
+    idx = np.flatnonzero(self.action_mask)
+    if idx.size == 0:
+      raise TrajectoryError("action_mask", ReasonCode.NO_ACTION_TOKEN, "no action token to carry the reward")
+    return int(idx[-1])
+
+  def staleness(self, trainer_version: int) -> int:
+    """How many policy versions the trainer is ahead of the policy that produced this trajectory."""
+    return int(trainer_version) - self.policy_version
+
+  # ----------------------------------------------------------------------------------------------------------------
+  # Validation.
+
+  def validate(self, vocab_size: int) -> None:
+    """Checks everything the learner assumes; raises `TrajectoryError` naming the first offending field."""
+    if not self.task_id:
+      raise TrajectoryError("task_id", ReasonCode.INVALID_FIELD, "empty task id")
+    if self.policy_version < 0:
+      raise TrajectoryError("policy_version", ReasonCode.NEGATIVE_POLICY_VERSION,
+                            f"must be >= 0, got {self.policy_version}")
+    if self.sample_index < 0:
+      raise TrajectoryError("sample_index", ReasonCode.INVALID_FIELD, f"must be >= 0, got {self.sample_index}")
+    if self.num_turns < 0:
+      raise TrajectoryError("num_turns", ReasonCode.INVALID_FIELD, f"must be >= 0, got {self.num_turns}")
+    if not isinstance(self.status, Status):
+      raise TrajectoryError("status", ReasonCode.UNKNOWN_STATUS,
+                            f"{self.status!r} is not one of {[s.value for s in Status]}")
+    if not math.isfinite(self.reward):
+      raise TrajectoryError("reward", ReasonCode.NON_FINITE, f"must be finite, got {self.reward}")
+    for name, values in (("timings", self.timings), ("metrics", self.metrics)):
+      for key, value in values.items():
+        if not math.isfinite(value):
+          raise TrajectoryError(f"{name}[{key!r}]", ReasonCode.NON_FINITE, f"must be finite, got {value}")
+    self._validate_arrays(vocab_size)
+    self._validate_turn_boundaries()
+
+  def _validate_arrays(self, vocab_size: int) -> None:
+    t = self.num_tokens
+    if t == 0:
+      raise TrajectoryError("token_ids", ReasonCode.EMPTY, "trajectory has no tokens")
+    for name in ("action_mask", "rollout_logprobs"):
+      n = getattr(self, name).shape[0]
+      if n != t:
+        raise TrajectoryError(name, ReasonCode.LENGTH_MISMATCH, f"length {n} != len(token_ids) {t}")
+    bad = np.flatnonzero((self.token_ids < 0) | (self.token_ids >= vocab_size))
+    if bad.size:
+      raise TrajectoryError("token_ids", ReasonCode.TOKEN_OUT_OF_RANGE,
+                            f"token {self.token_ids[bad[0]]} at position {bad[0]} outside [0, {vocab_size})")
+    if not self.action_mask.any():
+      raise TrajectoryError("action_mask", ReasonCode.NO_ACTION_TOKEN, "no action token (all zero)")
+    lp = self.rollout_logprobs
+    bad = np.flatnonzero(~np.isfinite(lp))
+    if bad.size:
+      raise TrajectoryError("rollout_logprobs", ReasonCode.NON_FINITE,
+                            f"value {lp[bad[0]]} at position {bad[0]}")
+    bad = np.flatnonzero(~self.action_mask & (lp != 0))
+    if bad.size:
+      raise TrajectoryError("rollout_logprobs", ReasonCode.OBSERVATION_LOGPROB,
+                            f"non-zero value {lp[bad[0]]} at observation position {bad[0]} (action_mask 0)")
+    bad = np.flatnonzero(lp > 0)
+    if bad.size:
+      raise TrajectoryError("rollout_logprobs", ReasonCode.POSITIVE_LOGPROB,
+                            f"positive log-prob {lp[bad[0]]} at position {bad[0]}")
+
+  def _validate_turn_boundaries(self) -> None:
+    b = self.turn_boundaries
+    for i, offset in enumerate(b):
+      if not 0 <= offset < self.num_tokens:
+        raise TrajectoryError("turn_boundaries", ReasonCode.BAD_TURN_BOUNDARIES,
+                              f"offset {offset} at index {i} outside [0, {self.num_tokens})")
+      if i and offset <= b[i - 1]:
+        raise TrajectoryError("turn_boundaries", ReasonCode.BAD_TURN_BOUNDARIES,
+                              f"not strictly increasing at index {i}: {b[i - 1]} then {offset}")
+
+  # ----------------------------------------------------------------------------------------------------------------
+  # Wire format.
+
+  def to_proto(self) -> sao_pb2.Trajectory:
+    """The `sao.transport.v1.Trajectory` message. Exact: `from_proto(t.to_proto()) == t`."""
+    if not isinstance(self.status, Status):
+      raise TrajectoryError("status", ReasonCode.UNKNOWN_STATUS, f"{self.status!r} has no wire encoding")
+    return sao_pb2.Trajectory(
+        task_id=self.task_id,
+        sample_index=self.sample_index,
+        group_id=self.group_id,
+        policy_version=self.policy_version,
+        token_ids=self.token_ids.tolist(),
+        action_mask=self.action_mask.astype(np.uint8).tobytes(),
+        rollout_logprobs=self.rollout_logprobs.tolist(),
+        reward=self.reward,
+        turn_boundaries=list(self.turn_boundaries),
+        num_turns=self.num_turns,
+        status=_STATUS_TO_PROTO[self.status],
+        harness=self.harness,
+        timings=self.timings,
+        metrics=self.metrics,
+        lease_id=self.lease_id,
+        metadata=self.metadata,
+    )
+
+  @classmethod
+  def from_proto(cls, msg: sao_pb2.Trajectory) -> Trajectory:
+    """Decodes a wire message; raises `TrajectoryError` for what cannot be represented (bad mask byte, status)."""
+    if msg.status not in _STATUS_FROM_PROTO:
+      raise TrajectoryError("status", ReasonCode.UNKNOWN_STATUS,
+                            f"wire value {msg.status} is not a known TrajectoryStatus")
+    return cls(
+        task_id=msg.task_id,
+        sample_index=msg.sample_index,
+        group_id=msg.group_id,
+        policy_version=msg.policy_version,
+        token_ids=np.asarray(msg.token_ids, np.int32),
+        action_mask=np.frombuffer(msg.action_mask, np.uint8).copy(),
+        rollout_logprobs=np.asarray(msg.rollout_logprobs, np.float32),
+        reward=msg.reward,
+        turn_boundaries=tuple(msg.turn_boundaries),
+        num_turns=msg.num_turns,
+        status=_STATUS_FROM_PROTO[msg.status],
+        harness=msg.harness,
+        timings=dict(msg.timings),
+        metrics=dict(msg.metrics),
+        lease_id=msg.lease_id,
+        metadata=dict(msg.metadata),
+    )
+
+  def to_bytes(self) -> bytes:
+    """Serialized proto (for the durable trajectory log)."""
+    return self.to_proto().SerializeToString()
+
+  @classmethod
+  def from_bytes(cls, data: bytes) -> Trajectory:
+    msg = sao_pb2.Trajectory()
+    msg.ParseFromString(data)
+    return cls.from_proto(msg)
+
+
+def reject_result(error: TrajectoryError, retry_after_ms: int = 0) -> sao_pb2.SubmitResult:
+  """The `SubmitResult` that reports `error` to the worker."""
+  return sao_pb2.SubmitResult(accepted=False, reason=int(error.reason_code), message=str(error),
+                              retry_after_ms=retry_after_ms, field=error.field)
+
+
+def field_summary(traj: Trajectory) -> Mapping[str, Any]:
+  """A compact, JSON-friendly summary for logs (no token arrays)."""
+  return {
+      "task_id": traj.task_id, "sample_index": traj.sample_index, "group_id": traj.group_id,
+      "policy_version": traj.policy_version, "num_tokens": traj.num_tokens,
+      "num_action_tokens": traj.num_action_tokens, "reward": traj.reward, "num_turns": traj.num_turns,
+      "status": str(traj.status), "harness": traj.harness,
+  }
