@@ -1,0 +1,217 @@
+"""Advantages for agentic RL: skip-observation GAE, per-sequence λ, reward placement, whitening, group advantages.
+
+Notation (../shared/REFERENCE.md): `B` sequences, `T` tokens, `m = action_mask [B, T]` with 1 on model-action tokens
+(sampled by the policy) and 0 on prompt, template, tool-observation and padding tokens. Tool observations are context
+the model sees, never tokens it is trained on, so GAE *bridges* them: the recursion runs over action tokens only.
+
+All functions are pure, jit-compatible, accept float32/bfloat16 inputs and compute in float32 (float64 when an input
+already is float64 under x64). Argument errors are `ValueError`s raised at trace time that name the argument.
+"""
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+from sao.core import checks
+from sao.core.masked import masked_mean, masked_var, masked_whiten  # re-exported: part of this module's API
+
+__all__ = [
+    "gae",
+    "length_adaptive_lambda",
+    "place_terminal_reward",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    "group_advantages",
+]
+
+
+def _linear_recurrence_reverse(a: jax.Array, b: jax.Array) -> jax.Array:
+  """Solves `x_t = a_t · x_{t+1} + b_t` backwards over the last axis with `x_T = 0`, as a parallel scan.
+
+  Each element is the affine map `x ↦ a·x + b`. Scanning from the end, the map for `t..T−1` is the map for `t`
+  composed after the map for `t+1..T−1`: (a₁, b₁) then (a₂, b₂) gives (a₁·a₂, a₂·b₁ + b₂). Applied to `x_T = 0`, the
+  accumulated `b` is `x_t`. O(log T) depth, O(T) work.
+  """
+
+  def compose(later_in_time, earlier_in_time):
+    a1, b1 = later_in_time
+    a2, b2 = earlier_in_time
+    return a1 * a2, a2 * b1 + b2
+
+  _, x = jax.lax.associative_scan(compose, (a, b), reverse=True, axis=a.ndim - 1)
+  return x
+
+
+def _gae_scan(rewards, values, mask, gamma, lam):
+  """The reference recursion of REFERENCE.md as a reverse `lax.scan` over time. Arrays are `[B, T]`."""
+  gamma_lam = gamma * lam  # [B, 1]
+
+  def step(carry, xs):
+    next_value, last_adv = carry  # [B], [B]
+    r_t, v_t, m_t = xs
+    delta = r_t + gamma * next_value - v_t
+    adv = delta + gamma_lam[:, 0] * last_adv
+    next_value = jnp.where(m_t, v_t, next_value)
+    last_adv = jnp.where(m_t, adv, last_adv)
+    return (next_value, last_adv), jnp.where(m_t, adv, 0.0)
+
+  zeros = jnp.zeros(rewards.shape[:1], rewards.dtype)
+  # Time-major so each scan step reads one contiguous [B] row; unrolling amortises the loop overhead on CPU.
+  _, adv_tm = jax.lax.scan(step, (zeros, zeros), (rewards.T, values.T, mask.T), reverse=True, unroll=8)
+  return adv_tm.T
+
+
+def _gae_associative(rewards, values, mask, gamma, lam):
+  """The same recursion as two parallel linear recurrences over time. Arrays are `[B, T]`.
+
+  1. `u_t` = value of the first action token at or after `t` (0 if none): `u_t = (1−m_t)·u_{t+1} + m_t·V_t`.
+     The next action token's value seen from `t` is then `u_{t+1}`.
+  2. On action tokens `A_t = δ_t + γλ·A_next` with `δ_t = r_t + γ·u_{t+1} − V_t`; observation tokens pass the
+     carried advantage through unchanged: `x_t = a_t·x_{t+1} + b_t` with `(a, b) = (γλ, δ)` where `m_t` and `(1, 0)`
+     elsewhere.
+  """
+  m = mask.astype(values.dtype)
+  first_value_from = _linear_recurrence_reverse(1.0 - m, m * values)
+  next_value = jnp.concatenate([first_value_from[:, 1:], jnp.zeros_like(first_value_from[:, :1])], axis=1)
+  delta = rewards + gamma * next_value - values
+  gamma_lam = jnp.broadcast_to(gamma * lam, values.shape)
+  a = jnp.where(mask, gamma_lam, 1.0)
+  b = jnp.where(mask, delta, 0.0)
+  return jnp.where(mask, _linear_recurrence_reverse(a, b), 0.0)
+
+
+def gae(
+    rewards: jax.Array,
+    values: jax.Array,
+    action_mask: jax.Array,
+    gamma: float | jax.Array,
+    lam: float | jax.Array,
+    method: Literal["scan", "associative"] = "scan",
+) -> tuple[jax.Array, jax.Array]:
+  """Skip-observation generalized advantage estimation.
+
+  From `nextV = 0, lastA = 0`, for `t = T−1 … 0`:
+
+      δ_t = r_t + γ·nextV − V_t
+      A'_t = δ_t + γ·λ_b·lastA
+      if m_t:  nextV = V_t;  lastA = A'_t
+
+  and `A_t = m_t·A'_t`, `R_t = m_t·(A'_t + V_t)`. Observation tokens (`m_t = 0`) are bridged: they neither consume
+  a discount step nor contribute their value, and their rewards are ignored (put outcome rewards on the last action
+  token with `place_terminal_reward`). Same recursion as verl's `compute_gae_advantage_return` with a response mask.
+
+  Args:
+    rewards: `[B, T]` per-token rewards.
+    values: `[B, T]` critic values.
+    action_mask: `[B, T]` bool/int, 1 on model-action tokens.
+    gamma: scalar discount γ.
+    lam: scalar λ or per-sequence `[B]` (e.g. from `length_adaptive_lambda`).
+    method: "scan" (reverse `lax.scan`) or "associative" (parallel scan); they agree to float rounding.
+
+  Returns:
+    `(advantages, returns)`, both `[B, T]` in the compute dtype (float32 for float32/bfloat16 inputs), 0 where `m == 0`.
+  """
+  rewards = checks.float_array("rewards", rewards, ndim=2)
+  values = checks.float_array("values", values, ndim=2)
+  mask = checks.mask_array("action_mask", action_mask, ndim=2)
+  checks.same_shape(["values", "rewards", "action_mask"], [values, rewards, mask])
+  dtype = checks.compute_dtype(rewards, values)
+  gamma = jnp.asarray(gamma, dtype)
+  if gamma.ndim != 0:
+    raise ValueError(f"gamma must be a scalar, got shape {gamma.shape}")
+  lam = checks.per_sequence("lam", lam, values.shape[0], dtype)
+  rewards, values = rewards.astype(dtype), values.astype(dtype)
+  if method == "scan":
+    advantages = _gae_scan(rewards, values, mask, gamma, lam)
+  elif method == "associative":
+    advantages = _gae_associative(rewards, values, mask, gamma, lam)
+  else:
+    raise ValueError(f"method must be 'scan' or 'associative', got {method!r}")
+  returns = jnp.where(mask, advantages + values, 0.0)
+  return advantages, returns
+
+
+def length_adaptive_lambda(action_mask: jax.Array, alpha: float = 1.5) -> jax.Array:
+  """VAPO's length-adaptive policy λ: `λ_b = 1 − 1/(α·l_b)`, `l_b` = number of action tokens in sequence `b`.
+
+  Longer trajectories get λ closer to 1 (less bias, the variance is averaged over more tokens). The result is
+  clipped to `[0, 1]`; a sequence with no action token (`l = 0`) gets `λ = 0` — its advantages are all zero anyway.
+
+  Args:
+    action_mask: `[B, T]` bool/int.
+    alpha: α > 0.
+
+  Returns:
+    `[B]` float32 λ.
+  """
+  mask = checks.mask_array("action_mask", action_mask, ndim=2)
+  if not alpha > 0:
+    raise ValueError(f"alpha must be positive, got {alpha}")
+  length = jnp.sum(mask, axis=-1).astype(jnp.float32)
+  lam = 1.0 - 1.0 / (alpha * jnp.maximum(length, 1.0))
+  return jnp.where(length > 0, jnp.clip(lam, 0.0, 1.0), 0.0)
+
+
+def place_terminal_reward(rewards: jax.Array, action_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Puts each sequence's scalar outcome reward on its last model-action token.
+
+  Agent trajectories usually end with a tool observation; a reward placed on the last *token* would never reach
+  GAE, which skips observations.
+
+  Args:
+    rewards: `[B]` outcome rewards.
+    action_mask: `[B, T]` bool/int.
+
+  Returns:
+    `(token_rewards [B, T], has_action [B] bool)`: `token_rewards[b]` is zero except at the last action token.
+    A sequence with no action token gets no reward anywhere and `has_action = False`; callers should drop it.
+  """
+  rewards = checks.float_array("rewards", rewards, ndim=1)
+  mask = checks.mask_array("action_mask", action_mask, ndim=2)
+  if rewards.shape[0] != mask.shape[0]:
+    raise ValueError(f"rewards has shape {rewards.shape} but action_mask has {mask.shape[0]} rows")
+  num_tokens = mask.shape[1]
+  has_action = jnp.any(mask, axis=-1)
+  last = num_tokens - 1 - jnp.argmax(mask[:, ::-1], axis=-1)  # [B]
+  at_last = (jnp.arange(num_tokens)[None, :] == last[:, None]) & has_action[:, None]
+  dtype = checks.compute_dtype(rewards)
+  return jnp.where(at_last, rewards.astype(dtype)[:, None], 0.0), has_action
+
+
+def group_advantages(
+    rewards: jax.Array,
+    group_ids: jax.Array,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+) -> jax.Array:
+  """GRPO-style group-relative advantages: `Â_i = (r_i − mean_g r) / (std_g r + eps)`.
+
+  `std_g` is the sample standard deviation (Bessel-corrected, as GRPO implementations use). With
+  `normalize_std=False` this is Dr. GRPO: `Â_i = r_i − mean_g r`. A group of one gets 0. Groups need not be
+  contiguous; O(B²) memory, fine for batch sizes of thousands.
+
+  Args:
+    rewards: `[B]` scalar rewards.
+    group_ids: `[B]` integer group ids (samples of one task share an id).
+
+  Returns:
+    `[B]` advantages in the compute dtype.
+  """
+  rewards = checks.float_array("rewards", rewards, ndim=1)
+  group_ids = jnp.asarray(group_ids)
+  if not jnp.issubdtype(group_ids.dtype, jnp.integer):
+    raise ValueError(f"group_ids must be an integer array, got dtype {group_ids.dtype}")
+  checks.same_shape(["rewards", "group_ids"], [rewards, group_ids])
+  r = rewards.astype(checks.compute_dtype(rewards))
+  same = (group_ids[:, None] == group_ids[None, :]).astype(r.dtype)  # [B, B]
+  count = jnp.sum(same, axis=1)
+  mean = same @ r / count
+  centred = r - mean
+  adv = centred
+  if normalize_std:
+    # Σ_j∈g (r_j − mean_g)² computed per row i through the group-membership matrix.
+    sum_sq = jnp.sum(same * (r[None, :] - mean[:, None]) ** 2, axis=1)
+    std = jnp.sqrt(sum_sq / jnp.maximum(count - 1.0, 1.0))
+    adv = centred / (std + eps)
+  return jnp.where(count > 1, adv, 0.0)

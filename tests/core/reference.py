@@ -1,0 +1,128 @@
+"""Plain float64 NumPy references written from the equations in ../shared/REFERENCE.md, loop by loop."""
+import numpy as np
+
+
+def gae(rewards, values, mask, gamma, lam):
+  rewards, values = np.asarray(rewards, np.float64), np.asarray(values, np.float64)
+  mask = np.asarray(mask, bool)
+  batch, num_tokens = rewards.shape
+  lam = np.broadcast_to(np.asarray(lam, np.float64), (batch,))
+  adv = np.zeros((batch, num_tokens))
+  ret = np.zeros((batch, num_tokens))
+  for b in range(batch):
+    next_value, last_adv = 0.0, 0.0
+    for t in reversed(range(num_tokens)):
+      delta = rewards[b, t] + gamma * next_value - values[b, t]
+      a = delta + gamma * lam[b] * last_adv
+      if mask[b, t]:
+        next_value, last_adv = values[b, t], a
+        adv[b, t] = a
+        ret[b, t] = a + values[b, t]
+  return adv, ret
+
+
+def length_adaptive_lambda(mask, alpha):
+  length = np.asarray(mask, bool).sum(-1).astype(np.float64)
+  out = np.zeros_like(length)
+  for b, l in enumerate(length):
+    out[b] = 0.0 if l == 0 else min(max(1.0 - 1.0 / (alpha * l), 0.0), 1.0)
+  return out
+
+
+def place_terminal_reward(rewards, mask):
+  mask = np.asarray(mask, bool)
+  out = np.zeros(mask.shape)
+  for b in range(mask.shape[0]):
+    idx = np.nonzero(mask[b])[0]
+    if len(idx):
+      out[b, idx[-1]] = rewards[b]
+  return out, mask.any(-1)
+
+
+def masked_mean(x, mask):
+  x, mask = np.asarray(x, np.float64), np.asarray(mask, bool)
+  return x[mask].mean() if mask.any() else 0.0
+
+
+def masked_var(x, mask, unbiased=False):
+  x, mask = np.asarray(x, np.float64), np.asarray(mask, bool)
+  n = mask.sum()
+  d = n - 1 if unbiased else n
+  if d <= 0:
+    return 0.0
+  return ((x[mask] - x[mask].mean()) ** 2).sum() / d
+
+
+def masked_whiten(x, mask, eps=1e-8):
+  x, mask = np.asarray(x, np.float64), np.asarray(mask, bool)
+  out = (x - masked_mean(x, mask)) / np.sqrt(masked_var(x, mask) + eps)
+  return np.where(mask, out, 0.0)
+
+
+def group_advantages(rewards, group_ids, normalize_std=True, eps=1e-6):
+  rewards = np.asarray(rewards, np.float64)
+  out = np.zeros_like(rewards)
+  for i, g in enumerate(group_ids):
+    members = rewards[np.asarray(group_ids) == g]
+    if len(members) < 2:
+      continue
+    out[i] = rewards[i] - members.mean()
+    if normalize_std:
+      out[i] /= members.std(ddof=1) + eps
+  return out
+
+
+def dis_loss(logp, rollout_logp, adv, mask, low, high):
+  logp, rollout_logp, adv = (np.asarray(a, np.float64) for a in (logp, rollout_logp, adv))
+  mask = np.asarray(mask, bool)
+  total, masked = 0.0, 0
+  for idx in zip(*np.nonzero(mask)):
+    r = np.exp(logp[idx] - rollout_logp[idx])
+    f = r if low < r < high else 0.0
+    masked += f == 0.0
+    total += f * adv[idx] * logp[idx]
+  n = max(mask.sum(), 1)
+  return -total / n, masked / n
+
+
+def gspo_loss(logp, old_logp, seq_adv, mask, clip_low, clip_high):
+  logp, old_logp = np.asarray(logp, np.float64), np.asarray(old_logp, np.float64)
+  mask = np.asarray(mask, bool)
+  objs = []
+  for b in range(mask.shape[0]):
+    if not mask[b].any():
+      continue
+    s = np.exp((logp[b] - old_logp[b])[mask[b]].mean())
+    a = seq_adv[b]
+    objs.append(min(s * a, np.clip(s, 1 - clip_low, 1 + clip_high) * a))
+  return -sum(objs) / max(len(objs), 1)
+
+
+def ppo_clip_loss(logp, old_logp, adv, mask, clip_low, clip_high):
+  logp, old_logp, adv = (np.asarray(a, np.float64) for a in (logp, old_logp, adv))
+  mask = np.asarray(mask, bool)
+  total = 0.0
+  for idx in zip(*np.nonzero(mask)):
+    r = np.exp(logp[idx] - old_logp[idx])
+    total += min(r * adv[idx], np.clip(r, 1 - clip_low, 1 + clip_high) * adv[idx])
+  return -total / max(mask.sum(), 1)
+
+
+def value_loss(values, returns, mask, old_values=None, clip=None):
+  values, returns = np.asarray(values, np.float64), np.asarray(returns, np.float64)
+  mask = np.asarray(mask, bool)
+  total = 0.0
+  for idx in zip(*np.nonzero(mask)):
+    loss = 0.5 * (values[idx] - returns[idx]) ** 2
+    if clip is not None:
+      vc = old_values[idx] + np.clip(values[idx] - old_values[idx], -clip, clip)
+      loss = max(loss, 0.5 * (vc - returns[idx]) ** 2)
+    total += loss
+  return total / max(mask.sum(), 1)
+
+
+def explained_variance(values, returns, mask, eps=1e-8):
+  var_r = masked_var(returns, mask)
+  if var_r <= eps:
+    return 0.0
+  return 1.0 - masked_var(np.asarray(returns, np.float64) - values, mask) / var_r
