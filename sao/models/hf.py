@@ -1,0 +1,250 @@
+"""HF safetensors checkpoints ↔ our param trees, without torch.
+
+One table, `RULES`, maps HF tensor names to param paths. `{name}` placeholders match the regex in `_GROUPS` and are
+carried across. Transforms:
+  COPY    same array (embeddings, norm scales, o_proj bias)
+  FLAT    HF 1-D bias `[H·D]` ↔ ours `[H, D]`
+  LINEAR  HF `nn.Linear` weight `[out, in]` ↔ our kernel `[in, out...]` (transpose, then split the out dims)
+  LINEAR2 same with two input dims (o_proj: ours `[H, D, E]` ↔ HF `[E, H·D]`)
+  EXPERT  HF per-expert weight `experts.{e}.*.weight [out, in]` ↔ slice e of our stacked `[X, in, out]`
+
+Critic checkpoints are the policy layout without `lm_head.weight` plus the value head:
+  `score.weight [1, E]` ↔ `value_head/kernel [E, 1]`, `score.bias [1]` ↔ `value_head/bias [1]`
+(the name `score` follows HF's `*ForTokenClassification` / reward-model heads).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Iterator
+
+import flax.linen as nn
+import jax
+import ml_dtypes
+import numpy as np
+import safetensors
+import safetensors.numpy
+
+from sao.models.config import ModelConfig
+from sao.models.transformer import abstract_params
+
+COPY, FLAT, LINEAR, LINEAR2, EXPERT = "copy", "flat", "linear", "linear2", "expert"
+
+_GROUPS = {
+    "layer": r"\d+",
+    "expert": r"\d+",
+    "norm": r"input_layernorm|post_attention_layernorm",
+    "qk_norm": r"q_norm|k_norm",
+    "qkv": r"q_proj|k_proj|v_proj",
+    "mlp": r"gate_proj|up_proj|down_proj",
+}
+
+RULES: tuple[tuple[str, str, str], ...] = (
+    # HF tensor name                                          param path                                        transform
+    ("model.embed_tokens.weight",                             "model/embed_tokens/embedding",                   COPY),
+    ("model.norm.weight",                                     "model/norm/scale",                               COPY),
+    ("lm_head.weight",                                        "lm_head/kernel",                                 LINEAR),
+    ("score.weight",                                          "value_head/kernel",                              LINEAR),
+    ("score.bias",                                            "value_head/bias",                                COPY),
+    ("model.layers.{layer}.{norm}.weight",                    "model/layers_{layer}/{norm}/scale",              COPY),
+    ("model.layers.{layer}.self_attn.{qk_norm}.weight",       "model/layers_{layer}/self_attn/{qk_norm}/scale", COPY),
+    ("model.layers.{layer}.self_attn.{qkv}.weight",           "model/layers_{layer}/self_attn/{qkv}/kernel",    LINEAR),
+    ("model.layers.{layer}.self_attn.{qkv}.bias",             "model/layers_{layer}/self_attn/{qkv}/bias",      FLAT),
+    ("model.layers.{layer}.self_attn.o_proj.weight",          "model/layers_{layer}/self_attn/o_proj/kernel",   LINEAR2),
+    ("model.layers.{layer}.self_attn.o_proj.bias",            "model/layers_{layer}/self_attn/o_proj/bias",     COPY),
+    ("model.layers.{layer}.mlp.{mlp}.weight",                 "model/layers_{layer}/mlp/{mlp}/kernel",          LINEAR),
+    ("model.layers.{layer}.mlp.{mlp}.bias",                   "model/layers_{layer}/mlp/{mlp}/bias",            COPY),
+    ("model.layers.{layer}.mlp.gate.weight",                  "model/layers_{layer}/mlp/gate/kernel",           LINEAR),
+    ("model.layers.{layer}.mlp.experts.{expert}.{mlp}.weight", "model/layers_{layer}/mlp/experts/{mlp}",        EXPERT),
+)
+
+
+def _template_regex(template: str) -> re.Pattern:
+  parts = re.split(r"\{(\w+)\}", template)  # literal, group, literal, group, ...
+  regex = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>{_GROUPS[p]})" for i, p in enumerate(parts))
+  return re.compile(regex + "$")
+
+
+_HF_REGEX = [(_template_regex(hf), hf, path, kind) for hf, path, kind in RULES]
+_PATH_REGEX = [(_template_regex(path), hf, path, kind) for hf, path, kind in RULES]
+
+
+def hf_to_path(name: str) -> tuple[str, str, int | None] | None:
+  """HF tensor name → (param path, transform, expert index or None); None if no rule matches."""
+  for regex, _, path, kind in _HF_REGEX:
+    match = regex.match(name)
+    if match:
+      groups = match.groupdict()
+      return path.format(**groups), kind, int(groups["expert"]) if "expert" in groups else None
+  return None
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for key, value in tree.items():
+    path = f"{prefix}/{key}" if prefix else key
+    if isinstance(value, dict):
+      out.update(_flatten(value, path))
+    else:
+      out[path] = value
+  return out
+
+
+def _unflatten(flat: dict[str, Any]) -> dict:
+  tree: dict = {}
+  for path, value in flat.items():
+    node = tree
+    *parents, leaf = path.split("/")
+    for key in parents:
+      node = node.setdefault(key, {})
+    node[leaf] = value
+  return tree
+
+
+def _to_ours(w: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray:
+  if kind in (LINEAR, LINEAR2, EXPERT):
+    w = w.T
+  return w.reshape(shape)
+
+
+def _to_hf(p: np.ndarray, kind: str) -> np.ndarray:
+  if kind == FLAT:
+    return p.reshape(-1)
+  if kind == LINEAR:
+    return p.reshape(p.shape[0], -1).T
+  if kind == LINEAR2:
+    return p.reshape(p.shape[0] * p.shape[1], -1).T
+  return p
+
+
+# ------------------------------------------------------------------------------------------------ loading
+def _safetensors_files(directory: str) -> list[str]:
+  index = os.path.join(directory, "model.safetensors.index.json")
+  if os.path.exists(index):
+    with open(index) as f:
+      weight_map = json.load(f).get("weight_map")
+    if not isinstance(weight_map, dict):
+      raise ValueError(f"model.safetensors.index.json: missing 'weight_map' in {directory}")
+    return [os.path.join(directory, name) for name in sorted(set(weight_map.values()))]
+  files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
+  if not files:
+    raise ValueError(f"*.safetensors: no weight files in {directory}")
+  return [os.path.join(directory, f) for f in files]
+
+
+def _iter_tensors(directory: str) -> Iterator[tuple[str, np.ndarray]]:
+  for path in _safetensors_files(directory):
+    with safetensors.safe_open(path, framework="np") as f:
+      for name in f.keys():
+        yield name, f.get_tensor(name)
+
+
+def load_pretrained(directory: str, dtype: str = "float32", critic: bool = False,
+                    **config_overrides) -> tuple[ModelConfig, dict]:
+  """Reads `config.json` + `*.safetensors` (single file or sharded with `model.safetensors.index.json`).
+
+  `dtype` sets both the param and compute dtype ("float32" / "bfloat16"; `config_overrides` may set them apart).
+  `critic=True` expects a critic checkpoint (`score.*`, no `lm_head`). Returns (config, params) with params as host
+  numpy-backed jax arrays in `abstract_params(config, critic)`'s tree. Raises ValueError naming unknown, missing or
+  mis-shaped tensors.
+  """
+  overrides = {"dtype": dtype, "param_dtype": dtype, **config_overrides}
+  config = ModelConfig.from_pretrained(directory, **overrides)
+  expected = {path: leaf.shape for path, leaf in _flatten(nn.meta.unbox(abstract_params(config, critic))).items()}
+  param_dtype = np.dtype(ml_dtypes.bfloat16) if config.param_dtype == "bfloat16" else np.dtype(np.float32)
+  params: dict[str, np.ndarray] = {}
+  experts_seen: dict[str, set[int]] = {}
+  unknown = []
+  for name, w in _iter_tensors(directory):
+    if name == "lm_head.weight" and config.tie_word_embeddings and not critic:
+      continue  # some tied checkpoints still store the (identical) head
+    found = hf_to_path(name)
+    if found is None or found[0] not in expected:
+      unknown.append(name)
+      continue
+    path, kind, expert = found
+    shape = expected[path]
+    if kind == EXPERT:
+      if expert >= shape[0]:
+        unknown.append(name)
+        continue
+      buf = params.setdefault(path, np.zeros(shape, param_dtype))
+      if w.T.shape != shape[1:]:
+        raise ValueError(f"{name}: shape {w.shape} does not match expected {shape[1:][::-1]}")
+      buf[expert] = w.T.astype(param_dtype)
+      experts_seen.setdefault(path, set()).add(expert)
+      continue
+    if w.size != int(np.prod(shape)) or (kind == COPY and w.shape != shape):
+      raise ValueError(f"{name}: shape {w.shape} does not fit param {path} of shape {shape}")
+    params[path] = _to_ours(w, kind, shape).astype(param_dtype)
+  if unknown:
+    raise ValueError(f"unknown tensors for {config.model_type} (critic={critic}): {sorted(unknown)}")
+  missing = sorted(p for p in expected if p not in params)
+  for path, seen in experts_seen.items():
+    missing += [f"{path}[expert {e}]" for e in range(expected[path][0]) if e not in seen]
+  if missing:
+    raise ValueError(f"missing tensors in {directory}: {missing}")
+  return config, jax.tree.map(jax.numpy.asarray, _unflatten(params))
+
+
+# ------------------------------------------------------------------------------------------------ saving
+def to_hf_tensors(params: dict) -> dict[str, np.ndarray]:
+  """Flattens a policy or critic param tree into HF tensor names (numpy, same dtype)."""
+  out = {}
+  for path, value in _flatten(nn.meta.unbox(params)).items():
+    array = np.asarray(jax.device_get(value))
+    for regex, hf, _, kind in _PATH_REGEX:
+      match = regex.match(path)
+      if match is None:
+        continue
+      groups = match.groupdict()
+      if kind == EXPERT:
+        for e in range(array.shape[0]):
+          out[hf.format(expert=e, **groups)] = np.ascontiguousarray(array[e].T)
+      else:
+        out[hf.format(**groups)] = np.ascontiguousarray(_to_hf(array, kind))
+      break
+    else:
+      raise ValueError(f"{path}: no HF name for this param")
+  return out
+
+
+def save_pretrained(config: ModelConfig, params: dict, directory: str,
+                    max_shard_bytes: int = 4 * 1024 ** 3) -> None:
+  """Writes `config.json` + safetensors (sharded with `model.safetensors.index.json` above `max_shard_bytes`).
+
+  A policy directory loads with `transformers.AutoModelForCausalLM.from_pretrained`; a critic directory (params with
+  `value_head`) stores the backbone + `score.weight`/`score.bias` and loads with `load_pretrained(critic=True)`.
+  The checkpoint dtype is the params' dtype.
+  """
+  tensors = to_hf_tensors(params)
+  os.makedirs(directory, exist_ok=True)
+  dtypes = {str(t.dtype) for t in tensors.values()}
+  hf = config.to_hf()
+  hf["torch_dtype"] = "bfloat16" if dtypes == {"bfloat16"} else "float32"
+  if "score.weight" in tensors:
+    hf["sao_critic"] = True  # informational; `architectures` stays the backbone's
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(hf, f, indent=2, sort_keys=True)
+  shards: list[dict[str, np.ndarray]] = [{}]
+  size = 0
+  for name in sorted(tensors):
+    nbytes = tensors[name].nbytes
+    if shards[-1] and size + nbytes > max_shard_bytes:
+      shards.append({})
+      size = 0
+    shards[-1][name] = tensors[name]
+    size += nbytes
+  metadata = {"format": "pt"}  # transformers refuses safetensors without a known format tag
+  if len(shards) == 1:
+    safetensors.numpy.save_file(shards[0], os.path.join(directory, "model.safetensors"), metadata=metadata)
+    return
+  weight_map = {}
+  for i, shard in enumerate(shards):
+    filename = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+    safetensors.numpy.save_file(shard, os.path.join(directory, filename), metadata=metadata)
+    weight_map.update({name: filename for name in shard})
+  total = sum(t.nbytes for t in tensors.values())
+  with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
+    json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2, sort_keys=True)

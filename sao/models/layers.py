@@ -1,0 +1,227 @@
+"""Building blocks of the decoder (flax.linen): RMSNorm, RoPE, GQA attention with a KV cache, SwiGLU MLP, MoE.
+
+Every parameter carries logical axis names (`nn.with_logical_partitioning`); `sao.models.sharding` maps them to mesh
+axes. Logical names: `embed` (hidden), `vocab`, `heads`, `kv_heads`, `head_dim`, `mlp` (dense MLP width), `expert`,
+`expert_mlp` (expert MLP width), `norm` (norm scales, never sharded). Statistics (norm variance, softmax, router
+probabilities, logits) are computed in float32 whatever the compute dtype.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from sao.models.config import ModelConfig
+
+Array = jax.Array
+# Finite "minus infinity" for masked attention scores: a query with no visible key (a padding query) then gets a
+# uniform softmax instead of NaN; its output is never used.
+_MASK_VALUE = -1e30
+_KERNEL_INIT = nn.initializers.normal(stddev=0.02)
+
+
+def dtypes(config: ModelConfig) -> tuple[Any, Any]:
+  """(compute dtype, param dtype) as jnp dtypes."""
+  return jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
+
+
+def kernel_init(*axes: str | None):
+  return nn.with_logical_partitioning(_KERNEL_INIT, axes)
+
+
+def zeros_init(*axes: str | None):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+class RMSNorm(nn.Module):
+  """`y = scale * x / sqrt(mean(x², -1) + eps)`, statistics in float32; params: scale `[D]` (init 1)."""
+  eps: float
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",)),
+                       (x.shape[-1],), self.param_dtype)
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
+    # HF casts the normalised activations back to the input dtype before the scale multiply.
+    return (scale.astype(self.dtype) * normed.astype(self.dtype)).astype(self.dtype)
+
+
+def apply_rope(x: Array, positions: Array, theta: float) -> Array:
+  """Rotary embedding, HF "rotate_half" layout (first half / second half of head_dim paired).
+
+  x: [B, T, H, D]; positions: [B, T] int. With inv_freq_i = θ^(-2i/D) and a = pos · inv_freq (duplicated to D):
+  `y = x · cos(a) + rotate_half(x) · sin(a)`, rotate_half(x) = concat(-x[D/2:], x[:D/2]). Computed in float32.
+  """
+  d = x.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))  # [D/2]
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+  angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, D]
+  x32 = x.astype(jnp.float32)
+  rotated = jnp.concatenate([-x32[..., d // 2:], x32[..., : d // 2]], axis=-1)
+  return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+
+
+def dot_product_attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
+  """Grouped-query attention.
+
+  q: [B, T, H, D]; k, v: [B, S, K, D] with H = K·G; mask: [B, T, S] bool (True = may attend).
+  `out[b,t,h] = Σ_s softmax_s(q·k / sqrt(D) masked)[s] · v[b,s,h // G]`; scores and softmax in float32.
+  Returns [B, T, H, D] in v's dtype.
+  """
+  b, t, h, d = q.shape
+  kv_heads = k.shape[2]
+  q = q.reshape(b, t, kv_heads, h // kv_heads, d)
+  scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * (d ** -0.5)
+  scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+  return out.reshape(b, t, h, d)
+
+
+def _write_rows(buffer: Array, update: Array, index: Array) -> Array:
+  """buffer[b, index[b] : index[b] + T] = update[b] for every row b. buffer: [B, S, ...]; update: [B, T, ...].
+
+  (`dynamic_update_slice` clamps out-of-range starts; callers size the cache so index + T <= S.)
+  """
+  def write_row(buf, upd, i):
+    return jax.lax.dynamic_update_slice(buf, upd.astype(buf.dtype), (i,) + (0,) * (buf.ndim - 1))
+  return jax.vmap(write_row)(buffer, update, index)
+
+
+class Attention(nn.Module):
+  """Full causal GQA self-attention (`self_attn`): q/k/v/o projections, optional biases, optional q/k RMSNorm, RoPE.
+
+  Kernels: q_proj `[embed, heads, head_dim]`, k_proj / v_proj `[embed, kv_heads, head_dim]`,
+  o_proj `[heads, head_dim, embed]`.
+  """
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array, positions: Array, mask: Array, write_index: Array | None,
+               cache: dict[str, Array] | None) -> tuple[Array, dict[str, Array] | None]:
+    """x: [B, T, E]; positions: [B, T]; mask: [B, T, S] bool; cache: {'k','v': [B, S, K, D]} or None (then S = T).
+
+    With a cache, this chunk's k/v are written at slots write_index[b] + [0, T) before attending.
+    Returns (out [B, T, E], updated cache or None).
+    """
+    cfg = self.config
+    dtype, param_dtype = dtypes(cfg)
+
+    def proj(name, heads, axis_name, bias):
+      return nn.DenseGeneral(
+          features=(heads, cfg.head_dim), use_bias=bias, dtype=dtype, param_dtype=param_dtype,
+          kernel_init=kernel_init("embed", axis_name, "head_dim"), bias_init=zeros_init(axis_name, "head_dim"),
+          name=name)(x)
+
+    q = proj("q_proj", cfg.num_heads, "heads", cfg.attention_bias)
+    k = proj("k_proj", cfg.num_kv_heads, "kv_heads", cfg.attention_bias)
+    v = proj("v_proj", cfg.num_kv_heads, "kv_heads", cfg.attention_bias)
+    if cfg.qk_norm:
+      q = RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="q_norm")(q)
+      k = RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="k_norm")(k)
+    q = apply_rope(q, positions, cfg.rope_theta)
+    k = apply_rope(k, positions, cfg.rope_theta)
+    new_cache = None
+    if cache is not None:
+      k = _write_rows(cache["k"], k, write_index)
+      v = _write_rows(cache["v"], v, write_index)
+      new_cache = {"k": k, "v": v}
+      k, v = k.astype(dtype), v.astype(dtype)
+    out = dot_product_attention(q, k, v, mask)
+    out = nn.DenseGeneral(
+        features=cfg.hidden_size, axis=(-2, -1), use_bias=cfg.attention_out_bias, dtype=dtype,
+        param_dtype=param_dtype, kernel_init=kernel_init("heads", "head_dim", "embed"),
+        bias_init=zeros_init("embed"), name="o_proj")(out)
+    return out, new_cache
+
+
+class MLP(nn.Module):
+  """SwiGLU: `down(silu(gate(x)) * up(x))`; kernels gate/up `[embed, mlp]`, down `[mlp, embed]`."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    cfg = self.config
+    dtype, param_dtype = dtypes(cfg)
+
+    def dense(name, features, in_axis, out_axis, inp):
+      return nn.Dense(features, use_bias=cfg.mlp_bias, dtype=dtype, param_dtype=param_dtype,
+                      kernel_init=kernel_init(in_axis, out_axis), bias_init=zeros_init(out_axis), name=name)(inp)
+
+    h = nn.silu(dense("gate_proj", cfg.intermediate_size, "embed", "mlp", x))
+    h = h * dense("up_proj", cfg.intermediate_size, "embed", "mlp", x)
+    return dense("down_proj", cfg.hidden_size, "mlp", "embed", h)
+
+
+class MoE(nn.Module):
+  """Sparse MoE block (qwen3_moe), dense dispatch.
+
+  Router: `p = softmax(x @ gate)` (float32) over X experts, top-k, renormalised over the k when norm_topk_prob.
+  `y = Σ_{e ∈ topk} p_e · down_e(silu(gate_e(x)) * up_e(x))`. Every expert runs on every token and non-selected
+  experts get weight 0: no gather/scatter, so it jits and shards (over `expert`) simply; fine at research scale,
+  X/k times the FLOPs of a routed kernel.
+  Params: gate.kernel `[embed, X]`; experts.gate_proj / up_proj `[X, embed, expert_mlp]`, down_proj
+  `[X, expert_mlp, embed]` (HF's per-expert `(out, in)` weights, stacked and transposed).
+  """
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    cfg = self.config
+    dtype, param_dtype = dtypes(cfg)
+    n_exp, width = cfg.num_experts, cfg.moe_intermediate_size
+    router_logits = nn.Dense(n_exp, use_bias=False, dtype=dtype, param_dtype=param_dtype,
+                             kernel_init=kernel_init("embed", None), name="gate")(x)
+    probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)  # [B, T, X]
+    top_p, top_i = jax.lax.top_k(probs, cfg.num_experts_per_tok)  # [B, T, k]
+    if cfg.norm_topk_prob:
+      top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
+    combine = jnp.sum(jax.nn.one_hot(top_i, n_exp, dtype=jnp.float32) * top_p[..., None], axis=-2)  # [B, T, X]
+    combine = combine.astype(dtype)
+
+    w_gate, w_up, w_down = ExpertWeights(cfg, name="experts")()
+    h = nn.silu(jnp.einsum("bte,xei->btxi", x, w_gate.astype(dtype)))
+    h = h * jnp.einsum("bte,xei->btxi", x, w_up.astype(dtype))
+    return jnp.einsum("btxi,xie,btx->bte", h, w_down.astype(dtype), combine)
+
+
+class ExpertWeights(nn.Module):
+  """Holds the stacked expert weights (`mlp.experts.{gate_proj, up_proj, down_proj}`)."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self) -> tuple[Array, Array, Array]:
+    cfg = self.config
+    _, param_dtype = dtypes(cfg)
+    shape_in = (cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+    shape_out = (cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size)
+    gate = self.param("gate_proj", kernel_init("expert", "embed", "expert_mlp"), shape_in, param_dtype)
+    up = self.param("up_proj", kernel_init("expert", "embed", "expert_mlp"), shape_in, param_dtype)
+    down = self.param("down_proj", kernel_init("expert", "expert_mlp", "embed"), shape_out, param_dtype)
+    return gate, up, down
+
+
+class DecoderLayer(nn.Module):
+  """Pre-norm block: `h = x + attn(norm(x)); y = h + mlp(norm(h))`. `layer_idx` picks block and MLP kind."""
+  config: ModelConfig
+  layer_idx: int
+
+  @nn.compact
+  def __call__(self, x: Array, positions: Array, mask: Array, write_index: Array | None,
+               cache: dict[str, Array] | None) -> tuple[Array, dict[str, Array] | None]:
+    cfg = self.config
+    dtype, param_dtype = dtypes(cfg)
+    kind = cfg.layer_types[self.layer_idx]
+    if kind != "full_attention":
+      raise ValueError(f"layer_types[{self.layer_idx}]: unsupported block type {kind!r}")
+    h = RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="input_layernorm")(x)
+    h, cache = Attention(cfg, name="self_attn")(h, positions, mask, write_index, cache)
+    x = x + h
+    h = RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="post_attention_layernorm")(x)
+    mlp = MoE(cfg, name="mlp") if cfg.is_moe_layer(self.layer_idx) else MLP(cfg, name="mlp")
+    return x + mlp(h), cache

@@ -1,0 +1,193 @@
+"""Decoder-only LM (`CausalLM`) and value model (`Critic`) in flax.linen, with a functional KV cache.
+
+Parameter tree (mirrors HF names, so `.*self_attn.*` selects attention):
+  {'model': {'embed_tokens': {'embedding': [V, E]},
+             'layers_0': {'input_layernorm': {'scale'}, 'self_attn': {'q_proj': {'kernel', 'bias'?}, 'k_proj', 'v_proj',
+                          'o_proj', 'q_norm'?, 'k_norm'?}, 'post_attention_layernorm': {'scale'},
+                          'mlp': {'gate_proj', 'up_proj', 'down_proj'} | {'gate': {'kernel'}, 'experts': {...}}},
+             ..., 'norm': {'scale'}},
+   'lm_head': {'kernel': [E, V]}            (absent when tie_word_embeddings)
+   'value_head': {'kernel': [E, 1], 'bias': [1]}   (Critic only, instead of lm_head)}
+
+Cache (a plain pytree passed in and returned; `init_cache` builds it):
+  {'index': [B] int32  next slot to write per row,
+   'mask': [B, S] bool  slot holds a real token,
+   'layers': {'layers_i': per-layer entry}}   full attention: {'k', 'v': [B, S, kv_heads, head_dim]}.
+A later linear-attention block keeps its own entry shape (conv / recurrent state) under the same 'layers_i' key.
+Positions are computed from masks (count of real tokens before this one), so left padding and per-row prompt lengths
+need no separate position input.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from sao.models.config import REMAT_POLICIES, ModelConfig
+from sao.models.layers import DecoderLayer, RMSNorm, dtypes, kernel_init
+
+Array = jax.Array
+Cache = dict[str, Any]
+
+
+def init_cache(config: ModelConfig, batch_size: int, max_length: int, dtype: Any = None) -> Cache:
+  """An empty cache for `batch_size` rows of up to `max_length` tokens (prompt + generated), dtype = compute dtype."""
+  dtype = jnp.dtype(dtype or config.dtype)
+  layers = {}
+  for i, kind in enumerate(config.layer_types):
+    if kind != "full_attention":
+      raise ValueError(f"layer_types[{i}]: no cache layout for block type {kind!r}")
+    shape = (batch_size, max_length, config.num_kv_heads, config.head_dim)
+    layers[f"layers_{i}"] = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+  return {"index": jnp.zeros((batch_size,), jnp.int32), "mask": jnp.zeros((batch_size, max_length), bool),
+          "layers": layers}
+
+
+def _positions_and_mask(attention_mask: Array, cache: Cache | None) -> tuple[Array, Array, Array | None, Array | None]:
+  """Returns (positions [B, T], attention mask [B, T, S] bool, write index [B] or None, new slot mask or None).
+
+  No cache: `pos[b,t] = max(Σ_{u<=t} m[b,u] − 1, 0)` and `mask[b,t,s] = s <= t ∧ m[b,s]`.
+  Cache: this chunk occupies slots `index[b] + t`; positions continue from the number of real cached tokens, and
+  `mask[b,t,s] = s <= index[b] + t ∧ slot_mask'[b,s]`, slot_mask' = cache mask with this chunk's m written in.
+  """
+  m = attention_mask.astype(jnp.int32)
+  t = m.shape[1]
+  if cache is None:
+    positions = jnp.maximum(jnp.cumsum(m, axis=1) - 1, 0)
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    return positions, causal[None] & attention_mask.astype(bool)[:, None, :], None, None
+  index, slot_mask = cache["index"], cache["mask"]
+  s = slot_mask.shape[1]
+  prior = jnp.sum(slot_mask, axis=1, dtype=jnp.int32)  # real tokens already cached
+  positions = jnp.maximum(prior[:, None] + jnp.cumsum(m, axis=1) - 1, 0)
+  new_slot_mask = jax.vmap(lambda row, upd, i: jax.lax.dynamic_update_slice(row, upd, (i,)))(
+      slot_mask, attention_mask.astype(bool), index)
+  query_slot = index[:, None] + jnp.arange(t)[None, :]  # [B, T]
+  mask = (jnp.arange(s)[None, None, :] <= query_slot[:, :, None]) & new_slot_mask[:, None, :]
+  return positions, mask, index, new_slot_mask
+
+
+class Backbone(nn.Module):
+  """Embeddings + decoder layers + final norm (`model` in the param tree)."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, input_ids: Array, attention_mask: Array | None = None,
+               cache: Cache | None = None) -> tuple[Array, Cache | None]:
+    """input_ids, attention_mask: [B, T] (mask 1 = real token). Returns (hidden [B, T, E] after the final norm,
+    updated cache or None)."""
+    cfg = self.config
+    dtype, param_dtype = dtypes(cfg)
+    if attention_mask is None:
+      attention_mask = jnp.ones(input_ids.shape, jnp.int32)
+    positions, mask, write_index, new_slot_mask = _positions_and_mask(attention_mask, cache)
+    embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, param_dtype=param_dtype,
+                     embedding_init=kernel_init("vocab", "embed"), name="embed_tokens")
+    x = embed(input_ids)
+    layer_cls = DecoderLayer
+    if cfg.remat != "none":
+      policy = getattr(jax.checkpoint_policies, REMAT_POLICIES[cfg.remat])
+      layer_cls = nn.remat(DecoderLayer, policy=policy, prevent_cse=True)
+    new_layers = {}
+    for i in range(cfg.num_layers):
+      name = f"layers_{i}"
+      entry = None if cache is None else cache["layers"][name]
+      x, entry = layer_cls(cfg, i, name=name)(x, positions, mask, write_index, entry)
+      new_layers[name] = entry
+    x = RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="norm")(x)
+    new_cache = None
+    if cache is not None:
+      new_cache = {"index": cache["index"] + input_ids.shape[1], "mask": new_slot_mask, "layers": new_layers}
+    return x, new_cache
+
+
+class CausalLM(nn.Module):
+  """Policy LM. `__call__` → (logits [B, T, V] float32, cache); `hidden` and `logits` split it in two."""
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    self.model = Backbone(cfg)
+    if not cfg.tie_word_embeddings:
+      self.lm_head = LMHead(cfg)
+
+  def __call__(self, input_ids: Array, attention_mask: Array | None = None,
+               cache: Cache | None = None) -> tuple[Array, Cache | None]:
+    hidden, cache = self.model(input_ids, attention_mask, cache)
+    return self.logits(hidden), cache
+
+  def hidden(self, input_ids: Array, attention_mask: Array | None = None,
+             cache: Cache | None = None) -> tuple[Array, Cache | None]:
+    """(hidden [B, T, E] after the final norm, cache)."""
+    return self.model(input_ids, attention_mask, cache)
+
+  def logits(self, hidden: Array) -> Array:
+    """hidden [..., E] → float32 logits [..., V] = hidden @ W_unembed."""
+    if self.config.tie_word_embeddings:
+      w = nn.meta.unbox(self.model.variables["params"]["embed_tokens"]["embedding"]).T
+      dtype = jnp.dtype(self.config.dtype)
+      return jnp.einsum("...e,ev->...v", hidden.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+    return self.lm_head(hidden)
+
+
+class LMHead(nn.Module):
+  """Untied unembedding, `lm_head.kernel [embed, vocab]`; logits accumulated in float32."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, hidden: Array) -> Array:
+    cfg = self.config
+    dtype, param_dtype = dtypes(cfg)
+    w = self.param("kernel", kernel_init("embed", "vocab"), (cfg.hidden_size, cfg.vocab_size), param_dtype)
+    return jnp.einsum("...e,ev->...v", hidden.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+
+
+class Critic(nn.Module):
+  """Value model: the policy backbone + `value_head` (E → 1 with bias). Returns values [B, T] float32."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, input_ids: Array, attention_mask: Array | None = None) -> Array:
+    hidden, _ = Backbone(self.config, name="model")(input_ids, attention_mask)
+    _, param_dtype = dtypes(self.config)
+    head = nn.Dense(1, dtype=jnp.float32, param_dtype=param_dtype,
+                    kernel_init=nn.with_logical_partitioning(nn.initializers.normal(1e-3), ("embed", None)),
+                    bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)), name="value_head")
+    return head(hidden.astype(jnp.float32))[..., 0]
+
+
+def unembedding(params: dict, config: ModelConfig) -> Array:
+  """The `[E, V]` unembedding matrix of policy params (tied: embed_tokens.embedding.T; else lm_head.kernel)."""
+  if config.tie_word_embeddings:
+    return params["model"]["embed_tokens"]["embedding"].T
+  return params["lm_head"]["kernel"]
+
+
+def abstract_params(config: ModelConfig, critic: bool = False) -> dict:
+  """Shape/dtype tree with `nn.LogicallyPartitioned` leaves (logical axis names), without allocating."""
+  module = Critic(config) if critic else CausalLM(config)
+  ids = jnp.zeros((1, 1), jnp.int32)
+  return jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), ids))["params"]
+
+
+def init_params(config: ModelConfig, rng: Array, critic: bool = False) -> dict:
+  """Random params (plain arrays, logical boxes removed): `{'model': ..., 'lm_head' | 'value_head': ...}`."""
+  module = Critic(config) if critic else CausalLM(config)
+  ids = jnp.zeros((1, 1), jnp.int32)
+  return nn.meta.unbox(jax.jit(module.init)(rng, ids)["params"])
+
+
+def init_critic_from_policy(policy_params: dict, rng: Array, init_scale: float = 1e-3) -> dict:
+  """Critic params: a copy of the policy's `model` subtree + a fresh value head (kernel ~ N(0, init_scale²), bias 0).
+
+  The head starts near zero so initial values ≈ 0 and the first value-loss gradients are small.
+  """
+  if "model" not in policy_params:
+    raise ValueError("policy_params: missing the 'model' subtree")
+  embedding = policy_params["model"]["embed_tokens"]["embedding"]
+  hidden = embedding.shape[1]
+  kernel = (init_scale * jax.random.normal(rng, (hidden, 1), jnp.float32)).astype(embedding.dtype)
+  return {"model": jax.tree.map(jnp.array, policy_params["model"]),
+          "value_head": {"kernel": kernel, "bias": jnp.zeros((1,), embedding.dtype)}}
