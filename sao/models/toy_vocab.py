@@ -1,0 +1,164 @@
+"""The tiny tokenizer and ChatML-style chat template of the toy tasks, built in code (no files, no downloads).
+
+The tokenizer is an ordinary `tokenizers.Tokenizer`, so it loads, saves and renders chats through exactly the path a
+real checkpoint's tokenizer does (`sao.models.tokenizer.Tokenizer`), and `transformers.AutoTokenizer` can load a
+saved copy:
+- ids 0..6: the special tokens (`<|im_start|>`, `<|im_end|>`, `<tool_call>`, `</tool_call>`, `<tool_response>`,
+  `</tool_response>`, `<pad>`);
+- ids 7..262: the 256 bytes (GPT-2's byte-to-unicode alphabet), so every string round-trips exactly;
+- then `TOY_PIECES`: common words, JSON fragments of tool calls, and Python fragments, for compact encodings.
+The model is a Unigram model with the same score on every piece, so encoding picks a segmentation with the fewest
+tokens (Viterbi). No piece contains a digit, so numbers are spelt digit by digit. The ids never change for a given
+piece list: do not reorder `TOY_PIECES` (append only) or trained toy checkpoints stop matching.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+TOY_SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>",
+                      "</tool_response>", "<pad>")
+
+# Multi-character pieces, as plain text. Order fixes their ids (append only).
+TOY_PIECES = (
+    # Chat roles and layout.
+    "system", "user", "assistant", "tool", "\n\n", "  ",
+    # Tool calls and tool schemas (JSON as `json.dumps` writes it).
+    '{"name": "', '", "arguments": {"', '", "arguments": {}}', '": ', '", "', '"}', "}}", '{"', '"', '": "',
+    '": {"', "name", "arguments", "type", "function", "object", "properties", "description", "required",
+    "integer", "string", "boolean", "array", "parameters", "null", "true", "false", ", ", ": ",
+    # The number-search task.
+    "Find", " the", " number", " in", "..", "higher", "lower", "equal", " higher", " lower", " equal", "compare",
+    "guess", " guess", "Guess", " target", " secret", "correct", " correct", " too", " high", " low", " between", " and", " is", " than", " less", " greater",
+    # Prompts and task statements.
+    "You", " you", " are", " a", " an", " to", " of", " or", " it", " that", " this", " with", " for", " on",
+    " be", " can", " use", " call", " tool", " tools", "The", " your", " answer", " function", " code", " fix",
+    " bug", " test", " tests", " pass", " file", " program", " write", " run", " return", " result", " value",
+    " list", " input", " output", " should", " must", " not", " when", " if", " only", " all", " each", " first",
+    " last", " so", " does", " has", " at", " as", " from", " helpful", " assistant", " task", " repair",
+    "Python", " Python", " error", " failed", " passed", "OK", " OK", "Error", "Traceback", " line", "Fix", "Use",
+    "Call", "Tools", " following", " given", " find", " one", " after", " until",
+    # Python.
+    "def ", " def ", "return ", " return ", "    ", "        ", "\n    ", "\n        ", "\n\n\n", "import ",
+    "from ", "assert ", "if ", "elif ", "else:", "for ", "while ", " not ", " and ", " or ", " is ", " in ",
+    "None", "True", "False", "lambda ", "class ", "self", "self.", "print(", "len(", "range(", "sum(", "max(",
+    "min(", "sorted(", "list(", "int(", "str(", ".append(", "pass", "break", "continue", "raise ", "try:",
+    "except ", " == ", " != ", " = ", " += ", " -= ", " + ", " - ", " * ", " / ", " // ", " % ", " < ", " > ",
+    " <= ", " >= ", "):", "():", "()", "]:", "[i]", "(a, b)", "test_", "def test_", "result",
+    "    return ", "        return ", "    assert ", "    if ", "    for ", "nums", "total", "count", "items",
+    "value", "key", "add", "max", "min", "Error:", "AssertionError", " assert", " expected", " got",
+    "\"\"\"", "# ", "__", "'", "x", "n", "i",
+)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+  """GPT-2's byte → printable character map (the ByteLevel pre-tokenizer's alphabet): printable Latin-1 bytes map
+  to themselves, the other 68 to code points from 256 on, in byte order."""
+  keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+  out, extra = {}, 0
+  for b in range(256):
+    if b in keep:
+      out[b] = chr(b)
+    else:
+      out[b] = chr(256 + extra)
+      extra += 1
+  return out
+
+
+def _byte_level(text: str, table: dict[int, str]) -> str:
+  return "".join(table[b] for b in text.encode("utf-8"))
+
+
+def build_toy_backend() -> tuple[Tokenizer, dict[str, Any], dict[str, Any]]:
+  """Builds the toy `tokenizers.Tokenizer`; returns it with its tokenizer_config and generation_config dicts."""
+  table = _bytes_to_unicode()
+  if set(table.values()) != set(pre_tokenizers.ByteLevel.alphabet()):
+    raise AssertionError("byte-to-unicode table disagrees with tokenizers' ByteLevel alphabet")
+  pieces = [_byte_level(p, table) for p in TOY_PIECES]
+  if len(set(pieces)) != len(pieces):
+    raise AssertionError("TOY_PIECES has duplicates")
+  if any(ch.isdigit() for p in TOY_PIECES for ch in p):
+    raise AssertionError("TOY_PIECES must not contain digits (numbers are spelt digit by digit)")
+  # Equal scores: the Viterbi segmentation is then one with the fewest pieces. Specials get a score too (the model
+  # never sees them: added tokens are split off before it).
+  vocab = [(t, -1.0) for t in TOY_SPECIAL_TOKENS]
+  vocab += [(table[b], -1.0) for b in range(256)]
+  vocab += [(p, -1.0) for p in pieces]
+  backend = Tokenizer(models.Unigram(vocab, unk_id=None, byte_fallback=False))
+  # No regex split: pieces may span word boundaries (" == ", "):\n"); bytes cover everything, so nothing is unknown.
+  backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+  backend.decoder = decoders.ByteLevel()
+  backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in TOY_SPECIAL_TOKENS])
+  config = {
+      "tokenizer_class": "PreTrainedTokenizerFast",
+      "eos_token": "<|im_end|>",
+      "pad_token": "<pad>",
+      "additional_special_tokens": [t for t in TOY_SPECIAL_TOKENS if t not in ("<|im_end|>", "<pad>")],
+      "add_bos_token": False,
+      "add_eos_token": False,
+      "clean_up_tokenization_spaces": False,
+      "model_max_length": 8192,
+  }
+  generation_config = {"eos_token_id": [TOY_SPECIAL_TOKENS.index("<|im_end|>")],
+                       "pad_token_id": TOY_SPECIAL_TOKENS.index("<pad>")}
+  return backend, config, generation_config
+
+
+# ChatML with Qwen-style tools: a tools header in the system turn, assistant tool calls as
+# `<tool_call>{"name": ..., "arguments": ...}</tool_call>`, each tool result its own `tool` turn wrapped in
+# `<tool_response>`. Every message renders independently of the others (only a leading system message merges into the
+# tools header), so the rendering of a conversation is a prefix of the rendering of any extension of it.
+TOY_CHAT_TEMPLATE = """\
+{%- set ns = namespace(skip_first=false) %}
+{%- if tools %}
+{{- '<|im_start|>system\\n' }}
+{%- if messages and messages[0].role == 'system' %}
+{{- messages[0].content + '\\n\\n' }}
+{%- set ns.skip_first = true %}
+{%- endif %}
+{{- 'Tools:\\n' }}
+{%- for tool in tools %}
+{{- (tool.function if tool.function is defined else tool) | tojson }}
+{{- '\\n' }}
+{%- endfor %}
+{{- 'Call a tool with <tool_call>{"name": NAME, "arguments": ARGS}</tool_call>.<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message.role == 'system' %}
+{%- if not loop.first %}
+{{- raise_exception('A system message is only allowed first.') }}
+{%- endif %}
+{%- if not ns.skip_first %}
+{{- '<|im_start|>system\\n' + message.content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- elif message.role == 'user' %}
+{{- '<|im_start|>user\\n' + message.content + '<|im_end|>\\n' }}
+{%- elif message.role == 'assistant' %}
+{{- '<|im_start|>assistant\\n' }}
+{%- if message.content is defined and message.content %}
+{{- message.content }}
+{%- endif %}
+{%- if message.tool_calls is defined %}
+{%- for call in message.tool_calls %}
+{%- set fn = call.function if call.function is defined else call %}
+{{- '<tool_call>{"name": ' + (fn.name | tojson) + ', "arguments": ' }}
+{%- if fn.arguments is string %}
+{{- fn.arguments }}
+{%- else %}
+{{- fn.arguments | tojson }}
+{%- endif %}
+{{- '}</tool_call>' }}
+{%- endfor %}
+{%- endif %}
+{{- '<|im_end|>\\n' }}
+{%- elif message.role == 'tool' %}
+{{- '<|im_start|>tool\\n<tool_response>' + message.content + '</tool_response><|im_end|>\\n' }}
+{%- else %}
+{{- raise_exception('Unknown role: ' + message.role) }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""

@@ -1,0 +1,108 @@
+"""GGUF → HF conversion of SmolLM2-135M-Instruct: config, tensors, tokenizer, and a real chat answer."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import safetensors.numpy
+import torch
+import transformers
+
+from sao.models import gguf as gguf_convert
+from sao.models.tokenizer import Tokenizer
+
+ENCODE_TEXTS = [
+    "What is the capital of France?",
+    "Prices: 1234.56 and 7,890 -- in 2024.",
+    "  two leading spaces,\ttabs\nand newlines\n\n",
+    "unicode: naïve café, 日本語, emoji 🎉🚀, math ∑ ∫",
+    "def f(x):\n    return x ** 2  # square\n",
+    "<|im_start|>user\nhi<|im_end|>\n",
+]
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(smollm2_dir):
+  return transformers.AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+def test_config_matches_the_reference(smollm2_dir):
+  with open(os.path.join(smollm2_dir, "config.json"), encoding="utf-8") as f:
+    config = json.load(f)
+  expected = {
+      "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 30, "hidden_size": 576,
+      "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "intermediate_size": 1536,
+      "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "vocab_size": 49152, "tie_word_embeddings": True,
+      "bos_token_id": 1, "eos_token_id": 2, "max_position_embeddings": 8192,
+  }
+  assert {k: config[k] for k in expected} == expected
+  with open(os.path.join(smollm2_dir, "generation_config.json"), encoding="utf-8") as f:
+    assert json.load(f)["eos_token_id"] == 2
+
+
+def test_tensors_have_hf_names_and_shapes(smollm2_dir):
+  tensors = safetensors.numpy.load_file(os.path.join(smollm2_dir, "model.safetensors"))
+  assert len(tensors) == 2 + 30 * 9  # embedding, final norm; 9 per layer; no lm_head (tied)
+  assert tensors["model.embed_tokens.weight"].shape == (49152, 576)
+  assert tensors["model.layers.0.self_attn.q_proj.weight"].shape == (576, 576)
+  assert tensors["model.layers.29.self_attn.k_proj.weight"].shape == (192, 576)
+  assert tensors["model.layers.0.mlp.down_proj.weight"].shape == (576, 1536)
+  assert all(t.dtype == np.float32 and np.isfinite(t).all() for t in tensors.values())
+
+
+def test_tensor_name_mapping():
+  assert gguf_convert.hf_tensor_name("blk.12.ffn_gate.weight") == "model.layers.12.mlp.gate_proj.weight"
+  assert gguf_convert.hf_tensor_name("blk.0.attn_q.bias") == "model.layers.0.self_attn.q_proj.bias"
+  assert gguf_convert.hf_tensor_name("output.weight") == "lm_head.weight"
+  with pytest.raises(KeyError, match="blk.0.attn_qkv.weight"):
+    gguf_convert.hf_tensor_name("blk.0.attn_qkv.weight")
+
+
+def test_unpermute_inverts_llama_cpp_permutation():
+  rng = np.random.default_rng(0)
+  for n_heads, head_dim in ((9, 64), (3, 8)):
+    w = rng.normal(size=(n_heads * head_dim, 16)).astype(np.float32)
+    # llama.cpp's converter: within each head, interleave the two rotary halves.
+    permuted = w.reshape(n_heads, 2, head_dim // 2, 16).swapaxes(1, 2).reshape(w.shape)
+    np.testing.assert_array_equal(gguf_convert.unpermute_rotary(permuted, n_heads), w)
+    bias = w[:, 0]
+    np.testing.assert_array_equal(
+        gguf_convert.unpermute_rotary(bias.reshape(n_heads, 2, -1).swapaxes(1, 2).reshape(-1), n_heads), bias)
+
+
+def test_missing_file_is_named(tmp_path):
+  with pytest.raises(FileNotFoundError, match="nope.gguf"):
+    gguf_convert.convert_gguf_to_hf(str(tmp_path / "nope.gguf"), str(tmp_path / "out"))
+
+
+def test_our_tokenizer_encodes_like_transformers(smollm2_dir, hf_tokenizer):
+  ours = Tokenizer.from_pretrained(smollm2_dir)
+  assert ours.vocab_size == len(hf_tokenizer) == 49152
+  for text in ENCODE_TEXTS:
+    ids = ours.encode(text)
+    assert ids == hf_tokenizer.encode(text, add_special_tokens=False), text
+    assert ours.decode(ids) == text
+  # SmolLM2's pre-tokenizer spells numbers digit by digit.
+  assert [ours.decode([i]) for i in ours.encode("2024")] == ["2", "0", "2", "4"]
+  assert ours.encode("<|im_start|>") == [1]
+
+
+def test_transformers_answers_paris(smollm2_dir, hf_tokenizer):
+  """The converted checkpoint is the real model: transformers' greedy chat answer names Paris."""
+  model = transformers.AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+  ids = Tokenizer.from_pretrained(smollm2_dir).apply_chat_template(
+      [{"role": "user", "content": "What is the capital of France?"}])
+  assert ids == list(hf_tokenizer.apply_chat_template(
+      [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True,
+      return_dict=False))
+  with torch.no_grad():
+    out = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)
+  answer = hf_tokenizer.decode(out[0, len(ids):])
+  assert "Paris" in answer, answer
+
+
+def test_cli_rejects_missing_arguments():
+  with pytest.raises(SystemExit):
+    gguf_convert.main(["--out=/tmp/never-written"])
