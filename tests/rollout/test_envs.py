@@ -1,6 +1,7 @@
 """Tests for the environments: registry, rules, splits, determinism, the sandbox, and the scripted experts."""
 import json
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -272,14 +273,13 @@ def test_sandbox_outcomes(program, summary):
 
 
 def test_sandbox_kills_hanging_child_within_timeout():
-  import time
   start = time.monotonic()
   report = sandbox.run_tests("def f(x):\n  while True:\n    pass\n", TESTS, timeout_s=0.3)
   assert report.timed_out and not report.all_passed and report.passed == 0
   assert time.monotonic() - start < 2.0
 
 
-def test_sandbox_runs_in_a_scratch_directory(tmp_path):
+def test_sandbox_runs_in_a_scratch_directory():
   program = "import os\nCWD = os.getcwd()\ndef f(x):\n  return 2 * x\n"
   report = sandbox.run_tests(program, [("CWD.startswith('/')", True), ("'sao_sandbox_' in CWD", True)])
   assert report.all_passed, report.summary()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -180,8 +180,3 @@ class Env(abc.ABC):
       messages.append({"role": "assistant", "content": tool_format.format_tool_call(call)})
       messages.append({"role": "tool", "content": observation})
     return Demonstration(task=task, calls=calls, messages=messages, reward=self.score())
-
-
-def distinct_keys(tasks: Sequence[Task]) -> set[str]:
-  """The set of task keys (content identities) in `tasks`."""
-  return {t["key"] for t in tasks}
