@@ -106,3 +106,20 @@ def test_transformers_answers_paris(smollm2_dir, hf_tokenizer):
 def test_cli_rejects_missing_arguments():
   with pytest.raises(SystemExit):
     gguf_convert.main(["--out=/tmp/never-written"])
+
+
+@pytest.mark.slow  # ~45 s on 2 CPU cores, mostly jit compilation of the 30-layer decode loop
+def test_sao_model_answers_paris(smollm2_dir):
+  """End to end through our own stack: sao.models.hf loads the converted checkpoint, our tokenizer renders the chat,
+  sao.models.sampling decodes greedily with a KV cache."""
+  from sao.models import hf, sampling  # pylint: disable=g-import-not-at-top
+
+  config, params = hf.load_pretrained(smollm2_dir, dtype="float32")
+  tok = Tokenizer.from_pretrained(smollm2_dir)
+  prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+  [completion] = sampling.generate(
+      config, params, [prompt],
+      sampling.SamplingParams(max_new_tokens=12, temperature=0.0, stop_token_ids=tok.eos_token_ids))
+  answer = tok.decode(completion.token_ids)
+  assert "Paris" in answer, answer
+  assert np.all(np.isfinite(completion.logprobs)) and np.all(completion.logprobs <= 0)
