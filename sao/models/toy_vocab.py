@@ -20,35 +20,41 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 TOY_SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>",
                       "</tool_response>", "<pad>")
 
-# Multi-character pieces, as plain text. Order fixes their ids (append only).
+# Multi-character pieces, as plain text. Order fixes their ids (append only). Chosen from the toy environments'
+# texts (number_search, code_repair: its 2-space-indented programs, tool schemas and observations) and the tool-call
+# JSON that `json.dumps` writes.
 TOY_PIECES = (
     # Chat roles and layout.
     "system", "user", "assistant", "tool", "\n\n", "  ",
-    # Tool calls and tool schemas (JSON as `json.dumps` writes it).
-    '{"name": "', '", "arguments": {"', '", "arguments": {}}', '": ', '", "', '"}', "}}", '{"', '"', '": "',
-    '": {"', "name", "arguments", "type", "function", "object", "properties", "description", "required",
-    "integer", "string", "boolean", "array", "parameters", "null", "true", "false", ", ", ": ",
-    # The number-search task.
-    "Find", " the", " number", " in", "..", "higher", "lower", "equal", " higher", " lower", " equal", "compare",
-    "guess", " guess", "Guess", " target", " secret", "correct", " correct", " too", " high", " low", " between", " and", " is", " than", " less", " greater",
-    # Prompts and task statements.
-    "You", " you", " are", " a", " an", " to", " of", " or", " it", " that", " this", " with", " for", " on",
-    " be", " can", " use", " call", " tool", " tools", "The", " your", " answer", " function", " code", " fix",
-    " bug", " test", " tests", " pass", " file", " program", " write", " run", " return", " result", " value",
-    " list", " input", " output", " should", " must", " not", " when", " if", " only", " all", " each", " first",
-    " last", " so", " does", " has", " at", " as", " from", " helpful", " assistant", " task", " repair",
-    "Python", " Python", " error", " failed", " passed", "OK", " OK", "Error", "Traceback", " line", "Fix", "Use",
-    "Call", "Tools", " following", " given", " find", " one", " after", " until",
-    # Python.
-    "def ", " def ", "return ", " return ", "    ", "        ", "\n    ", "\n        ", "\n\n\n", "import ",
-    "from ", "assert ", "if ", "elif ", "else:", "for ", "while ", " not ", " and ", " or ", " is ", " in ",
-    "None", "True", "False", "lambda ", "class ", "self", "self.", "print(", "len(", "range(", "sum(", "max(",
-    "min(", "sorted(", "list(", "int(", "str(", ".append(", "pass", "break", "continue", "raise ", "try:",
-    "except ", " == ", " != ", " = ", " += ", " -= ", " + ", " - ", " * ", " / ", " // ", " % ", " < ", " > ",
-    " <= ", " >= ", "):", "():", "()", "]:", "[i]", "(a, b)", "test_", "def test_", "result",
-    "    return ", "        return ", "    assert ", "    if ", "    for ", "nums", "total", "count", "items",
-    "value", "key", "add", "max", "min", "Error:", "AssertionError", " assert", " expected", " got",
-    "\"\"\"", "# ", "__", "'", "x", "n", "i",
+    # Tool calls and tool schemas.
+    '{"name": "', '", "arguments": {"', '", "arguments": {}}', '": ', '", "', '"}', "}}", '{"', '": "', '": {"',
+    '": {}', '"]', '["', ", ", ": ", "name", "arguments", "type", "function", "object", "properties",
+    "description", "required", "integer", "string", "number", "parameters", "NAME", "ARGS",
+    # number_search.
+    "Find", " the", " number", " in ", " in", "..", "higher", "lower", "equal", " higher", " lower", " equal",
+    "compare", "guess", " guess", "Compare", " hidden", " with", " a", " says", " or", " your", " between",
+    # code_repair: tools, observations, prompts.
+    "view", "edit", "run_tests", "submit", "line", " line", "text", "ok", "error: ", "timeout: ", " passed",
+    "; fail: ", " raised ", ", got ", "SyntaxError", "Error", " while loading", "crashed", " must be in ",
+    " must be one line", "Show", "Replace", " one", " of", " program", " numbers", "Run", " tests", "Submit",
+    " and", " end", " new", " indentation", "Fix", " bug", " so", " all", " pass", " fails", " its", " it",
+    " from", " unexpected indent", " invalid syntax", "NameError", "TypeError", "ZeroDivisionError",
+    "IndexError", "ValueError", "RecursionError", " is not defined", " did not finish", "Tools",
+    # Prompts and task statements in general.
+    "You", " you", " are", " to", " is", " that", " this", " for", " on", " be", " can", " use", " call",
+    "Call", " tool", " tools", "The", " answer", " function", " code", " fix", " test", " file", " run",
+    " return", " result", " value", " list", " not", " when", " if", " only", " each", " first", " last",
+    " helpful", " assistant", " task", " correct",
+    # Python (2- and 4-space indentation).
+    "def ", "def f(", "return ", "  return ", "    return ", "      return ", "\n  ", "\n    ", "\n      ",
+    "    ", "      ", "        ", "for ", "  for ", "    for ", " in range(", "range(", "if ", "  if ",
+    "    if ", "elif ", "else:", "  else:", "while ", "  while ", " not ", " and ", " or ", " is ", "None",
+    "True", "False", " == ", " != ", " = ", " += ", " -= ", " *= ", " //= ", " + ", " - ", " * ", " / ",
+    " // ", " % ", " < ", " > ", " <= ", " >= ", " ** ", "):", "()", "]:", "[i]", "(n)", "(x)", "(xs)",
+    "(a, b)", "xs", " x", " xs", " i", " n", " k", " s", "len(", "sum(", "max(", "min(", "abs(", "sorted(",
+    "list(", ".append(", "assert ", "pass", "result", "total", "count", "best", " best",
+    "  s", "  k", "    s", "    k", "f(",
+    "f([", "])", "], ", "xyz", "solution", ".py",
 )
 
 
@@ -78,6 +84,8 @@ def build_toy_backend() -> tuple[Tokenizer, dict[str, Any], dict[str, Any]]:
   pieces = [_byte_level(p, table) for p in TOY_PIECES]
   if len(set(pieces)) != len(pieces):
     raise AssertionError("TOY_PIECES has duplicates")
+  if any(len(p) < 2 for p in pieces):
+    raise AssertionError("TOY_PIECES must be multi-byte (single bytes are already tokens)")
   if any(ch.isdigit() for p in TOY_PIECES for ch in p):
     raise AssertionError("TOY_PIECES must not contain digits (numbers are spelt digit by digit)")
   # Equal scores: the Viterbi segmentation is then one with the fewest pieces. Specials get a score too (the model
