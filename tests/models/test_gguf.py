@@ -123,3 +123,97 @@ def test_sao_model_answers_paris(smollm2_dir):
   answer = tok.decode(completion.token_ids)
   assert "Paris" in answer, answer
   assert np.all(np.isfinite(completion.logprobs)) and np.all(completion.logprobs <= 0)
+
+
+def _llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+  """What llama.cpp's converter does to q/k rows (the inverse of `unpermute_rotary`)."""
+  return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _write_tiny_gguf(path: str, hf: dict[str, np.ndarray], extra: dict[str, np.ndarray] | None = None) -> None:
+  """A 2-layer llama GGUF (F32 tensors, untied head, 4 q / 2 kv heads of dim 4) with a byte-level BPE vocabulary."""
+  import gguf  # pylint: disable=g-import-not-at-top
+  from sao.models import toy_vocab  # pylint: disable=g-import-not-at-top
+
+  table = toy_vocab._bytes_to_unicode()  # pylint: disable=protected-access
+  tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [table[b] for b in range(256)] + ["ab", "Ġab"]
+  writer = gguf.GGUFWriter(path, "llama")
+  writer.add_block_count(2)
+  writer.add_context_length(64)
+  writer.add_embedding_length(16)
+  writer.add_feed_forward_length(24)
+  writer.add_head_count(4)
+  writer.add_head_count_kv(2)
+  writer.add_rope_freq_base(10000.0)
+  writer.add_layer_norm_rms_eps(1e-6)
+  writer.add_vocab_size(len(tokens))
+  writer.add_tokenizer_model("gpt2")
+  writer.add_tokenizer_pre("default")
+  writer.add_token_list(tokens)
+  writer.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
+  writer.add_token_merges(["a b", "Ġ ab"])
+  writer.add_bos_token_id(1)
+  writer.add_eos_token_id(2)
+  writer.add_chat_template("{% for m in messages %}<|im_start|>{{ m.content }}<|im_end|>{% endfor %}")
+  names = {v: k for k, v in gguf_convert._GLOBAL_TENSORS.items()}  # pylint: disable=protected-access
+  layer_names = {v: k for k, v in gguf_convert._LAYER_TENSORS.items()}  # pylint: disable=protected-access
+  for name, w in hf.items():
+    if name.startswith("model.layers."):
+      _, _, layer, rest = name.split(".", 3)
+      kind = layer_names[rest.rsplit(".", 1)[0]]
+      gname = f"blk.{layer}.{kind}.weight"
+      w = _llama_cpp_permute(w, 4) if kind == "attn_q" else _llama_cpp_permute(w, 2) if kind == "attn_k" else w
+    else:
+      gname = names[name]
+    writer.add_tensor(gname, np.ascontiguousarray(w))
+  for gname, w in (extra or {}).items():
+    writer.add_tensor(gname, w)
+  writer.write_header_to_file()
+  writer.write_kv_data_to_file()
+  writer.write_tensors_to_file()
+  writer.close()
+
+
+def _tiny_hf_tensors(vocab: int = 261) -> dict[str, np.ndarray]:
+  rng = np.random.default_rng(0)
+  shapes = {"model.embed_tokens.weight": (vocab, 16), "model.norm.weight": (16,), "lm_head.weight": (vocab, 16)}
+  for i in range(2):
+    p = f"model.layers.{i}."
+    shapes.update({p + "input_layernorm.weight": (16,), p + "post_attention_layernorm.weight": (16,),
+                   p + "self_attn.q_proj.weight": (16, 16), p + "self_attn.k_proj.weight": (8, 16),
+                   p + "self_attn.v_proj.weight": (8, 16), p + "self_attn.o_proj.weight": (16, 16),
+                   p + "mlp.gate_proj.weight": (24, 16), p + "mlp.up_proj.weight": (24, 16),
+                   p + "mlp.down_proj.weight": (16, 24)})
+  return {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
+
+
+def test_tiny_gguf_round_trip(tmp_path):
+  """A synthetic GGUF in llama.cpp's layout converts back to exactly the HF tensors it was made from."""
+  hf = _tiny_hf_tensors()
+  path = str(tmp_path / "tiny.gguf")
+  _write_tiny_gguf(path, hf)
+  out = gguf_convert.convert_gguf_to_hf(path, str(tmp_path / "hf"))
+  got = safetensors.numpy.load_file(os.path.join(out, "model.safetensors"))
+  assert sorted(got) == sorted(hf)
+  for name, w in hf.items():
+    np.testing.assert_array_equal(got[name], w, err_msg=name)
+  with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
+    config = json.load(f)
+  assert config["tie_word_embeddings"] is False and config["head_dim"] == 4 and config["rms_norm_eps"] == 1e-6
+  tok = Tokenizer.from_pretrained(out)
+  assert tok.encode("ab ab<|im_end|>") == [259, 260, 2]
+  assert tok.render_chat([{"role": "user", "content": "ab"}]) == "<|im_start|>ab<|im_end|>"
+  assert tok.eos_token_ids == (2,) and tok.bos_token_id == 1
+  # bfloat16 output: the same values, rounded.
+  import ml_dtypes  # pylint: disable=g-import-not-at-top
+  out16 = gguf_convert.convert_gguf_to_hf(path, str(tmp_path / "hf16"), dtype="bfloat16")
+  got16 = safetensors.numpy.load_file(os.path.join(out16, "model.safetensors"))
+  assert got16["lm_head.weight"].dtype == ml_dtypes.bfloat16
+  np.testing.assert_array_equal(got16["lm_head.weight"], hf["lm_head.weight"].astype(ml_dtypes.bfloat16))
+
+
+def test_unmapped_gguf_tensor_is_an_error(tmp_path):
+  path = str(tmp_path / "extra.gguf")
+  _write_tiny_gguf(path, _tiny_hf_tensors(), extra={"blk.0.attn_qkv.weight": np.zeros((4, 4), np.float32)})
+  with pytest.raises(KeyError, match="blk.0.attn_qkv.weight"):
+    gguf_convert.convert_gguf_to_hf(path, str(tmp_path / "hf"))
