@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17sao/transport/sao.proto\x12\x10sao.transport.v1\"\x85\x05\n\nTrajectory\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x14\n\x0csample_index\x18\x02 \x01(\x05\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12\x15\n\ttoken_ids\x18\x05 \x03(\x05\x42\x02\x10\x01\x12\x13\n\x0b\x61\x63tion_mask\x18\x06 \x01(\x0c\x12\x1c\n\x10rollout_logprobs\x18\x07 \x03(\x02\x42\x02\x10\x01\x12\x0e\n\x06reward\x18\x08 \x01(\x01\x12\x1b\n\x0fturn_boundaries\x18\t \x03(\x05\x42\x02\x10\x01\x12\x11\n\tnum_turns\x18\n \x01(\x05\x12\x32\n\x06status\x18\x0b \x01(\x0e\x32\".sao.transport.v1.TrajectoryStatus\x12\x0f\n\x07harness\x18\x0c \x01(\t\x12:\n\x07timings\x18\r \x03(\x0b\x32).sao.transport.v1.Trajectory.TimingsEntry\x12:\n\x07metrics\x18\x0e \x03(\x0b\x32).sao.transport.v1.Trajectory.MetricsEntry\x12\x10\n\x08lease_id\x18\x0f \x01(\t\x12<\n\x08metadata\x18\x10 \x03(\x0b\x32*.sao.transport.v1.Trajectory.MetadataEntry\x1a.\n\x0cTimingsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"4\n\x0cLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x11\n\tmax_tasks\x18\x02 \x01(\x05\"\xbd\x01\n\nLeasedTask\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x11\n\ttask_json\x18\x03 \x01(\t\x12\x10\n\x08group_id\x18\x04 \x01(\t\x12\x13\n\x0bnum_samples\x18\x05 \x01(\x05\x12\x15\n\ris_validation\x18\x06 \x01(\x08\x12\x13\n\x0btemperature\x18\x07 \x01(\x02\x12\x10\n\x08\x65nv_name\x18\x08 \x01(\t\x12\x14\n\x0clease_ttl_ms\x18\t \x01(\x03\"\x81\x01\n\rLeaseResponse\x12+\n\x05tasks\x18\x01 \x03(\x0b\x32\x1c.sao.transport.v1.LeasedTask\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x13\n\x0b\x65ngine_urls\x18\x03 \x03(\t\x12\x16\n\x0eretry_after_ms\x18\x04 \x01(\x03\"V\n\rSubmitRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x32\n\x0ctrajectories\x18\x02 \x03(\x0b\x32\x1c.sao.transport.v1.Trajectory\"\x88\x01\n\x0cSubmitResult\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12.\n\x06reason\x18\x02 \x01(\x0e\x32\x1e.sao.transport.v1.RejectReason\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x16\n\x0eretry_after_ms\x18\x04 \x01(\x03\x12\r\n\x05\x66ield\x18\x05 \x01(\t\"Y\n\x0eSubmitResponse\x12/\n\x07results\x18\x01 \x03(\x0b\x32\x1e.sao.transport.v1.SubmitResult\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\"8\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x11\n\tlease_ids\x18\x02 \x03(\t\"b\n\x11HeartbeatResponse\x12\x1a\n\x12\x65xtended_lease_ids\x18\x01 \x03(\t\x12\x19\n\x11\x65xpired_lease_ids\x18\x02 \x03(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\"\x0f\n\rStatusRequest\"n\n\x0eStatusResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x10\n\x08\x62uffered\x18\x02 \x01(\x03\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x03 \x01(\x03\x12\x10\n\x08rejected\x18\x04 \x01(\x03\x12\x0e\n\x06leased\x18\x05 \x01(\x03*\xb0\x01\n\x10TrajectoryStatus\x12!\n\x1dTRAJECTORY_STATUS_UNSPECIFIED\x10\x00\x12\x18\n\x14TRAJECTORY_STATUS_OK\x10\x01\x12\x1d\n\x19TRAJECTORY_STATUS_TIMEOUT\x10\x02\x12\x1f\n\x1bTRAJECTORY_STATUS_ENV_ERROR\x10\x03\x12\x1f\n\x1bTRAJECTORY_STATUS_TRUNCATED\x10\x04*\xc3\x04\n\x0cRejectReason\x12\x16\n\x12REJECT_REASON_NONE\x10\x00\x12\x1f\n\x1bREJECT_REASON_INVALID_FIELD\x10\x01\x12\x17\n\x13REJECT_REASON_EMPTY\x10\x02\x12!\n\x1dREJECT_REASON_LENGTH_MISMATCH\x10\x03\x12\x1c\n\x18REJECT_REASON_NON_FINITE\x10\x04\x12\"\n\x1eREJECT_REASON_POSITIVE_LOGPROB\x10\x05\x12$\n REJECT_REASON_TOKEN_OUT_OF_RANGE\x10\x06\x12!\n\x1dREJECT_REASON_NO_ACTION_TOKEN\x10\x07\x12%\n!REJECT_REASON_OBSERVATION_LOGPROB\x10\x08\x12 \n\x1cREJECT_REASON_UNKNOWN_STATUS\x10\t\x12%\n!REJECT_REASON_BAD_TURN_BOUNDARIES\x10\n\x12)\n%REJECT_REASON_NEGATIVE_POLICY_VERSION\x10\x0b\x12\x1f\n\x1bREJECT_REASON_UNKNOWN_LEASE\x10\x14\x12\x1e\n\x1aREJECT_REASON_STALE_POLICY\x10\x15\x12\x1b\n\x17REJECT_REASON_DUPLICATE\x10\x16\x12\x1e\n\x1aREJECT_REASON_BACKPRESSURE\x10\x17\x12\x1a\n\x16REJECT_REASON_INTERNAL\x10\x18\x32\xe1\x02\n\x11TrajectoryService\x12M\n\nLeaseTasks\x12\x1e.sao.transport.v1.LeaseRequest\x1a\x1f.sao.transport.v1.LeaseResponse\x12W\n\x12SubmitTrajectories\x12\x1f.sao.transport.v1.SubmitRequest\x1a .sao.transport.v1.SubmitResponse\x12T\n\tHeartbeat\x12\".sao.transport.v1.HeartbeatRequest\x1a#.sao.transport.v1.HeartbeatResponse\x12N\n\tGetStatus\x12\x1f.sao.transport.v1.StatusRequest\x1a .sao.transport.v1.StatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17sao/transport/sao.proto\x12\x10sao.transport.v1\"\x85\x05\n\nTrajectory\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x14\n\x0csample_index\x18\x02 \x01(\x05\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12\x15\n\ttoken_ids\x18\x05 \x03(\x05\x42\x02\x10\x01\x12\x13\n\x0b\x61\x63tion_mask\x18\x06 \x01(\x0c\x12\x1c\n\x10rollout_logprobs\x18\x07 \x03(\x02\x42\x02\x10\x01\x12\x0e\n\x06reward\x18\x08 \x01(\x01\x12\x1b\n\x0fturn_boundaries\x18\t \x03(\x05\x42\x02\x10\x01\x12\x11\n\tnum_turns\x18\n \x01(\x05\x12\x32\n\x06status\x18\x0b \x01(\x0e\x32\".sao.transport.v1.TrajectoryStatus\x12\x0f\n\x07harness\x18\x0c \x01(\t\x12:\n\x07timings\x18\r \x03(\x0b\x32).sao.transport.v1.Trajectory.TimingsEntry\x12:\n\x07metrics\x18\x0e \x03(\x0b\x32).sao.transport.v1.Trajectory.MetricsEntry\x12\x10\n\x08lease_id\x18\x0f \x01(\t\x12<\n\x08metadata\x18\x10 \x03(\x0b\x32*.sao.transport.v1.Trajectory.MetadataEntry\x1a.\n\x0cTimingsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"4\n\x0cLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x11\n\tmax_tasks\x18\x02 \x01(\x05\"\xd9\x01\n\nLeasedTask\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x11\n\ttask_json\x18\x03 \x01(\t\x12\x10\n\x08group_id\x18\x04 \x01(\t\x12\x13\n\x0bnum_samples\x18\x05 \x01(\x05\x12\x15\n\ris_validation\x18\x06 \x01(\x08\x12\x13\n\x0btemperature\x18\x07 \x01(\x02\x12\x10\n\x08\x65nv_name\x18\x08 \x01(\t\x12\x14\n\x0clease_ttl_ms\x18\t \x01(\x03\x12\x1a\n\x0esample_indices\x18\n \x03(\x05\x42\x02\x10\x01\"\x81\x01\n\rLeaseResponse\x12+\n\x05tasks\x18\x01 \x03(\x0b\x32\x1c.sao.transport.v1.LeasedTask\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x13\n\x0b\x65ngine_urls\x18\x03 \x03(\t\x12\x16\n\x0eretry_after_ms\x18\x04 \x01(\x03\"V\n\rSubmitRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x32\n\x0ctrajectories\x18\x02 \x03(\x0b\x32\x1c.sao.transport.v1.Trajectory\"\x88\x01\n\x0cSubmitResult\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12.\n\x06reason\x18\x02 \x01(\x0e\x32\x1e.sao.transport.v1.RejectReason\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x16\n\x0eretry_after_ms\x18\x04 \x01(\x03\x12\r\n\x05\x66ield\x18\x05 \x01(\t\"Y\n\x0eSubmitResponse\x12/\n\x07results\x18\x01 \x03(\x0b\x32\x1e.sao.transport.v1.SubmitResult\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\"8\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x11\n\tlease_ids\x18\x02 \x03(\t\"b\n\x11HeartbeatResponse\x12\x1a\n\x12\x65xtended_lease_ids\x18\x01 \x03(\t\x12\x19\n\x11\x65xpired_lease_ids\x18\x02 \x03(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\"\x0f\n\rStatusRequest\"\xce\x02\n\x0eStatusResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x10\n\x08\x62uffered\x18\x02 \x01(\x03\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x03 \x01(\x03\x12\x10\n\x08rejected\x18\x04 \x01(\x03\x12\x0e\n\x06leased\x18\x05 \x01(\x03\x12\x12\n\nduplicates\x18\x06 \x01(\x03\x12\x10\n\x08\x63onsumed\x18\x07 \x01(\x03\x12R\n\x12rejected_by_reason\x18\x08 \x03(\x0b\x32\x36.sao.transport.v1.StatusResponse.RejectedByReasonEntry\x12\x12\n\nin_learner\x18\t \x01(\x03\x12\x17\n\x0f\x62uffer_capacity\x18\n \x01(\x03\x1a\x37\n\x15RejectedByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01*\xb0\x01\n\x10TrajectoryStatus\x12!\n\x1dTRAJECTORY_STATUS_UNSPECIFIED\x10\x00\x12\x18\n\x14TRAJECTORY_STATUS_OK\x10\x01\x12\x1d\n\x19TRAJECTORY_STATUS_TIMEOUT\x10\x02\x12\x1f\n\x1bTRAJECTORY_STATUS_ENV_ERROR\x10\x03\x12\x1f\n\x1bTRAJECTORY_STATUS_TRUNCATED\x10\x04*\xc3\x04\n\x0cRejectReason\x12\x16\n\x12REJECT_REASON_NONE\x10\x00\x12\x1f\n\x1bREJECT_REASON_INVALID_FIELD\x10\x01\x12\x17\n\x13REJECT_REASON_EMPTY\x10\x02\x12!\n\x1dREJECT_REASON_LENGTH_MISMATCH\x10\x03\x12\x1c\n\x18REJECT_REASON_NON_FINITE\x10\x04\x12\"\n\x1eREJECT_REASON_POSITIVE_LOGPROB\x10\x05\x12$\n REJECT_REASON_TOKEN_OUT_OF_RANGE\x10\x06\x12!\n\x1dREJECT_REASON_NO_ACTION_TOKEN\x10\x07\x12%\n!REJECT_REASON_OBSERVATION_LOGPROB\x10\x08\x12 \n\x1cREJECT_REASON_UNKNOWN_STATUS\x10\t\x12%\n!REJECT_REASON_BAD_TURN_BOUNDARIES\x10\n\x12)\n%REJECT_REASON_NEGATIVE_POLICY_VERSION\x10\x0b\x12\x1f\n\x1bREJECT_REASON_UNKNOWN_LEASE\x10\x14\x12\x1e\n\x1aREJECT_REASON_STALE_POLICY\x10\x15\x12\x1b\n\x17REJECT_REASON_DUPLICATE\x10\x16\x12\x1e\n\x1aREJECT_REASON_BACKPRESSURE\x10\x17\x12\x1a\n\x16REJECT_REASON_INTERNAL\x10\x18\x32\xe1\x02\n\x11TrajectoryService\x12M\n\nLeaseTasks\x12\x1e.sao.transport.v1.LeaseRequest\x1a\x1f.sao.transport.v1.LeaseResponse\x12W\n\x12SubmitTrajectories\x12\x1f.sao.transport.v1.SubmitRequest\x1a .sao.transport.v1.SubmitResponse\x12T\n\tHeartbeat\x12\".sao.transport.v1.HeartbeatRequest\x1a#.sao.transport.v1.HeartbeatResponse\x12N\n\tGetStatus\x12\x1f.sao.transport.v1.StatusRequest\x1a .sao.transport.v1.StatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,10 +43,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRAJECTORY'].fields_by_name['rollout_logprobs']._serialized_options = b'\020\001'
   _globals['_TRAJECTORY'].fields_by_name['turn_boundaries']._loaded_options = None
   _globals['_TRAJECTORY'].fields_by_name['turn_boundaries']._serialized_options = b'\020\001'
-  _globals['_TRAJECTORYSTATUS']._serialized_start=1677
-  _globals['_TRAJECTORYSTATUS']._serialized_end=1853
-  _globals['_REJECTREASON']._serialized_start=1856
-  _globals['_REJECTREASON']._serialized_end=2435
+  _globals['_LEASEDTASK'].fields_by_name['sample_indices']._loaded_options = None
+  _globals['_LEASEDTASK'].fields_by_name['sample_indices']._serialized_options = b'\020\001'
+  _globals['_STATUSRESPONSE_REJECTEDBYREASONENTRY']._loaded_options = None
+  _globals['_STATUSRESPONSE_REJECTEDBYREASONENTRY']._serialized_options = b'8\001'
+  _globals['_TRAJECTORYSTATUS']._serialized_start=1930
+  _globals['_TRAJECTORYSTATUS']._serialized_end=2106
+  _globals['_REJECTREASON']._serialized_start=2109
+  _globals['_REJECTREASON']._serialized_end=2688
   _globals['_TRAJECTORY']._serialized_start=46
   _globals['_TRAJECTORY']._serialized_end=691
   _globals['_TRAJECTORY_TIMINGSENTRY']._serialized_start=548
@@ -58,23 +62,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LEASEREQUEST']._serialized_start=693
   _globals['_LEASEREQUEST']._serialized_end=745
   _globals['_LEASEDTASK']._serialized_start=748
-  _globals['_LEASEDTASK']._serialized_end=937
-  _globals['_LEASERESPONSE']._serialized_start=940
-  _globals['_LEASERESPONSE']._serialized_end=1069
-  _globals['_SUBMITREQUEST']._serialized_start=1071
-  _globals['_SUBMITREQUEST']._serialized_end=1157
-  _globals['_SUBMITRESULT']._serialized_start=1160
-  _globals['_SUBMITRESULT']._serialized_end=1296
-  _globals['_SUBMITRESPONSE']._serialized_start=1298
-  _globals['_SUBMITRESPONSE']._serialized_end=1387
-  _globals['_HEARTBEATREQUEST']._serialized_start=1389
-  _globals['_HEARTBEATREQUEST']._serialized_end=1445
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1447
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1545
-  _globals['_STATUSREQUEST']._serialized_start=1547
-  _globals['_STATUSREQUEST']._serialized_end=1562
-  _globals['_STATUSRESPONSE']._serialized_start=1564
-  _globals['_STATUSRESPONSE']._serialized_end=1674
-  _globals['_TRAJECTORYSERVICE']._serialized_start=2438
-  _globals['_TRAJECTORYSERVICE']._serialized_end=2791
+  _globals['_LEASEDTASK']._serialized_end=965
+  _globals['_LEASERESPONSE']._serialized_start=968
+  _globals['_LEASERESPONSE']._serialized_end=1097
+  _globals['_SUBMITREQUEST']._serialized_start=1099
+  _globals['_SUBMITREQUEST']._serialized_end=1185
+  _globals['_SUBMITRESULT']._serialized_start=1188
+  _globals['_SUBMITRESULT']._serialized_end=1324
+  _globals['_SUBMITRESPONSE']._serialized_start=1326
+  _globals['_SUBMITRESPONSE']._serialized_end=1415
+  _globals['_HEARTBEATREQUEST']._serialized_start=1417
+  _globals['_HEARTBEATREQUEST']._serialized_end=1473
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1475
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1573
+  _globals['_STATUSREQUEST']._serialized_start=1575
+  _globals['_STATUSREQUEST']._serialized_end=1590
+  _globals['_STATUSRESPONSE']._serialized_start=1593
+  _globals['_STATUSRESPONSE']._serialized_end=1927
+  _globals['_STATUSRESPONSE_REJECTEDBYREASONENTRY']._serialized_start=1872
+  _globals['_STATUSRESPONSE_REJECTEDBYREASONENTRY']._serialized_end=1927
+  _globals['_TRAJECTORYSERVICE']._serialized_start=2691
+  _globals['_TRAJECTORYSERVICE']._serialized_end=3044
 # @@protoc_insertion_point(module_scope)

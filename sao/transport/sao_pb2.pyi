@@ -123,7 +123,7 @@ class LeaseRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., max_tasks: _Optional[int] = ...) -> None: ...
 
 class LeasedTask(_message.Message):
-    __slots__ = ("lease_id", "task_id", "task_json", "group_id", "num_samples", "is_validation", "temperature", "env_name", "lease_ttl_ms")
+    __slots__ = ("lease_id", "task_id", "task_json", "group_id", "num_samples", "is_validation", "temperature", "env_name", "lease_ttl_ms", "sample_indices")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +133,7 @@ class LeasedTask(_message.Message):
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     ENV_NAME_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_INDICES_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     task_id: str
     task_json: str
@@ -142,7 +143,8 @@ class LeasedTask(_message.Message):
     temperature: float
     env_name: str
     lease_ttl_ms: int
-    def __init__(self, lease_id: _Optional[str] = ..., task_id: _Optional[str] = ..., task_json: _Optional[str] = ..., group_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., is_validation: _Optional[bool] = ..., temperature: _Optional[float] = ..., env_name: _Optional[str] = ..., lease_ttl_ms: _Optional[int] = ...) -> None: ...
+    sample_indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, lease_id: _Optional[str] = ..., task_id: _Optional[str] = ..., task_json: _Optional[str] = ..., group_id: _Optional[str] = ..., num_samples: _Optional[int] = ..., is_validation: _Optional[bool] = ..., temperature: _Optional[float] = ..., env_name: _Optional[str] = ..., lease_ttl_ms: _Optional[int] = ..., sample_indices: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LeaseResponse(_message.Message):
     __slots__ = ("tasks", "policy_version", "engine_urls", "retry_after_ms")
@@ -209,15 +211,32 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("policy_version", "buffered", "accepted", "rejected", "leased")
+    __slots__ = ("policy_version", "buffered", "accepted", "rejected", "leased", "duplicates", "consumed", "rejected_by_reason", "in_learner", "buffer_capacity")
+    class RejectedByReasonEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     BUFFERED_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     LEASED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_BY_REASON_FIELD_NUMBER: _ClassVar[int]
+    IN_LEARNER_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     buffered: int
     accepted: int
     rejected: int
     leased: int
-    def __init__(self, policy_version: _Optional[int] = ..., buffered: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., leased: _Optional[int] = ...) -> None: ...
+    duplicates: int
+    consumed: int
+    rejected_by_reason: _containers.ScalarMap[str, int]
+    in_learner: int
+    buffer_capacity: int
+    def __init__(self, policy_version: _Optional[int] = ..., buffered: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., leased: _Optional[int] = ..., duplicates: _Optional[int] = ..., consumed: _Optional[int] = ..., rejected_by_reason: _Optional[_Mapping[str, int]] = ..., in_learner: _Optional[int] = ..., buffer_capacity: _Optional[int] = ...) -> None: ...
