@@ -145,17 +145,28 @@ class LMHead(nn.Module):
 
 
 class Critic(nn.Module):
-  """Value model: the policy backbone + `value_head` (E → 1 with bias). Returns values [B, T] float32."""
+  """Value model: the policy backbone + `value_head` (E → 1 with bias). `__call__` → values [B, T] float32."""
   config: ModelConfig
 
-  @nn.compact
-  def __call__(self, input_ids: Array, attention_mask: Array | None = None) -> Array:
-    hidden, _ = Backbone(self.config, name="model")(input_ids, attention_mask)
+  def setup(self):
     _, param_dtype = dtypes(self.config)
-    head = nn.Dense(1, dtype=jnp.float32, param_dtype=param_dtype,
-                    kernel_init=nn.with_logical_partitioning(nn.initializers.normal(1e-3), ("embed", None)),
-                    bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)), name="value_head")
-    return head(hidden.astype(jnp.float32))[..., 0]
+    self.model = Backbone(self.config)
+    self.value_head = nn.Dense(
+        1, dtype=jnp.float32, param_dtype=param_dtype,
+        kernel_init=nn.with_logical_partitioning(nn.initializers.normal(1e-3), ("embed", None)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)))
+
+  def __call__(self, input_ids: Array, attention_mask: Array | None = None) -> Array:
+    hidden, _ = self.model(input_ids, attention_mask)
+    return self.values(hidden)
+
+  def hidden(self, input_ids: Array, attention_mask: Array | None = None) -> tuple[Array, None]:
+    """(hidden [B, T, E] after the final norm, None)."""
+    return self.model(input_ids, attention_mask)
+
+  def values(self, hidden: Array) -> Array:
+    """hidden [B, T, E] → values [B, T] float32 (`hidden @ kernel + bias` in float32)."""
+    return self.value_head(hidden.astype(jnp.float32))[..., 0]
 
 
 def unembedding(params: dict, config: ModelConfig) -> Array:

@@ -1,11 +1,14 @@
 """Shared test helpers: tiny random HF torch models saved to disk, padded id batches."""
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
 
 from sao.models.config import ModelConfig
+from sao.models.transformer import CausalLM, init_params
 
 MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 
@@ -48,3 +51,22 @@ def hf_positions(mask: np.ndarray) -> np.ndarray:
   """Position ids the way HF generate builds them from an attention mask."""
   pos = np.cumsum(mask, axis=1) - 1
   return np.where(mask == 1, pos, 1).astype(np.int64)
+
+
+def random_params(config: ModelConfig, seed: int = 0, critic: bool = False) -> dict:
+  """Our param tree with the same non-trivial random weights as `random_torch_model` (std 0.1, norms 1 ± 0.1)."""
+  abstract = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0), critic=critic))
+  rng = np.random.default_rng(seed)
+
+  def fill(path, leaf):
+    noise = rng.standard_normal(leaf.shape).astype(np.float32)
+    is_norm = "norm" in jax.tree_util.keystr(path)
+    return jnp.asarray((1.0 + 0.1 * noise) if is_norm else 0.1 * noise, leaf.dtype)
+
+  return jax.tree_util.tree_map_with_path(fill, abstract)
+
+
+def forward(config: ModelConfig, params: dict, ids, mask):
+  """Jitted full forward → float32 logits [B, T, V] as numpy."""
+  logits, _ = jax.jit(lambda p, i, m: CausalLM(config).apply({"params": p}, i, m))(params, ids, mask)
+  return np.asarray(logits)

@@ -1,12 +1,13 @@
 """Parity with HF transformers (torch CPU) on tiny random configs, float32, with padding; export round trip."""
+import jax
 import numpy as np
 import pytest
 import torch
 import transformers
 
 from sao.models import hf as hf_io
-from sao.models.transformer import CausalLM, Critic, init_critic_from_policy
-from tests.models.helpers import MODEL_TYPES, hf_positions, padded_batch, random_torch_model, tiny_hf_config
+from sao.models.transformer import Critic, init_critic_from_policy
+from tests.models.helpers import MODEL_TYPES, forward, hf_positions, padded_batch, random_torch_model, tiny_hf_config
 
 TOL = 1e-4
 
@@ -30,15 +31,16 @@ def test_logits_match_hf_with_padding(model_type, tmp_path):
   rng = np.random.default_rng(0)
   ids, mask = padded_batch(rng, config.vocab_size, [9, 5, 1], 9, left=True)
   want_logits, want_hidden = _torch_outputs(torch_model, ids, mask)
-  logits, _ = CausalLM(config).apply({"params": params}, ids, mask)
+  logits = forward(config, params, ids, mask)
   real = mask.astype(bool)
-  assert np.abs(np.asarray(logits)[real] - want_logits[real]).max() <= TOL
+  assert np.abs(logits[real] - want_logits[real]).max() <= TOL
 
   # The critic's backbone = the policy's backbone: its hidden states match HF's last hidden state.
-  critic_params = init_critic_from_policy(params, rng=__import__("jax").random.PRNGKey(1))
-  hidden, _ = CausalLM(config).apply({"params": params}, ids, mask, method=CausalLM.hidden)
+  critic_params = init_critic_from_policy(params, rng=jax.random.PRNGKey(1))
+  hidden, values = jax.jit(lambda cp, i, m: (
+      Critic(config).apply({"params": cp}, i, m, method=Critic.hidden)[0],
+      Critic(config).apply({"params": cp}, i, m)))(critic_params, ids, mask)
   assert np.abs(np.asarray(hidden)[real] - want_hidden[real]).max() <= TOL
-  values = Critic(config).apply({"params": critic_params}, ids, mask)
   assert values.shape == ids.shape and values.dtype == np.float32
 
 
@@ -48,9 +50,9 @@ def test_right_padding_matches_hf(tmp_path):
   config, params = hf_io.load_pretrained(str(tmp_path))
   ids, mask = padded_batch(np.random.default_rng(1), config.vocab_size, [7, 3], 7, left=False)
   want, _ = _torch_outputs(torch_model, ids, mask)
-  logits, _ = CausalLM(config).apply({"params": params}, ids, mask)
+  logits = forward(config, params, ids, mask)
   real = mask.astype(bool)
-  assert np.abs(np.asarray(logits)[real] - want[real]).max() <= TOL
+  assert np.abs(logits[real] - want[real]).max() <= TOL
 
 
 @pytest.mark.parametrize("model_type", ["qwen2", "qwen3_moe"])
@@ -65,11 +67,11 @@ def test_export_loads_in_transformers(model_type, tmp_path):
   ids, mask = padded_batch(np.random.default_rng(2), config.vocab_size, [6, 4], 6)
   want, _ = _torch_outputs(torch_model, ids, mask)
   got, _ = _torch_outputs(reloaded, ids, mask)
-  ours, _ = CausalLM(config).apply({"params": params}, ids, mask)
+  ours = forward(config, params, ids, mask)
   real = mask.astype(bool)
   assert np.abs(got[real] - want[real]).max() <= TOL
   assert np.abs(np.asarray(ours)[real] - got[real]).max() <= TOL
   config2, params2 = hf_io.load_pretrained(str(tmp_path / "out"))
   assert config2 == config
-  for a, b in zip(__import__("jax").tree.leaves(params), __import__("jax").tree.leaves(params2)):
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

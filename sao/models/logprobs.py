@@ -1,0 +1,91 @@
+"""Per-token log-probabilities of a sequence under the policy, chunked over time so that at most one
+`[B, C, V]` float32 logits block exists at once, forward and backward.
+
+Alignment (how trajectories store `rollout_logprobs`): the log-prob sits on the token being scored,
+  `out[b, t] = log softmax(logits[b, t−1] / temperature)[input_ids[b, t]]`,  `out[b, 0] = 0`,
+and `out[b, t] = 0` wherever `attention_mask[b, t] = 0` or `attention_mask[b, t−1] = 0` (no real context).
+The distribution is the temperature-scaled softmax over the full vocabulary — the same one `sao.models.sampling`
+reports for its sampled ids (before any top-p / top-k truncation).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from sao.models.config import ModelConfig
+from sao.models.transformer import CausalLM, unembedding
+
+Array = jax.Array
+
+
+def logits_from_hidden(hidden: Array, unembed: Array, dtype) -> Array:
+  """hidden [..., E] @ unembed [E, V] → float32 logits [..., V] (inputs in compute `dtype`, f32 accumulation).
+
+  The same formula as `CausalLM.logits`, so sampler and trainer see bit-compatible logits.
+  """
+  return jnp.einsum("...e,ev->...v", hidden.astype(dtype), unembed.astype(dtype), preferred_element_type=jnp.float32)
+
+
+def logprobs_from_hidden(hidden: Array, unembed: Array, input_ids: Array, attention_mask: Array | None = None,
+                         temperature: float | Array = 1.0, chunk_size: int = 128, return_entropy: bool = False,
+                         dtype=None) -> Array | tuple[Array, Array]:
+  """Scores `input_ids` given backbone outputs.
+
+  hidden: [B, T, E] (after the final norm); unembed: [E, V]; input_ids, attention_mask: [B, T].
+  Returns logprobs [B, T] float32 (and entropy [B, T] float32 of the same tempered distribution,
+  `H = logsumexp(z) − Σ softmax(z)·z`, with the same zeros), aligned as in the module docstring.
+  Time is processed in chunks of `chunk_size` by `lax.map` over a `jax.checkpoint`ed function, so the backward pass
+  also rebuilds one chunk's logits at a time.
+  """
+  b, t, e = hidden.shape
+  dtype = dtype or hidden.dtype
+  if attention_mask is None:
+    attention_mask = jnp.ones((b, t), jnp.int32)
+  if t < 2:
+    zeros = jnp.zeros((b, t), jnp.float32)
+    return (zeros, zeros) if return_entropy else zeros
+  prev_hidden, targets = hidden[:, :-1], input_ids[:, 1:]  # predict token t from position t−1
+  n = t - 1
+  chunk = min(chunk_size, n)
+  n_chunks = -(-n // chunk)
+  pad = n_chunks * chunk - n
+  prev_hidden = jnp.pad(prev_hidden, ((0, 0), (0, pad), (0, 0)))
+  targets = jnp.pad(targets, ((0, 0), (0, pad)))
+  # [n_chunks, B, C, ...] so lax.map walks over time chunks.
+  h_chunks = prev_hidden.reshape(b, n_chunks, chunk, e).swapaxes(0, 1)
+  y_chunks = targets.reshape(b, n_chunks, chunk).swapaxes(0, 1)
+
+  @jax.checkpoint
+  def score(args):
+    h, y = args
+    z = logits_from_hidden(h, unembed, dtype) / temperature  # [B, C, V] float32
+    lse = jax.nn.logsumexp(z, axis=-1)
+    lp = jnp.take_along_axis(z, y[..., None], axis=-1)[..., 0] - lse
+    ent = lse - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)
+    return lp, ent
+
+  lp, ent = jax.lax.map(score, (h_chunks, y_chunks))
+  lp = lp.swapaxes(0, 1).reshape(b, -1)[:, :n]
+  ent = ent.swapaxes(0, 1).reshape(b, -1)[:, :n]
+  m = attention_mask.astype(bool)
+  valid = m[:, 1:] & m[:, :-1]
+  lp = jnp.concatenate([jnp.zeros((b, 1), jnp.float32), jnp.where(valid, lp, 0.0)], axis=1)
+  if not return_entropy:
+    return lp
+  ent = jnp.concatenate([jnp.zeros((b, 1), jnp.float32), jnp.where(valid, ent, 0.0)], axis=1)
+  return lp, ent
+
+
+def token_logprobs(params: dict, config: ModelConfig, input_ids: Array, attention_mask: Array | None = None,
+                   temperature: float | Array = 1.0, chunk_size: int = 128,
+                   return_entropy: bool = False) -> Array | tuple[Array, Array]:
+  """Policy log-probs of `input_ids` [B, T] → [B, T] float32 (and entropy [B, T]); see the module docstring.
+
+  `params` is the policy tree (`{'model', 'lm_head'?}`); temperature must be > 0 (greedy rollouts use 1).
+  Differentiable; jit it from the caller (config is a static, hashable dataclass).
+  """
+  if isinstance(temperature, (int, float)) and temperature <= 0:
+    raise ValueError(f"temperature: must be > 0, got {temperature}")
+  hidden, _ = CausalLM(config).apply({"params": params}, input_ids, attention_mask, method=CausalLM.hidden)
+  return logprobs_from_hidden(hidden, unembedding(params, config), input_ids, attention_mask, temperature,
+                              chunk_size, return_entropy, dtype=jnp.dtype(config.dtype))

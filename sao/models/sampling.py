@@ -1,0 +1,196 @@
+"""KV-cache sampling: batched prompts of different lengths → sampled ids, their log-probs, finish reasons.
+
+Shapes are bucketed (batch, prompt length, new tokens) so jit compiles a bounded number of programs; prompts are
+left-padded, the batch is padded with empty rows. One jitted program per bucket runs prefill and a `lax.while_loop`
+decode that stops when every row is done.
+
+Log-probs: the returned `logprobs[i]` is `log softmax(logits / temperature)[token]` over the FULL vocabulary, i.e.
+the distribution *before* top-p / top-k truncation, exactly what `sao.models.logprobs.token_logprobs` computes for the
+same sequence at the same temperature (so DIS ratios are 1 on-policy). Greedy (temperature == 0) reports the
+temperature-1 log-prob. Tokens are drawn from the truncated, renormalised distribution.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sao.models.config import ModelConfig
+from sao.models.transformer import CausalLM, init_cache
+
+Array = jax.Array
+
+PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+NEW_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """Per-request sampling settings (SGLang's names). top_k = 0 and top_p = 1 disable truncation."""
+  max_new_tokens: int = 128
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+  """token_ids: [n] int32 (a sampled stop token is included); logprobs: [n] float32; finish_reason: stop | length."""
+  token_ids: np.ndarray
+  logprobs: np.ndarray
+  finish_reason: str
+
+
+def _bucket(n: int, buckets: Sequence[int], name: str) -> int:
+  for b in buckets:
+    if n <= b:
+      return b
+  raise ValueError(f"{name}: {n} exceeds the largest bucket {buckets[-1]}")
+
+
+def sample_tokens(logits: Array, keys: Array, temperature: Array, top_p: Array,
+                  top_k: Array) -> tuple[Array, Array]:
+  """One sampling step. logits: [B, V] float32; keys: [B] PRNG keys; temperature, top_p: [B] float; top_k: [B] int.
+
+  z = logits / τ (τ = 1 for greedy rows, τ = 0). Truncation: keep the top_k largest z (top_k > 0), then the smallest
+  prefix of the renormalised sorted distribution whose mass reaches top_p; sample from softmax(z) restricted to the
+  kept set. Greedy rows take argmax(logits). Returns (tokens [B] int32, log softmax(z)[token] [B] float32).
+  """
+  vocab = logits.shape[-1]
+  greedy = temperature <= 0
+  tau = jnp.where(greedy, 1.0, temperature)
+  z = logits / tau[:, None]
+  logprobs = jax.nn.log_softmax(z, axis=-1)
+  z_sorted = -jnp.sort(-z, axis=-1)  # descending
+  k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
+  rank = jnp.arange(vocab)[None, :]
+  z_sorted = jnp.where(rank < k[:, None], z_sorted, -jnp.inf)
+  p_sorted = jax.nn.softmax(z_sorted, axis=-1)
+  mass_before = jnp.cumsum(p_sorted, axis=-1) - p_sorted
+  keep_sorted = (mass_before < top_p[:, None]) & (rank < k[:, None])
+  threshold = jnp.min(jnp.where(keep_sorted, z_sorted, jnp.inf), axis=-1)  # smallest kept value
+  truncated = jnp.where(z >= threshold[:, None], z, -jnp.inf)
+  sampled = jax.vmap(jax.random.categorical)(keys, truncated)
+  tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
+  return tokens, jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
+
+
+@functools.partial(jax.jit, static_argnames=("config", "max_new"))
+def _generate(params, prompt_ids, prompt_mask, temperature, top_p, top_k, stop_ids, max_new_tokens, row_keys,
+              config: ModelConfig, max_new: int):
+  """prompt_ids/mask: [B, P] left-padded; stop_ids: [B, S] (−1 = none); max_new_tokens: [B] (0 = empty row).
+
+  Returns (ids [B, N], logprobs [B, N], lengths [B], stopped [B]) with N = max_new.
+  """
+  model = CausalLM(config)
+  variables = {"params": params}
+  batch = prompt_ids.shape[0]
+  cache = init_cache(config, batch, prompt_ids.shape[1] + max_new)
+  hidden, cache = model.apply(variables, prompt_ids, prompt_mask, cache, method=CausalLM.hidden)
+  logits = model.apply(variables, hidden[:, -1], method=CausalLM.logits)  # left padding: last slot is real
+
+  def cond(state):
+    step, _, _, _, _, done, _, _ = state
+    return (step < max_new) & ~jnp.all(done)
+
+  def body(state):
+    step, cache, logits, out_ids, out_lp, done, lengths, stopped = state
+    keys = jax.vmap(lambda key: jax.random.fold_in(key, step))(row_keys)
+    tokens, lp = sample_tokens(logits, keys, temperature, top_p, top_k)
+    live = ~done
+    out_ids = out_ids.at[:, step].set(jnp.where(live, tokens, 0))
+    out_lp = out_lp.at[:, step].set(jnp.where(live, lp, 0.0))
+    is_stop = live & jnp.any(tokens[:, None] == stop_ids, axis=-1)
+    lengths = lengths + live.astype(jnp.int32)
+    stopped = stopped | is_stop
+    done = done | is_stop | (lengths >= max_new_tokens)
+    hidden, cache = model.apply(variables, tokens[:, None], live[:, None].astype(jnp.int32), cache,
+                                method=CausalLM.hidden)
+    logits = model.apply(variables, hidden[:, 0], method=CausalLM.logits)
+    return step + 1, cache, logits, out_ids, out_lp, done, lengths, stopped
+
+  state = (jnp.int32(0), cache, logits, jnp.zeros((batch, max_new), jnp.int32),
+           jnp.zeros((batch, max_new), jnp.float32), max_new_tokens <= 0, jnp.zeros((batch,), jnp.int32),
+           jnp.zeros((batch,), bool))
+  _, _, _, out_ids, out_lp, _, lengths, stopped = jax.lax.while_loop(cond, body, state)
+  return out_ids, out_lp, lengths, stopped
+
+
+class Sampler:
+  """Holds params + bucket sizes; `generate` is numpy in / numpy out (the local engine's batching boundary)."""
+
+  def __init__(self, config: ModelConfig, params: dict, *, prompt_buckets: Sequence[int] = PROMPT_BUCKETS,
+               batch_buckets: Sequence[int] = BATCH_BUCKETS, new_token_buckets: Sequence[int] = NEW_TOKEN_BUCKETS,
+               max_stop_ids: int = 16):
+    self.config = config
+    self.params = params
+    self.prompt_buckets = tuple(prompt_buckets)
+    self.batch_buckets = tuple(batch_buckets)
+    self.new_token_buckets = tuple(new_token_buckets)
+    self.max_stop_ids = max_stop_ids
+
+  def update_params(self, params: dict) -> None:
+    """Swaps in new weights (same tree and shapes: no recompilation)."""
+    self.params = params
+
+  def generate(self, prompts: Sequence[Sequence[int] | np.ndarray],
+               sampling_params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
+               seed: int = 0) -> list[Completion]:
+    """Samples a completion for every prompt (token id lists). Row i uses PRNG key fold_in(PRNGKey(seed), i)."""
+    n = len(prompts)
+    if n == 0:
+      return []
+    if isinstance(sampling_params, SamplingParams):
+      sampling_params = [sampling_params] * n
+    if len(sampling_params) != n:
+      raise ValueError(f"sampling_params: {len(sampling_params)} entries for {n} prompts")
+    vocab = self.config.vocab_size
+    prompts = [np.asarray(p, np.int64).reshape(-1) for p in prompts]
+    for i, (p, sp) in enumerate(zip(prompts, sampling_params)):
+      if p.size == 0:
+        raise ValueError(f"prompts[{i}]: empty prompt")
+      if p.min() < 0 or p.max() >= vocab:
+        raise ValueError(f"prompts[{i}]: token ids must be in [0, {vocab})")
+      if sp.max_new_tokens < 1:
+        raise ValueError(f"sampling_params[{i}].max_new_tokens: must be >= 1, got {sp.max_new_tokens}")
+      if sp.temperature < 0 or not 0 < sp.top_p <= 1 or sp.top_k < 0:
+        raise ValueError(f"sampling_params[{i}]: need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got {sp}")
+      if len(sp.stop_token_ids) > self.max_stop_ids:
+        raise ValueError(f"sampling_params[{i}].stop_token_ids: more than {self.max_stop_ids} ids")
+    batch = _bucket(n, self.batch_buckets, "batch size")
+    length = _bucket(max(p.size for p in prompts), self.prompt_buckets, "prompt length")
+    max_new = _bucket(max(sp.max_new_tokens for sp in sampling_params), self.new_token_buckets, "max_new_tokens")
+
+    ids = np.zeros((batch, length), np.int32)
+    mask = np.zeros((batch, length), np.int32)
+    stop = np.full((batch, self.max_stop_ids), -1, np.int32)
+    temperature = np.ones((batch,), np.float32)
+    top_p = np.ones((batch,), np.float32)
+    top_k = np.zeros((batch,), np.int32)
+    max_tokens = np.zeros((batch,), np.int32)  # padding rows: 0 → done before the first step
+    for i, (p, sp) in enumerate(zip(prompts, sampling_params)):
+      ids[i, length - p.size:] = p
+      mask[i, length - p.size:] = 1
+      stop[i, :len(sp.stop_token_ids)] = sp.stop_token_ids
+      temperature[i], top_p[i], top_k[i], max_tokens[i] = sp.temperature, sp.top_p, sp.top_k, sp.max_new_tokens
+    base = jax.random.PRNGKey(seed)
+    row_keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.arange(batch))
+    out_ids, out_lp, lengths, stopped = jax.device_get(_generate(
+        self.params, ids, mask, temperature, top_p, top_k, stop, max_tokens, row_keys,
+        config=self.config, max_new=max_new))
+    return [Completion(token_ids=np.asarray(out_ids[i, :lengths[i]], np.int32),
+                       logprobs=np.asarray(out_lp[i, :lengths[i]], np.float32),
+                       finish_reason="stop" if stopped[i] else "length") for i in range(n)]
+
+
+def generate(config: ModelConfig, params: dict, prompts: Sequence[Sequence[int] | np.ndarray],
+             sampling_params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
+             seed: int = 0) -> list[Completion]:
+  """One-shot `Sampler(config, params).generate(...)` (compiled programs are cached across calls)."""
+  return Sampler(config, params).generate(prompts, sampling_params, seed)
