@@ -1,0 +1,450 @@
+"""The task dispenser: which task each rollout worker runs next, with leases that survive dead workers.
+
+Pure Python and thread-safe (one re-entrant lock). The trainer-side server (`sao.transport.server`) calls it; it
+knows nothing about gRPC or trajectories' contents beyond the lease bookkeeping.
+
+Modes:
+  sao:   each task is leased once per epoch, with one sample (`sample_indices == (0,)`).
+  group: (GSPO/GRPO) each task is leased once per epoch as a group of G samples in one lease
+         (`sample_indices == (0, ..., G-1)`); the group is complete only when all G samples were accepted.
+
+Leases expire `lease_ttl_s` after issue or the last heartbeat. Expired work (the samples not yet accepted) is
+re-leased before any fresh task, under a *new* lease id with the same `group_id` and only the missing sample
+indices, so a dead worker loses nothing. A late submission under an expired lease is rejected as UNKNOWN_LEASE
+(`check_submission`), whether or not its work was re-leased yet: one rule, no race about who wins.
+
+Evaluation: every `eval_every` policy versions (`set_policy_version`) the whole validation split is queued as
+single-sample, `is_validation` leases at `eval_temperature`; their results feed an eval collector (never the
+training buffer) and `pop_eval_results()` reports a version's success rate once all of its eval tasks returned.
+
+Order: re-leases first, then queued evaluation, then fresh training tasks in a per-epoch shuffle that depends only
+on (seed, epoch), so `state_dict()` = (epoch, position, outstanding work) reproduces the order after a restart.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import threading
+import time
+import uuid
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from sao.transport.trajectory import ReasonCode, Trajectory, TrajectoryError
+
+logger = logging.getLogger(__name__)
+
+_STATE_FORMAT = 1
+
+
+@dataclasses.dataclass
+class DispenserConfig:
+  """Knobs of the task dispenser.
+
+  Attributes:
+    mode: "sao" (one sample per task) or "group" (G samples per task in one lease).
+    group_size: G in group mode; must be 1 in SAO mode.
+    seed: seeds the per-epoch shuffle.
+    lease_ttl_s: a lease lapses this long after issue or its last heartbeat.
+    num_epochs: passes over the training tasks; None for no limit.
+    id_key: the task dict's id field.
+    env_name: registry name sent with every lease (sao.rollout.envs.make).
+    train_temperature, eval_temperature: sampling temperatures for training and validation leases.
+    eval_every: evaluate the validation split at policy versions divisible by this; 0 disables.
+    success_threshold: an eval episode succeeded when its reward >= this.
+  """
+  mode: str = "sao"
+  group_size: int = 1
+  seed: int = 0
+  lease_ttl_s: float = 600.0
+  num_epochs: int | None = None
+  id_key: str = "id"
+  env_name: str = ""
+  train_temperature: float = 1.0
+  eval_temperature: float = 0.0
+  eval_every: int = 0
+  success_threshold: float = 1.0
+
+  def __post_init__(self):
+    if self.mode not in ("sao", "group"):
+      raise ValueError(f"DispenserConfig.mode must be 'sao' or 'group', got {self.mode!r}")
+    if self.group_size < 1 or (self.mode == "sao" and self.group_size != 1):
+      raise ValueError(f"DispenserConfig.group_size must be >= 1 (and 1 in sao mode), got {self.group_size} "
+                       f"in mode {self.mode!r}")
+    if self.lease_ttl_s <= 0:
+      raise ValueError(f"DispenserConfig.lease_ttl_s must be > 0, got {self.lease_ttl_s}")
+    if self.num_epochs is not None and self.num_epochs < 1:
+      raise ValueError(f"DispenserConfig.num_epochs must be >= 1 or None, got {self.num_epochs}")
+    if self.eval_every < 0:
+      raise ValueError(f"DispenserConfig.eval_every must be >= 0, got {self.eval_every}")
+
+
+@dataclasses.dataclass
+class _Work:
+  """Samples of one task still to be leased. `eval_version` is -1 for training work."""
+  task_index: int
+  is_validation: bool
+  group_id: str
+  sample_indices: tuple[int, ...]
+  eval_version: int = -1
+
+
+@dataclasses.dataclass
+class Lease:
+  """One outstanding lease: a worker runs `sample_indices` of `task` and submits one trajectory per index."""
+  lease_id: str
+  worker_id: str
+  task_id: str
+  task_json: str
+  group_id: str
+  sample_indices: tuple[int, ...]
+  is_validation: bool
+  temperature: float
+  env_name: str
+  eval_version: int
+  expires_at: float
+  work: _Work
+  pending: set[int] = dataclasses.field(default_factory=set)  # indices not yet accepted
+
+  @property
+  def num_samples(self) -> int:
+    return len(self.sample_indices)
+
+
+@dataclasses.dataclass
+class _Group:
+  size: int
+  accepted: set[int] = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalResult:
+  """Validation outcome of one policy version (all of its eval tasks returned)."""
+  policy_version: int
+  num_tasks: int
+  num_success: int
+  success_rate: float
+  mean_reward: float
+
+
+@dataclasses.dataclass
+class _EvalRun:
+  num_tasks: int
+  rewards: dict[str, float] = dataclasses.field(default_factory=dict)  # group id -> reward
+
+
+def _task_id(task: Mapping[str, Any], id_key: str, where: str) -> str:
+  if id_key not in task:
+    raise ValueError(f"{where}: task has no {id_key!r} field: keys {sorted(task)}")
+  return str(task[id_key])
+
+
+class TaskDispenser:
+  """Leases training and validation tasks to rollout workers (see the module docstring).
+
+  Args:
+    tasks: training tasks, JSON-serialisable dicts with a unique `config.id_key`.
+    config: a `DispenserConfig`.
+    validation_tasks: the validation split (same format), evaluated every `config.eval_every` versions.
+    clock: seconds, monotonic; injectable so tests need no sleeping.
+  """
+
+  def __init__(self, tasks: Sequence[Mapping[str, Any]], config: DispenserConfig | None = None,
+               validation_tasks: Sequence[Mapping[str, Any]] = (), clock: Callable[[], float] = time.monotonic):
+    self.config = config or DispenserConfig()
+    if not tasks:
+      raise ValueError("TaskDispenser needs at least one training task")
+    self._clock = clock
+    self._lock = threading.RLock()
+    self._splits = {False: self._encode(tasks, "tasks"), True: self._encode(validation_tasks, "validation_tasks")}
+    self._epoch = 0
+    self._position = 0
+    self._order = self._permutation(0)
+    self._policy_version = 0
+    self._retry: collections.deque[_Work] = collections.deque()
+    self._eval_queue: collections.deque[_Work] = collections.deque()
+    self._leases: dict[str, Lease] = {}
+    self._groups: dict[str, _Group] = {}
+    self._eval_runs: dict[int, _EvalRun] = {}
+    self._eval_done: dict[int, EvalResult] = {}
+    self._eval_unreported: list[EvalResult] = []
+
+  def _encode(self, tasks: Sequence[Mapping[str, Any]], where: str) -> list[tuple[str, str]]:
+    """(task id, task JSON) per task; fails on duplicate ids or non-JSON tasks now, not at lease time."""
+    out, seen = [], set()
+    for i, task in enumerate(tasks):
+      task_id = _task_id(task, self.config.id_key, f"{where}[{i}]")
+      if task_id in seen:
+        raise ValueError(f"{where}[{i}]: duplicate task id {task_id!r}")
+      seen.add(task_id)
+      try:
+        out.append((task_id, json.dumps(task, sort_keys=True)))
+      except TypeError as e:
+        raise ValueError(f"{where}[{i}] (id {task_id!r}) is not JSON-serialisable: {e}") from e
+    return out
+
+  def _permutation(self, epoch: int) -> np.ndarray:
+    """The task order of `epoch`: a function of (seed, epoch) only, so it needs no RNG state to checkpoint."""
+    return np.random.default_rng([self.config.seed, epoch]).permutation(len(self._splits[False]))
+
+  # ----------------------------------------------------------------------------------------------------------------
+  # Leasing.
+
+  def lease(self, worker_id: str, max_tasks: int) -> list[Lease]:
+    """Up to `max_tasks` new leases for `worker_id` (fewer, possibly none, when no work is available)."""
+    with self._lock:
+      self._expire(self._clock())
+      out = []
+      while len(out) < max_tasks:
+        work = self._next_work()
+        if work is None:
+          break
+        out.append(self._issue(worker_id, work))
+      return out
+
+  def _next_work(self) -> _Work | None:
+    while self._retry:
+      work = self._retry.popleft()
+      group = self._groups.get(work.group_id)
+      # Samples accepted after the lease expired (a submission already in flight) need no re-run.
+      missing = tuple(i for i in work.sample_indices if group is not None and i not in group.accepted)
+      if missing:
+        return dataclasses.replace(work, sample_indices=missing)
+    if self._eval_queue:
+      return self._eval_queue.popleft()
+    return self._next_fresh()
+
+  def _next_fresh(self) -> _Work | None:
+    if self.config.num_epochs is not None and self._epoch >= self.config.num_epochs:
+      return None
+    index = int(self._order[self._position])
+    task_id = self._splits[False][index][0]
+    work = _Work(index, False, f"e{self._epoch}:{task_id}", tuple(range(self.config.group_size)))
+    self._groups[work.group_id] = _Group(self.config.group_size)
+    self._position += 1
+    if self._position == len(self._order):
+      self._epoch += 1
+      self._position = 0
+      self._order = self._permutation(self._epoch)
+    return work
+
+  def _issue(self, worker_id: str, work: _Work, lease_id: str | None = None,
+             expires_at: float | None = None) -> Lease:
+    task_id, task_json = self._splits[work.is_validation][work.task_index]
+    temperature = self.config.eval_temperature if work.is_validation else self.config.train_temperature
+    lease = Lease(
+        lease_id=lease_id or uuid.uuid4().hex, worker_id=worker_id, task_id=task_id, task_json=task_json,
+        group_id=work.group_id, sample_indices=work.sample_indices, is_validation=work.is_validation,
+        temperature=temperature, env_name=self.config.env_name, eval_version=work.eval_version,
+        expires_at=self._clock() + self.config.lease_ttl_s if expires_at is None else expires_at, work=work,
+        pending=set(work.sample_indices))
+    self._leases[lease.lease_id] = lease
+    return lease
+
+  def _expire(self, now: float) -> None:
+    for lease_id in [k for k, v in self._leases.items() if v.expires_at <= now]:
+      lease = self._leases.pop(lease_id)
+      missing = tuple(sorted(lease.pending))
+      logger.info("lease %s (task %s, worker %s) expired with samples %s missing; re-leasing them",
+                  lease_id, lease.task_id, lease.worker_id, missing)
+      self._retry.append(dataclasses.replace(lease.work, sample_indices=missing))
+
+  def heartbeat(self, lease_ids: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Extends live leases by `lease_ttl_s`; returns (extended, expired-or-unknown) lease ids."""
+    with self._lock:
+      now = self._clock()
+      self._expire(now)
+      extended, expired = [], []
+      for lease_id in lease_ids:
+        lease = self._leases.get(lease_id)
+        if lease is None:
+          expired.append(lease_id)
+        else:
+          lease.expires_at = now + self.config.lease_ttl_s
+          extended.append(lease_id)
+      return extended, expired
+
+  # ----------------------------------------------------------------------------------------------------------------
+  # Submissions (the server validates the record; the dispenser checks the lease and does the bookkeeping).
+
+  def check_submission(self, traj: Trajectory) -> Lease:
+    """The live lease `traj` was run under; raises `TrajectoryError` (UNKNOWN_LEASE / INVALID_FIELD) otherwise."""
+    with self._lock:
+      lease = self._leases.get(traj.lease_id)
+      if lease is None or lease.expires_at <= self._clock():
+        raise TrajectoryError("lease_id", ReasonCode.UNKNOWN_LEASE,
+                              f"lease {traj.lease_id!r} is unknown or expired (its work is re-leased)")
+      if traj.sample_index not in lease.sample_indices:
+        raise TrajectoryError("sample_index", ReasonCode.UNKNOWN_LEASE,
+                              f"sample_index {traj.sample_index} not in lease {traj.lease_id!r}'s "
+                              f"{list(lease.sample_indices)}")
+      if traj.task_id != lease.task_id:
+        raise TrajectoryError("task_id", ReasonCode.INVALID_FIELD,
+                              f"{traj.task_id!r} does not match lease {traj.lease_id!r}'s task {lease.task_id!r}")
+      if traj.group_id and traj.group_id != lease.group_id:
+        raise TrajectoryError("group_id", ReasonCode.INVALID_FIELD,
+                              f"{traj.group_id!r} does not match lease {traj.lease_id!r}'s group {lease.group_id!r}")
+      return lease
+
+  def complete(self, lease: Lease, traj: Trajectory) -> bool:
+    """Records an accepted sample of `lease`; True when it completes its group (all G samples accepted).
+
+    Works even if the lease expired since `check_submission` (a submission racing its expiry): the sample counts
+    and a re-lease skips it.
+    """
+    with self._lock:
+      live = self._leases.get(lease.lease_id)
+      if live is not None:
+        live.pending.discard(traj.sample_index)
+        if not live.pending:
+          del self._leases[lease.lease_id]
+      group = self._groups.get(lease.group_id)
+      if group is None or traj.sample_index in group.accepted:
+        logger.warning("sample %d of group %s completed twice or after its group finished; ignored",
+                       traj.sample_index, lease.group_id)
+        return False
+      group.accepted.add(traj.sample_index)
+      if len(group.accepted) < group.size:
+        return False
+      del self._groups[lease.group_id]
+      if lease.is_validation:
+        self._record_eval(lease, traj)
+      return True
+
+  def _record_eval(self, lease: Lease, traj: Trajectory) -> None:
+    run = self._eval_runs.get(lease.eval_version)
+    if run is None:
+      logger.warning("eval trajectory for version %d without an eval run; ignored", lease.eval_version)
+      return
+    run.rewards[lease.group_id] = traj.reward
+    if len(run.rewards) == run.num_tasks:
+      rewards = np.asarray(list(run.rewards.values()), np.float64)
+      success = int((rewards >= self.config.success_threshold).sum())
+      result = EvalResult(lease.eval_version, run.num_tasks, success, success / run.num_tasks,
+                          float(rewards.mean()))
+      del self._eval_runs[lease.eval_version]
+      self._eval_done[lease.eval_version] = result
+      self._eval_unreported.append(result)
+      logger.info("eval of policy version %d: success rate %.4f over %d tasks", result.policy_version,
+                  result.success_rate, result.num_tasks)
+
+  # ----------------------------------------------------------------------------------------------------------------
+  # Policy versions and evaluation.
+
+  def set_policy_version(self, version: int) -> None:
+    """Records the trainer's policy version; queues an evaluation when `version % eval_every == 0`."""
+    with self._lock:
+      self._policy_version = int(version)
+      if self.config.eval_every and version % self.config.eval_every == 0:
+        self.schedule_eval(version)
+
+  def schedule_eval(self, version: int) -> bool:
+    """Queues the whole validation split for `version` (once per version); False if nothing was queued."""
+    with self._lock:
+      val = self._splits[True]
+      if not val or version in self._eval_runs or version in self._eval_done:
+        return False
+      self._eval_runs[version] = _EvalRun(len(val))
+      for index, (task_id, _) in enumerate(val):
+        group_id = f"eval{version}:{task_id}"
+        self._groups[group_id] = _Group(1)
+        self._eval_queue.append(_Work(index, True, group_id, (0,), version))
+      return True
+
+  def pop_eval_results(self) -> list[EvalResult]:
+    """Evaluations finished since the last call, in completion order."""
+    with self._lock:
+      out, self._eval_unreported = self._eval_unreported, []
+      return out
+
+  def eval_result(self, version: int) -> EvalResult | None:
+    with self._lock:
+      return self._eval_done.get(version)
+
+  # ----------------------------------------------------------------------------------------------------------------
+  # Introspection.
+
+  @property
+  def policy_version(self) -> int:
+    return self._policy_version
+
+  @property
+  def epoch(self) -> int:
+    return self._epoch
+
+  @property
+  def num_leased(self) -> int:
+    with self._lock:
+      return len(self._leases)
+
+  def lease_info(self, lease_id: str) -> Lease | None:
+    with self._lock:
+      return self._leases.get(lease_id)
+
+  def group_size_of(self, group_id: str) -> int:
+    """G for a training group id, 1 for an eval group (independent of whether the group is still open)."""
+    return 1 if group_id.startswith("eval") else self.config.group_size
+
+  @property
+  def exhausted(self) -> bool:
+    """All epochs leased and nothing outstanding (no lease, re-lease, queued eval or open group)."""
+    with self._lock:
+      self._expire(self._clock())
+      return (self.config.num_epochs is not None and self._epoch >= self.config.num_epochs and not self._leases
+              and not self._retry and not self._eval_queue and not self._groups)
+
+  # ----------------------------------------------------------------------------------------------------------------
+  # Checkpointing.
+
+  def state_dict(self) -> dict[str, Any]:
+    """JSON-serialisable state: epoch, position, policy version, outstanding leases (with the TTL they have left),
+    open groups, pending re-leases and evaluations. The shuffle is a function of (seed, epoch), so that is its RNG.
+    """
+    with self._lock:
+      now = self._clock()
+      work = dataclasses.asdict
+      return {
+          "format": _STATE_FORMAT, "seed": self.config.seed, "num_tasks": len(self._splits[False]),
+          "mode": self.config.mode, "group_size": self.config.group_size,
+          "epoch": self._epoch, "position": self._position, "policy_version": self._policy_version,
+          "retry": [work(w) for w in self._retry], "eval_queue": [work(w) for w in self._eval_queue],
+          "leases": [{"lease_id": l.lease_id, "worker_id": l.worker_id, "work": work(l.work),
+                      "pending": sorted(l.pending), "ttl_left_s": max(0.0, l.expires_at - now)}
+                     for l in self._leases.values()],
+          "groups": {gid: {"size": g.size, "accepted": sorted(g.accepted)} for gid, g in self._groups.items()},
+          "eval_runs": {str(v): {"num_tasks": r.num_tasks, "rewards": r.rewards} for v, r in self._eval_runs.items()},
+          "eval_done": [dataclasses.asdict(r) for r in self._eval_done.values()],
+      }
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    """Restores `state_dict()` output; the task lists and config must match the ones it was taken with."""
+    if state.get("format") != _STATE_FORMAT:
+      raise ValueError(f"dispenser state format {state.get('format')!r}, expected {_STATE_FORMAT}")
+    for key, mine in (("seed", self.config.seed), ("num_tasks", len(self._splits[False])),
+                      ("mode", self.config.mode), ("group_size", self.config.group_size)):
+      if state[key] != mine:
+        raise ValueError(f"dispenser state {key}={state[key]!r} does not match this dispenser's {mine!r}")
+
+    def work(d):
+      return _Work(d["task_index"], d["is_validation"], d["group_id"], tuple(d["sample_indices"]),
+                   d["eval_version"])
+
+    with self._lock:
+      now = self._clock()
+      self._epoch, self._position = int(state["epoch"]), int(state["position"])
+      self._order = self._permutation(self._epoch)
+      self._policy_version = int(state["policy_version"])
+      self._retry = collections.deque(work(w) for w in state["retry"])
+      self._eval_queue = collections.deque(work(w) for w in state["eval_queue"])
+      self._groups = {gid: _Group(g["size"], set(g["accepted"])) for gid, g in state["groups"].items()}
+      self._leases = {}
+      for l in state["leases"]:
+        lease = self._issue(l["worker_id"], work(l["work"]), lease_id=l["lease_id"],
+                            expires_at=now + float(l["ttl_left_s"]))
+        lease.pending = set(l["pending"])
+      self._eval_runs = {int(v): _EvalRun(r["num_tasks"], dict(r["rewards"])) for v, r in state["eval_runs"].items()}
+      self._eval_done = {int(r["policy_version"]): EvalResult(**r) for r in state["eval_done"]}
+      self._eval_unreported = []
