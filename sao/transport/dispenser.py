@@ -314,6 +314,28 @@ class TaskDispenser:
         self._record_eval(lease, traj)
       return True
 
+  def restore_sample(self, traj: Trajectory) -> bool | None:
+    """Re-applies a logged, accepted training sample after a restart (the dispenser state may predate it).
+
+    Returns None when `traj.group_id` is not an open group of this dispenser (the caller drops a partial group
+    then: its task is, or will be, leased afresh), else whether the group is now complete.
+    """
+    with self._lock:
+      group = self._groups.get(traj.group_id)
+      if group is None:
+        return None
+      live = self._leases.get(traj.lease_id)
+      if live is not None:
+        live.pending.discard(traj.sample_index)
+        if not live.pending:
+          del self._leases[traj.lease_id]
+      # A pending re-lease of this group skips the index itself (`_next_work` filters by `group.accepted`).
+      group.accepted.add(traj.sample_index)
+      if len(group.accepted) < group.size:
+        return False
+      del self._groups[traj.group_id]
+      return True
+
   def _record_eval(self, lease: Lease, traj: Trajectory) -> None:
     run = self._eval_runs.get(lease.eval_version)
     if run is None:

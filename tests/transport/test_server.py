@@ -1,0 +1,325 @@
+"""Tests for the trainer-side TrajectoryService and the worker-side client, over real gRPC on 127.0.0.1."""
+import contextlib
+import json
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from sao.transport import sao_pb2
+from sao.transport import sao_pb2_grpc
+from sao.transport.client import TrajectoryClient
+from sao.transport.dispenser import DispenserConfig, TaskDispenser
+from sao.transport.server import ServerConfig, TrajectoryServer
+from sao.transport.trajectory import ReasonCode, Trajectory
+
+VOCAB = 100
+TASKS = [{"id": f"task{i}"} for i in range(16)]
+
+
+def make_traj(task: sao_pb2.LeasedTask, sample_index: int = 0, version: int = 0, **overrides) -> Trajectory:
+  """A valid 6-token trajectory for `task` (prompt 2, action 2, observation 1, action 1)."""
+  kwargs = dict(task_id=task.task_id, lease_id=task.lease_id, sample_index=sample_index, group_id=task.group_id,
+                policy_version=version, token_ids=[1, 2, 10, 11, 3, 12], action_mask=[0, 0, 1, 1, 0, 1],
+                rollout_logprobs=[0, 0, -0.5, -1.0, 0, -0.2], reward=1.0, turn_boundaries=(0, 2, 4, 5),
+                num_turns=2, status="ok")
+  kwargs.update(overrides)
+  return Trajectory(**kwargs)
+
+
+@contextlib.contextmanager
+def running(tmp_path, tasks=TASKS, dispenser_config=None, validation_tasks=(), dispenser_state=None,
+            **server_overrides):
+  """A started server on 127.0.0.1 (port 0 unless given), always stopped afterwards."""
+  dispenser = TaskDispenser(tasks, dispenser_config or DispenserConfig(), validation_tasks)
+  config = ServerConfig(log_dir=str(tmp_path / "trajectories"), vocab_size=VOCAB, **server_overrides)
+  server = TrajectoryServer(config, dispenser)
+  server.restore(dispenser_state)
+  server.start()
+  try:
+    yield server
+  finally:
+    server.stop(grace_s=0.5)
+
+
+def stub_for(server, token=None):
+  channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+  return channel, sao_pb2_grpc.TrajectoryServiceStub(channel)
+
+
+def submit_raw(stub, protos, **kw):
+  return stub.SubmitTrajectories(sao_pb2.SubmitRequest(worker_id="w", trajectories=protos), timeout=10, **kw).results
+
+
+def test_lease_heartbeat_status_through_client(tmp_path):
+  with running(tmp_path, engine_urls=("http://127.0.0.1:30000",)) as server, \
+      TrajectoryClient(f"127.0.0.1:{server.port}") as client:
+    server.set_policy_version(3)
+    response = client.lease(2)
+    assert len(response.tasks) == 2 and response.policy_version == 3
+    assert list(response.engine_urls) == ["http://127.0.0.1:30000"]
+    task = response.tasks[0]
+    assert json.loads(task.task_json)["id"] == task.task_id and list(task.sample_indices) == [0]
+    assert task.num_samples == 1 and task.lease_ttl_ms == 600_000
+    hb = client.heartbeat([task.lease_id, "gone"])
+    assert list(hb.extended_lease_ids) == [task.lease_id] and list(hb.expired_lease_ids) == ["gone"]
+    (outcome,) = client.submit([make_traj(task, version=3)])
+    assert outcome.accepted and not outcome.duplicate and outcome.reason == ReasonCode.NONE
+    status = client.status()
+    assert (status.policy_version, status.accepted, status.buffered, status.leased) == (3, 1, 1, 1)
+
+
+def test_ten_kinds_of_malformed_trajectories_get_their_reason_and_server_keeps_serving(tmp_path):
+  with running(tmp_path) as server:
+    channel, stub = stub_for(server)
+    tasks = stub.LeaseTasks(sao_pb2.LeaseRequest(worker_id="w", max_tasks=12), timeout=10).tasks
+    good = lambda i, **kw: make_traj(tasks[i], **kw).to_proto()
+
+    def wire(i, **fields):  # malformations the Trajectory constructor would not let us build
+      msg = good(i)
+      for k, v in fields.items():
+        if isinstance(v, list):
+          msg.ClearField(k)
+          getattr(msg, k).extend(v)
+        else:
+          setattr(msg, k, v)
+      return msg
+
+    cases = [
+        (wire(0, token_ids=[], action_mask=b"", rollout_logprobs=[], turn_boundaries=[]), ReasonCode.EMPTY),
+        (wire(1, action_mask=b"\x00\x00\x01"), ReasonCode.LENGTH_MISMATCH),
+        (good(2, rollout_logprobs=[0, 0, float("nan"), -1.0, 0, -0.2]), ReasonCode.NON_FINITE),
+        (good(3, rollout_logprobs=[0, 0, 0.5, -1.0, 0, -0.2]), ReasonCode.POSITIVE_LOGPROB),
+        (good(4, token_ids=[1, 2, 10, VOCAB, 3, 12]), ReasonCode.TOKEN_OUT_OF_RANGE),
+        (good(5, action_mask=[0] * 6, rollout_logprobs=[0.0] * 6), ReasonCode.NO_ACTION_TOKEN),
+        (good(6, rollout_logprobs=[-0.1, 0, -0.5, -1.0, 0, -0.2]), ReasonCode.OBSERVATION_LOGPROB),
+        (wire(7, status=sao_pb2.TRAJECTORY_STATUS_UNSPECIFIED), ReasonCode.UNKNOWN_STATUS),
+        (good(8, turn_boundaries=(0, 4, 2)), ReasonCode.BAD_TURN_BOUNDARIES),
+        (wire(9, policy_version=-2), ReasonCode.NEGATIVE_POLICY_VERSION),
+        (wire(10, lease_id="forged"), ReasonCode.UNKNOWN_LEASE),
+        (wire(10, action_mask=b"\x00\x00\x02\x01\x00\x01"), ReasonCode.INVALID_FIELD),
+    ]
+    results = submit_raw(stub, [msg for msg, _ in cases])
+    for (_, code), result in zip(cases, results):
+      assert not result.accepted and result.reason == code, (code, result)
+      assert result.message and result.field and result.retry_after_ms == 0
+    # One at a time too (each request alone), then a valid one: the server is still serving.
+    for msg, code in cases[:3]:
+      assert submit_raw(stub, [msg])[0].reason == code
+    assert submit_raw(stub, [good(11)])[0].accepted
+    status = stub.GetStatus(sao_pb2.StatusRequest(), timeout=10)
+    assert status.accepted == 1 and status.rejected == len(cases) + 3
+    assert status.rejected_by_reason["EMPTY"] == 2 and status.rejected_by_reason["UNKNOWN_LEASE"] == 1
+    channel.close()
+
+
+def test_duplicates_are_acknowledged_and_counted_once(tmp_path):
+  with running(tmp_path) as server:
+    channel, stub = stub_for(server)
+    (task,) = stub.LeaseTasks(sao_pb2.LeaseRequest(worker_id="w", max_tasks=1), timeout=10).tasks
+    msg = make_traj(task).to_proto()
+    first = submit_raw(stub, [msg, msg])
+    assert first[0].accepted and first[0].reason == 0
+    assert first[1].accepted and first[1].reason == sao_pb2.REJECT_REASON_DUPLICATE
+    again = submit_raw(stub, [msg])[0]  # the lease is finished by now: dedup comes before the lease check
+    assert again.accepted and again.reason == sao_pb2.REJECT_REASON_DUPLICATE
+    status = stub.GetStatus(sao_pb2.StatusRequest(), timeout=10)
+    assert (status.accepted, status.duplicates, status.buffered, status.rejected) == (1, 2, 1, 0)
+    assert len(server.take_batch(1, timeout_s=1)) == 1 and server.take_batch(1, timeout_s=0.05) == []
+    channel.close()
+
+
+def test_stale_policy_version_is_rejected(tmp_path):
+  with running(tmp_path, max_staleness=1) as server, TrajectoryClient(f"127.0.0.1:{server.port}") as client:
+    server.set_policy_version(5)
+    a, b = client.lease(2).tasks
+    stale, fresh = client.submit([make_traj(a, version=3), make_traj(b, version=4)])
+    assert not stale.accepted and stale.reason == ReasonCode.STALE_POLICY and stale.field == "policy_version"
+    assert fresh.accepted
+
+
+def test_full_buffer_pushes_back_with_retry_hint(tmp_path):
+  with running(tmp_path, buffer_capacity=2, backpressure_retry_ms=50) as server:
+    channel, stub = stub_for(server)
+    tasks = stub.LeaseTasks(sao_pb2.LeaseRequest(worker_id="w", max_tasks=3), timeout=10).tasks
+    msgs = [make_traj(t).to_proto() for t in tasks]
+    results = submit_raw(stub, msgs)
+    assert [r.accepted for r in results] == [True, True, False]
+    assert results[2].reason == sao_pb2.REJECT_REASON_BACKPRESSURE and results[2].retry_after_ms == 50
+    assert server.stats()["occupancy"] == 2
+    batch = server.take_batch(2, timeout_s=1)
+    server.mark_consumed(batch, step=1)
+    assert submit_raw(stub, msgs[2:])[0].accepted  # room again
+    channel.close()
+
+
+def test_group_mode_buffers_whole_groups_and_reserves_their_room(tmp_path):
+  cfg = DispenserConfig(mode="group", group_size=3)
+  with running(tmp_path, dispenser_config=cfg, buffer_capacity=4) as server, \
+      TrajectoryClient(f"127.0.0.1:{server.port}", retry_budget_s=0.2) as client:
+    a, b = client.lease(2).tasks
+    assert list(a.sample_indices) == [0, 1, 2] and a.num_samples == 3
+    assert all(o.accepted for o in client.submit([make_traj(a, 2), make_traj(a, 0)]))
+    # Group b cannot reserve its 3 slots (3 reserved for a + 3 > 4): pushed back, kept pending by the client.
+    (pushed,) = client.submit([make_traj(b, 0)])
+    assert pushed.pending and not pushed.accepted
+    assert server.take_batch(3, timeout_s=0.05) == []  # a is not complete yet
+    assert client.submit([make_traj(a, 1)])[0].accepted  # a's reserved room: never pushed back
+    group = server.take_batch(3, timeout_s=1)
+    assert [t.sample_index for t in group] == [0, 1, 2] and {t.group_id for t in group} == {a.group_id}
+    server.mark_consumed(group, step=1)
+    assert client.flush()[0].accepted  # the pending sample of b goes through now
+    with pytest.raises(ValueError, match="multiple of the group size"):
+      server.take_batch(4, timeout_s=0)
+
+
+def test_validation_trajectories_go_to_eval_not_buffer(tmp_path):
+  cfg = DispenserConfig(eval_every=2, success_threshold=1.0)
+  with running(tmp_path, dispenser_config=cfg, validation_tasks=[{"id": "v0"}, {"id": "v1"}]) as server, \
+      TrajectoryClient(f"127.0.0.1:{server.port}") as client:
+    server.set_policy_version(2)
+    tasks = client.lease(3).tasks
+    evals = [t for t in tasks if t.is_validation]
+    assert len(evals) == 2 and all(t.temperature == 0.0 for t in evals)
+    outcomes = client.submit([make_traj(evals[0], version=2, reward=1.0),
+                              make_traj(evals[1], version=2, reward=0.0)])
+    assert all(o.accepted for o in outcomes)
+    (result,) = server.eval_results()
+    assert result.policy_version == 2 and result.success_rate == 0.5
+    assert server.stats()["buffered"] == 0 and server.stats()["eval_accepted"] == 2
+
+
+def test_non_loopback_bind_without_token_refuses_to_start(tmp_path):
+  server = TrajectoryServer(ServerConfig(log_dir=str(tmp_path), vocab_size=VOCAB, host="0.0.0.0"),
+                            TaskDispenser(TASKS))
+  with pytest.raises(ValueError, match="non-loopback host '0.0.0.0' without ServerConfig.token"):
+    server.start()
+  server.stop()  # a no-op, but teardown must be safe either way
+
+
+def test_token_is_required_when_configured(tmp_path):
+  with running(tmp_path, token="s3cret") as server:
+    address = f"127.0.0.1:{server.port}"
+    for token in (None, "wrong"):
+      with TrajectoryClient(address, token=token, retry_budget_s=1) as client:
+        with pytest.raises(grpc.RpcError) as e:
+          client.status()
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as e:
+          client.lease(1)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert server.dispenser.num_leased == 0
+    with TrajectoryClient(address, token="s3cret") as client:
+      assert len(client.lease(1).tasks) == 1 and client.status().leased == 1
+
+
+def test_client_resends_after_server_restart_without_duplicating(tmp_path):
+  with running(tmp_path, buffer_capacity=2, backpressure_retry_ms=20) as server:
+    port = server.port
+    client = TrajectoryClient(f"127.0.0.1:{port}", retry_budget_s=0.2, initial_backoff_s=0.05)
+    tasks = client.lease(4).tasks
+    trajs = [make_traj(t) for t in tasks]
+    outcomes = client.submit(trajs)
+    assert [o.accepted for o in outcomes] == [True, True, False, False] and client.num_pending == 2
+    state = json.loads(json.dumps(server.dispenser.state_dict()))  # the trainer's checkpoint
+  # The server is down now; a new one comes up on the same port from the same log dir while the client retries.
+  box = {}
+
+  def restart():
+    time.sleep(0.4)
+    box["cm"] = running(tmp_path, dispenser_state=state, buffer_capacity=8, port=port)
+    box["server"] = box["cm"].__enter__()
+
+  thread = threading.Thread(target=restart)
+  thread.start()
+  try:
+    client.retry_budget_s = 10
+    again = client.submit(trajs[:2])  # re-send of the already-accepted two, plus the two pending
+    thread.join(timeout=10)
+    server2 = box["server"]
+    assert all(o.accepted and o.duplicate for o in again)
+    late = client.late_outcomes()
+    assert sorted(o.lease_id for o in late) == sorted(t.lease_id for t in tasks[2:])
+    assert all(o.accepted and not o.duplicate for o in late) and client.num_pending == 0
+    stats = server2.stats()
+    assert (stats["accepted"], stats["duplicates"], stats["buffered"]) == (4, 2, 4)
+    batch = server2.take_batch(4, timeout_s=1)
+    assert sorted(t.lease_id for t in batch) == sorted(t.lease_id for t in tasks)
+  finally:
+    client.close()
+    thread.join(timeout=10)
+    if "cm" in box:
+      box["cm"].__exit__(None, None, None)
+
+
+def test_restart_restores_accepted_but_unconsumed(tmp_path):
+  cfg = DispenserConfig(mode="group", group_size=2)
+  with running(tmp_path, dispenser_config=cfg) as server, \
+      TrajectoryClient(f"127.0.0.1:{server.port}") as client:
+    a, b, c = client.lease(3).tasks
+    client.submit([make_traj(a, 0), make_traj(a, 1), make_traj(b, 0), make_traj(b, 1), make_traj(c, 0)])
+    first = server.take_batch(2, timeout_s=1)
+    server.mark_consumed(first, step=1)
+    server.take_batch(2, timeout_s=1)  # taken by the learner, which then crashes before consuming it
+    state = server.dispenser.state_dict()
+  consumed_group = first[0].group_id
+  with running(tmp_path, dispenser_config=cfg, dispenser_state=state) as server, \
+      TrajectoryClient(f"127.0.0.1:{server.port}") as client:
+    stats = server.stats()
+    assert (stats["accepted"], stats["consumed"], stats["buffered"]) == (5, 2, 3)
+    batch = server.take_batch(2, timeout_s=1)
+    assert batch[0].group_id != consumed_group and [t.sample_index for t in batch] == [0, 1]
+    assert server.take_batch(2, timeout_s=0.05) == []  # c is half done; its lease survived in the checkpoint
+    assert client.submit([make_traj(c, 1)])[0].accepted
+    assert [t.task_id for t in server.take_batch(2, timeout_s=1)] == [c.task_id] * 2
+
+
+def test_load_many_clients_fill_the_buffer_several_times(tmp_path):
+  n_clients, per_client, capacity, batch_size = 64, 8, 32, 8
+  tasks = [{"id": f"t{i}"} for i in range(n_clients * per_client)]
+  with running(tmp_path, tasks=tasks, buffer_capacity=capacity, backpressure_retry_ms=20, max_workers=8) as server:
+    address = f"127.0.0.1:{server.port}"
+    errors, consumed, stop = [], [], threading.Event()
+
+    def worker(i):
+      try:
+        with TrajectoryClient(address, worker_id=f"w{i}", retry_budget_s=30) as client:
+          leased = client.lease(per_client).tasks
+          for j in range(0, len(leased), 4):
+            outcomes = client.submit([make_traj(t) for t in leased[j:j + 4]])
+            if not all(o.accepted for o in outcomes):
+              errors.append((i, outcomes))
+      except Exception as e:  # reported by the main thread's assertion
+        errors.append((i, repr(e)))
+
+    def consumer():
+      step = 0
+      while not stop.is_set() and step < 10_000:
+        batch = server.take_batch(batch_size, timeout_s=0.1)
+        if batch:
+          step += 1
+          server.mark_consumed(batch, step)
+          consumed.extend(batch)
+          time.sleep(0.02)  # a learner step: slower than 64 workers, so the buffer fills and pushes back
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n_clients)]
+    consumer_thread = threading.Thread(target=consumer)
+    consumer_thread.start()
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join(timeout=60)
+    stop.set()
+    consumer_thread.join(timeout=10)
+    assert not errors, errors[:3]
+    stats = server.stats()
+    assert stats["accepted"] == n_clients * per_client
+    assert stats["accepted"] == stats["consumed"] + stats["buffered"] and stats["in_learner"] == 0
+    assert stats["max_occupancy"] <= capacity and stats["duplicates"] == 0
+    assert len({(t.lease_id, t.sample_index) for t in consumed}) == len(consumed) == stats["consumed"]
+    assert stats["consumed"] >= 3 * capacity  # the buffer was filled and drained several times
+    assert stats["rejected_by_reason"].get("BACKPRESSURE", 0) > 0
+    assert time.monotonic() - start < 30
