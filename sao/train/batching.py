@@ -1,0 +1,133 @@
+"""Trajectories → one padded, bucketed `[B, T]` host batch for the learner.
+
+Padding is on the right. `T` is the smallest bucket length ≥ the longest trajectory (beyond the largest bucket: the
+next multiple of it), so the jitted steps see few shapes. `B` is padded up to `pad_batch_to` (if set) and to a
+multiple of `batch_multiple` (batch shards × micro-batch size) with all-zero rows: attention and action masks 0,
+reward 0, a group id of their own — they add nothing to any loss sum, denominator or statistic.
+
+Batch fields (numpy):
+  input_ids [B, T] int32, attention_mask [B, T] int32, action_mask [B, T] bool, rollout_logprobs [B, T] float32,
+  rewards [B] float32, token_rewards [B, T] float32 (the reward on the last action token), group_ids [B] int32
+  (first-appearance index of each trajectory's `group_id`; padding rows −1, −2, …), policy_version [B] int32,
+  valid [B] bool (a real trajectory).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+from absl import logging
+
+from sao.core.advantages import place_terminal_reward
+from sao.transport.trajectory import Trajectory
+
+FIELDS = ("input_ids", "attention_mask", "action_mask", "rollout_logprobs", "rewards", "token_rewards", "group_ids",
+          "policy_version", "valid")
+
+
+@dataclasses.dataclass
+class BatchStats:
+  """What happened to the trajectories handed in."""
+  num_trajectories: int  # kept (trained on)
+  num_dropped_status: int  # timeout / env_error
+  num_dropped_no_action: int  # no action token: nothing to train on
+  num_padding_rows: int
+  max_length: int  # longest kept trajectory, tokens
+  padded_shape: tuple[int, int]
+
+
+def bucket_length(length: int, buckets: Sequence[int]) -> int:
+  """Smallest bucket ≥ length; beyond the largest bucket, the next multiple of it."""
+  for b in buckets:
+    if length <= b:
+      return int(b)
+  top = int(buckets[-1])
+  return -(-length // top) * top
+
+
+class Batcher:
+  """Builds padded batches and logs the first time each padded shape appears (each new shape compiles the steps).
+
+  Args:
+    bucket_lengths: increasing candidate `T`s (`config.batching.bucket_lengths`).
+    batch_multiple: `B` is padded to a multiple of this (batch shards × micro-batch size).
+    pad_batch_to: minimum `B` after padding (0 = off).
+  """
+
+  def __init__(self, bucket_lengths: Sequence[int], batch_multiple: int = 1, pad_batch_to: int = 0):
+    if not bucket_lengths or list(bucket_lengths) != sorted(set(bucket_lengths)):
+      raise ValueError(f"batching.bucket_lengths: must be strictly increasing, got {tuple(bucket_lengths)}")
+    if batch_multiple < 1:
+      raise ValueError(f"batch_multiple: must be >= 1, got {batch_multiple}")
+    self.bucket_lengths = tuple(int(b) for b in bucket_lengths)
+    self.batch_multiple = int(batch_multiple)
+    self.pad_batch_to = int(pad_batch_to)
+    self.seen_shapes: set[tuple[int, int]] = set()
+
+  def __call__(self, trajectories: Sequence[Trajectory]) -> tuple[dict[str, np.ndarray], BatchStats]:
+    """Returns `(batch, stats)`; raises ValueError when no trajectory is trainable."""
+    kept, dropped_status, dropped_empty = [], 0, 0
+    for traj in trajectories:
+      if not traj.is_trainable:
+        dropped_status += 1
+      elif traj.num_action_tokens == 0:
+        dropped_empty += 1
+      else:
+        kept.append(traj)
+    if dropped_status or dropped_empty:
+      logging.info("batching: dropped %d trajectories (timeout/env_error) and %d without action tokens",
+                   dropped_status, dropped_empty)
+    if not kept:
+      raise ValueError(f"trajectories: none of {len(trajectories)} is trainable "
+                       f"({dropped_status} timeout/env_error, {dropped_empty} without action tokens)")
+    max_length = max(t.num_tokens for t in kept)
+    num_tokens = bucket_length(max_length, self.bucket_lengths)
+    rows = max(len(kept), self.pad_batch_to)
+    rows = -(-rows // self.batch_multiple) * self.batch_multiple
+    batch = {
+        "input_ids": np.zeros((rows, num_tokens), np.int32),
+        "attention_mask": np.zeros((rows, num_tokens), np.int32),
+        "action_mask": np.zeros((rows, num_tokens), bool),
+        "rollout_logprobs": np.zeros((rows, num_tokens), np.float32),
+        "rewards": np.zeros((rows,), np.float32),
+        "group_ids": -np.arange(1, rows + 1, dtype=np.int32),
+        "policy_version": np.zeros((rows,), np.int32),
+        "valid": np.zeros((rows,), bool),
+    }
+    group_index: dict[str, int] = {}
+    for i, traj in enumerate(kept):
+      n = traj.num_tokens
+      batch["input_ids"][i, :n] = traj.token_ids
+      batch["attention_mask"][i, :n] = 1
+      batch["action_mask"][i, :n] = traj.action_mask
+      batch["rollout_logprobs"][i, :n] = np.where(traj.action_mask, traj.rollout_logprobs, 0.0)
+      batch["rewards"][i] = traj.reward
+      batch["group_ids"][i] = group_index.setdefault(traj.group_id, len(group_index))
+      batch["policy_version"][i] = traj.policy_version
+      batch["valid"][i] = True
+    token_rewards, _ = place_terminal_reward(batch["rewards"], batch["action_mask"])
+    batch["token_rewards"] = np.asarray(token_rewards, np.float32)
+    shape = (rows, num_tokens)
+    if shape not in self.seen_shapes:
+      self.seen_shapes.add(shape)
+      logging.info("batching: new padded shape [B, T] = %s (the learner's steps compile for it)", shape)
+    stats = BatchStats(len(kept), dropped_status, dropped_empty, rows - len(kept), max_length, shape)
+    return batch, stats
+
+
+def check_batch(batch: dict[str, np.ndarray]) -> None:
+  """Raises ValueError naming the field when a batch has a missing field or inconsistent shapes/dtypes."""
+  for name in FIELDS:
+    if name not in batch:
+      raise ValueError(f"batch: missing field {name!r}")
+  rows, num_tokens = np.shape(batch["input_ids"])
+  for name in FIELDS:
+    shape = np.shape(batch[name])
+    expected = (rows, num_tokens) if name in ("input_ids", "attention_mask", "action_mask", "rollout_logprobs",
+                                             "token_rewards") else (rows,)
+    if shape != expected:
+      raise ValueError(f"batch: field {name!r} has shape {shape}, expected {expected}")
+  for name in ("rollout_logprobs", "rewards", "token_rewards"):
+    if not np.all(np.isfinite(batch[name])):
+      raise ValueError(f"batch: field {name!r} has non-finite values")
