@@ -118,6 +118,15 @@ def _to_hf(p: np.ndarray, kind: str) -> np.ndarray:
   return p
 
 
+def _path_to_hf_name(path: str) -> str:
+  for regex, hf, _, kind in _PATH_REGEX:
+    match = regex.match(path)
+    if match:
+      groups = match.groupdict()
+      return hf.format(expert="*", **groups) if kind == EXPERT else hf.format(**groups)
+  return "?"
+
+
 # ------------------------------------------------------------------------------------------------ loading
 def _safetensors_files(directory: str) -> list[str]:
   index = os.path.join(directory, "model.safetensors.index.json")
@@ -178,13 +187,12 @@ def load_pretrained(directory: str, dtype: str = "float32", critic: bool = False
     if w.size != int(np.prod(shape)) or (kind == COPY and w.shape != shape):
       raise ValueError(f"{name}: shape {w.shape} does not fit param {path} of shape {shape}")
     params[path] = _to_ours(w, kind, shape).astype(param_dtype)
-  if unknown:
-    raise ValueError(f"unknown tensors for {config.model_type} (critic={critic}): {sorted(unknown)}")
-  missing = sorted(p for p in expected if p not in params)
+  missing = [f"{p} (HF {_path_to_hf_name(p)})" for p in sorted(expected) if p not in params]
   for path, seen in experts_seen.items():
     missing += [f"{path}[expert {e}]" for e in range(expected[path][0]) if e not in seen]
-  if missing:
-    raise ValueError(f"missing tensors in {directory}: {missing}")
+  if unknown or missing:
+    raise ValueError(f"{directory} does not fit {config.model_type} (critic={critic}): "
+                     f"unknown tensors {sorted(unknown)}; missing params {missing}")
   return config, jax.tree.map(jax.numpy.asarray, _unflatten(params))
 
 

@@ -149,3 +149,17 @@ def test_token_logprobs_match_float64_reference_and_gradients():
   g1, g2 = jax.jit(jax.grad(chunked))(params), jax.jit(jax.grad(unchunked))(params)
   for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)
+
+
+def test_remat_policy_keeps_values_and_gradients():
+  config = ModelConfig.tiny("qwen3_moe")
+  params = random_params(config, seed=8)
+  ids, mask = padded_batch(np.random.default_rng(4), config.vocab_size, [6, 4], 6)
+
+  def loss(cfg):
+    return jax.jit(jax.value_and_grad(lambda p: jnp.sum(token_logprobs(p, cfg, ids, mask, 1.0))))(params)
+
+  (v1, g1), (v2, g2) = loss(config), loss(config.replace(remat="dots_saveable"))
+  np.testing.assert_allclose(float(v1), float(v2), rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-5)

@@ -1,0 +1,88 @@
+"""Logical axis names → mesh axes: one rules table, and the PartitionSpec / NamedSharding trees of model params.
+
+Every parameter is created with logical axis names (see `sao.models.layers`). `LOGICAL_AXIS_RULES` maps each name to
+mesh axes; a mesh axis the mesh lacks is dropped, a mesh axis already used by an earlier dim of the same param is
+dropped, and mesh axes are dropped from the end until the dim size divides evenly — so one table serves any mesh
+(a 1-device CPU run, data × fsdp × tensor, or an expert-parallel mesh) and tiny test shapes.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from sao.models.config import ModelConfig
+from sao.models.transformer import abstract_params
+
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
+
+LOGICAL_AXIS_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # logical name   mesh axes (in order)
+    ("batch",        ("data", "fsdp", "expert")),  # activations / data batches
+    ("vocab",        ("tensor",)),
+    ("embed",        ("fsdp",)),
+    ("heads",        ("tensor",)),
+    ("kv_heads",     ("tensor",)),
+    ("head_dim",     ()),
+    ("mlp",          ("tensor",)),
+    ("expert",       ("expert",)),
+    ("expert_mlp",   ("tensor",)),
+    ("norm",         ()),
+)
+
+
+def logical_to_spec(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
+                    rules: Sequence[tuple[str, tuple[str, ...]]] = LOGICAL_AXIS_RULES) -> PartitionSpec:
+  """PartitionSpec for one array with logical axis `names` and `shape` on `mesh` (see the module docstring)."""
+  table = dict(rules)
+  if len(names) != len(shape):
+    raise ValueError(f"logical axes {tuple(names)} do not match shape {tuple(shape)}")
+  used: set[str] = set()
+  spec = []
+  for name, size in zip(names, shape):
+    if name is not None and name not in table:
+      raise ValueError(f"logical axis {name!r}: no entry in the sharding rules")
+    axes = [a for a in (table[name] if name else ()) if a in mesh.shape and a not in used]
+    while axes and size % int(np.prod([mesh.shape[a] for a in axes])):
+      axes.pop()
+    used.update(axes)
+    spec.append(None if not axes else axes[0] if len(axes) == 1 else tuple(axes))
+  return PartitionSpec(*spec)
+
+
+def _is_boxed(x: Any) -> bool:
+  return isinstance(x, nn.LogicallyPartitioned)
+
+
+def param_partition_specs(params_or_config: ModelConfig | dict, mesh: Mesh, critic: bool = False,
+                          rules: Sequence[tuple[str, tuple[str, ...]]] = LOGICAL_AXIS_RULES) -> dict:
+  """PartitionSpec tree matching the (unboxed) param tree.
+
+  params_or_config: a ModelConfig (policy tree, or critic tree with `critic=True`) or an abstract tree whose leaves
+  are `nn.LogicallyPartitioned` (e.g. `abstract_params(config)` or `jax.eval_shape(model.init, ...)['params']`).
+  """
+  tree = abstract_params(params_or_config, critic) if isinstance(params_or_config, ModelConfig) else params_or_config
+  leaves = jax.tree.leaves(tree, is_leaf=_is_boxed)
+  if not all(_is_boxed(leaf) for leaf in leaves):
+    raise ValueError("params_or_config: leaves carry no logical axis names; pass the ModelConfig or a tree from "
+                     "sao.models.transformer.abstract_params")
+  return jax.tree.map(lambda leaf: logical_to_spec(leaf.names, leaf.value.shape, mesh, rules), tree,
+                      is_leaf=_is_boxed)
+
+
+def param_shardings(params_or_config: ModelConfig | dict, mesh: Mesh, critic: bool = False,
+                    rules: Sequence[tuple[str, tuple[str, ...]]] = LOGICAL_AXIS_RULES) -> dict:
+  """NamedSharding tree matching the param tree (for `jax.device_put` / jit `in_shardings`)."""
+  specs = param_partition_specs(params_or_config, mesh, critic, rules)
+  return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs,
+                      is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2, batch_size: int | None = None) -> NamedSharding:
+  """Sharding of a `[B, ...]` data array: B over the `batch` rule's mesh axes (those dividing `batch_size`, when
+  given), other dims replicated."""
+  size = batch_size if batch_size is not None else int(np.prod(list(mesh.shape.values())))
+  return NamedSharding(mesh, logical_to_spec(("batch",) + (None,) * (ndim - 1), (size,) + (1,) * (ndim - 1), mesh))
