@@ -1,11 +1,12 @@
 """Tests for the trainer-side TrajectoryService and the worker-side client, over real gRPC on 127.0.0.1."""
 import contextlib
 import json
+import shutil
+import subprocess
 import threading
 import time
 
 import grpc
-import numpy as np
 import pytest
 
 from sao.transport import sao_pb2
@@ -44,7 +45,7 @@ def running(tmp_path, tasks=TASKS, dispenser_config=None, validation_tasks=(), d
     server.stop(grace_s=0.5)
 
 
-def stub_for(server, token=None):
+def stub_for(server):
   channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
   return channel, sao_pb2_grpc.TrajectoryServiceStub(channel)
 
@@ -323,3 +324,22 @@ def test_load_many_clients_fill_the_buffer_several_times(tmp_path):
     assert stats["consumed"] >= 3 * capacity  # the buffer was filled and drained several times
     assert stats["rejected_by_reason"].get("BACKPRESSURE", 0) > 0
     assert time.monotonic() - start < 30
+
+
+def test_tls_with_token(tmp_path):
+  """TLS from config paths: a client trusting the certificate gets through; a plaintext one does not."""
+  if shutil.which("openssl") is None:
+    pytest.skip("openssl CLI not available to make a test certificate")
+  cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+  subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                  "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+                  "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], check=True, capture_output=True,
+                 timeout=30)
+  with running(tmp_path, token="s3cret", tls_cert_path=str(cert), tls_key_path=str(key)) as server:
+    address = f"127.0.0.1:{server.port}"
+    with TrajectoryClient(address, token="s3cret", tls_root_cert=str(cert)) as client:
+      assert len(client.lease(1).tasks) == 1
+    with TrajectoryClient(address, token="s3cret", retry_budget_s=0.3) as plaintext:
+      with pytest.raises(grpc.RpcError) as e:
+        plaintext.status()
+      assert e.value.code() == grpc.StatusCode.UNAVAILABLE
