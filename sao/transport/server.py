@@ -31,7 +31,7 @@ import grpc
 from sao.transport import log as log_lib
 from sao.transport import sao_pb2
 from sao.transport import sao_pb2_grpc
-from sao.transport.dispenser import TaskDispenser
+from sao.transport.dispenser import EvalResult, TaskDispenser
 from sao.transport.trajectory import ReasonCode, Trajectory, TrajectoryError, reject_result
 
 logger = logging.getLogger(__name__)
@@ -328,7 +328,7 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
       self._counts["consumed"] += len(trajs)
       self._counts["in_learner"] -= len(trajs)
 
-  def eval_results(self):
+  def eval_results(self) -> list[EvalResult]:
     """Evaluations that finished since the last call (`TaskDispenser.pop_eval_results`)."""
     return self.dispenser.pop_eval_results()
 
