@@ -15,7 +15,7 @@ from sao.models.tokenizer import toy_tokenizer
 from sao.models.transformer import abstract_params
 
 # Coarse buckets: few distinct shapes, so each test module compiles a handful of programs.
-ENGINE_ARGS = ("--prompt_buckets=128,256,512", "--batch_buckets=1,8,32,128", "--new_token_buckets=16,32",
+ENGINE_ARGS = ("--prompt_buckets=256,512", "--batch_buckets=8,128", "--new_token_buckets=16",
                "--batch_window_ms=5")
 
 
