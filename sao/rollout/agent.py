@@ -95,12 +95,12 @@ class _Episode:
       self.boundaries.append(offset)
 
 
-def _prompt_boundaries(tokenizer: Tokenizer, messages: list[dict], tools: Any, prompt: list[int]) -> list[int]:
+def message_boundaries(tokenizer: Tokenizer, messages: Sequence[dict], tools: Any, prompt: Sequence[int]) -> list[int]:
   """Where each prompt message starts, when rendering the first k messages gives a token prefix of the prompt."""
   out = [0]
   for k in range(1, len(messages)):
     ids = tokenizer.apply_chat_template(messages[:k], tools=tools, add_generation_prompt=False)
-    if 0 < len(ids) < len(prompt) and prompt[:len(ids)] == ids:
+    if 0 < len(ids) < len(prompt) and list(prompt[:len(ids)]) == ids:
       out.append(len(ids))
   return out
 
@@ -111,7 +111,7 @@ async def _play(ep: _Episode, engine: Engine, tokenizer: Tokenizer, env: envs.En
   tools = env.tool_schemas
   prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
   ep.append(prompt)
-  for b in _prompt_boundaries(tokenizer, messages, tools, prompt):
+  for b in message_boundaries(tokenizer, messages, tools, prompt):
     ep.mark(b)
   generation_prompt_len = len(tokenizer.generation_prompt_ids())
   ep.mark(len(ep.token_ids) - generation_prompt_len)
