@@ -58,7 +58,7 @@ def sample_tokens(logits: Array, keys: Array, temperature: Array, top_p: Array,
                   top_k: Array) -> tuple[Array, Array]:
   """One sampling step. logits: [B, V] float32; keys: [B] PRNG keys; temperature, top_p: [B] float; top_k: [B] int.
 
-  z = logits / τ (τ = 1 for greedy rows, τ = 0). Truncation: keep the top_k largest z (top_k > 0), then the smallest
+  z = logits / τ (τ = 1 for greedy rows, i.e. temperature 0). Truncation: keep the top_k largest z (top_k > 0), then the smallest
   prefix of the renormalised sorted distribution whose mass reaches top_p; sample from softmax(z) restricted to the
   kept set. Greedy rows take argmax(logits). Returns (tokens [B] int32, log softmax(z)[token] [B] float32).
   """
@@ -67,15 +67,21 @@ def sample_tokens(logits: Array, keys: Array, temperature: Array, top_p: Array,
   tau = jnp.where(greedy, 1.0, temperature)
   z = logits / tau[:, None]
   logprobs = jax.nn.log_softmax(z, axis=-1)
-  z_sorted = -jnp.sort(-z, axis=-1)  # descending
-  k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
-  rank = jnp.arange(vocab)[None, :]
-  z_sorted = jnp.where(rank < k[:, None], z_sorted, -jnp.inf)
-  p_sorted = jax.nn.softmax(z_sorted, axis=-1)
-  mass_before = jnp.cumsum(p_sorted, axis=-1) - p_sorted
-  keep_sorted = (mass_before < top_p[:, None]) & (rank < k[:, None])
-  threshold = jnp.min(jnp.where(keep_sorted, z_sorted, jnp.inf), axis=-1)  # smallest kept value
-  truncated = jnp.where(z >= threshold[:, None], z, -jnp.inf)
+
+  def truncate(z):
+    z_sorted = -jnp.sort(-z, axis=-1)  # descending
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
+    rank = jnp.arange(vocab)[None, :]
+    z_sorted = jnp.where(rank < k[:, None], z_sorted, -jnp.inf)
+    p_sorted = jax.nn.softmax(z_sorted, axis=-1)
+    mass_before = jnp.cumsum(p_sorted, axis=-1) - p_sorted
+    keep_sorted = (mass_before < top_p[:, None]) & (rank < k[:, None])
+    threshold = jnp.min(jnp.where(keep_sorted, z_sorted, jnp.inf), axis=-1)  # smallest kept value
+    return jnp.where(z >= threshold[:, None], z, -jnp.inf)
+
+  # The [B, V] sort dominates a small model's decode step on CPU: skip it when no sampled row truncates.
+  needs_truncation = jnp.any(~greedy & ((top_k > 0) | (top_p < 1.0)))
+  truncated = jax.lax.cond(needs_truncation, truncate, lambda z: z, z)
   sampled = jax.vmap(jax.random.categorical)(keys, truncated)
   tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
   return tokens, jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
