@@ -99,7 +99,7 @@ def test_malformed_requests_get_400_with_a_clear_message(served):
     with pytest.raises(EngineError, match=r"/generate \(HTTP 400\): input_ids: required") as e:
       await engine.request("POST", "/generate", {"sampling_params": {}})
     assert e.value.status == 400
-    with pytest.raises(EngineError, match=r"token id 100000 at position 1 is out of range \[0, 504\)"):
+    with pytest.raises(EngineError, match=r"token id 100000 at position 1 is out of range \[0, \d+\)"):
       await engine.generate([1, 100000], {"max_new_tokens": 2})
     with pytest.raises(EngineError, match=r"max_new_tokens: must be >= 1"):
       await engine.generate([1], {"max_new_tokens": 0})
