@@ -183,11 +183,14 @@ def abstract_params(config: ModelConfig, critic: bool = False) -> dict:
   return jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), ids))["params"]
 
 
-def init_params(config: ModelConfig, rng: Array, critic: bool = False) -> dict:
-  """Random params (plain arrays, logical boxes removed): `{'model': ..., 'lm_head' | 'value_head': ...}`."""
+def init_params(config: ModelConfig, rng: Array, critic: bool = False, shardings: Any = None) -> dict:
+  """Random params (plain arrays, logical boxes removed): `{'model': ..., 'lm_head' | 'value_head': ...}`.
+
+  `shardings` (e.g. `sao.models.sharding.param_shardings(config, mesh)`) creates every param already sharded.
+  """
   module = Critic(config) if critic else CausalLM(config)
   ids = jnp.zeros((1, 1), jnp.int32)
-  return nn.meta.unbox(jax.jit(module.init)(rng, ids)["params"])
+  return jax.jit(lambda key: nn.meta.unbox(module.init(key, ids)["params"]), out_shardings=shardings)(rng)
 
 
 def init_critic_from_policy(policy_params: dict, rng: Array, init_scale: float = 1e-3) -> dict:

@@ -167,3 +167,16 @@ def test_remat_policy_keeps_values_and_gradients():
   np.testing.assert_allclose(float(v1), float(v2), rtol=1e-6)
   for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16_compute_stays_close_to_float32():
+  config = ModelConfig.tiny("qwen3")
+  params = random_params(config, seed=9)
+  ids, mask = padded_batch(np.random.default_rng(5), config.vocab_size, [8, 5], 8)
+  want = forward(config, params, ids, mask)
+  bf16 = config.replace(dtype="bfloat16")
+  got = forward(bf16, params, ids, mask)
+  assert got.dtype == np.float32  # logits statistics stay float32
+  real = mask.astype(bool)
+  err = np.abs(got[real] - want[real]).max()
+  assert 0 < err < 0.1 * np.abs(want[real]).max()

@@ -35,6 +35,8 @@ def test_logits_match_hf_with_padding(model_type, tmp_path):
   real = mask.astype(bool)
   assert np.abs(logits[real] - want_logits[real]).max() <= TOL
 
+  if model_type != "qwen3":
+    return
   # The critic's backbone = the policy's backbone: its hidden states match HF's last hidden state.
   critic_params = init_critic_from_policy(params, rng=jax.random.PRNGKey(1))
   hidden, values = jax.jit(lambda cp, i, m: (
@@ -42,6 +44,9 @@ def test_logits_match_hf_with_padding(model_type, tmp_path):
       Critic(config).apply({"params": cp}, i, m)))(critic_params, ids, mask)
   assert np.abs(np.asarray(hidden)[real] - want_hidden[real]).max() <= TOL
   assert values.shape == ids.shape and values.dtype == np.float32
+  head = critic_params["value_head"]
+  want_values = want_hidden @ np.asarray(head["kernel"])[:, 0] + np.asarray(head["bias"])[0]
+  np.testing.assert_allclose(np.asarray(values)[real], want_values[real], atol=1e-6)
 
 
 def test_right_padding_matches_hf(tmp_path):

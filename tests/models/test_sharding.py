@@ -6,7 +6,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from sao.models.config import ModelConfig
 from sao.models.sharding import batch_sharding, logical_to_spec, param_partition_specs, param_shardings
-from sao.models.transformer import CausalLM, Critic
+from sao.models.transformer import CausalLM, Critic, init_params
 from tests.models.helpers import MODEL_TYPES, forward, padded_batch, random_params
 
 
@@ -57,10 +57,13 @@ def test_expert_parallel_mesh_and_critic_specs():
   specs = param_partition_specs(config, mesh, critic=True)
   assert specs["model"]["layers_0"]["mlp"]["experts"]["gate_proj"] == P("expert", None, "tensor")
   assert specs["value_head"]["kernel"] == P(None, None) and "lm_head" not in specs
+  shardings = param_shardings(config, mesh, critic=True)
+  initialised = init_params(config, jax.random.PRNGKey(0), critic=True, shardings=shardings)
+  assert initialised["model"]["layers_1"]["mlp"]["experts"]["up_proj"].sharding.spec == P("expert", None, "tensor")
   params = random_params(config, seed=2, critic=True)
   want = jax.jit(lambda p, i: Critic(config).apply({"params": p}, i))(params, np.arange(16).reshape(4, 4))
   got = jax.jit(lambda p, i: Critic(config).apply({"params": p}, i))(
-      jax.device_put(params, param_shardings(config, mesh, critic=True)),
+      jax.device_put(params, shardings),
       jax.device_put(np.arange(16).reshape(4, 4), batch_sharding(mesh)))
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6)
 
