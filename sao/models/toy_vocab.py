@@ -55,6 +55,14 @@ TOY_PIECES = (
     "list(", ".append(", "assert ", "pass", "result", "total", "count", "best", " best",
     "  s", "  k", "    s", "    k", "f(",
     "f([", "])", "], ", "xyz", "solution", ".py",
+    # Whole constant strings of the number_search episode (system prompt, tools header, the call prefix), so a toy
+    # episode is ~100 tokens and the model spends its capacity on the digits that carry the decisions.
+    "Find the hidden number. Call compare with a guess; it says higher, lower or equal.",
+    "\n\nTools:\n",
+    '{"name": "compare", "description": "Compare a guess with the hidden number.", "parameters": {"type": '
+    '"object", "properties": {"guess": {"type": "integer", "description": "your guess"}}, "required": ["guess"]}}',
+    "\nCall a tool with ", '{"name": NAME, "arguments": ARGS}', '{"name": "compare", "arguments": {"guess": ',
+    "Find the number in ", "system\n", "user\n", "assistant\n", "tool\n",
 )
 
 

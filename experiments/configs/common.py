@@ -1,0 +1,118 @@
+"""The parts every experiment config shares: the run layout, the toy recipe, and argument parsing.
+
+An experiment config is `get_config(arg)` returning one locked `ml_collections.ConfigDict`; `arg` is a variant name
+optionally followed by comma-separated `key=value` overrides of top-level scalar knobs, big_vision style
+(`sao_openswe.py:toy`, `sao_openswe.py:toy,total_steps=50`).
+"""
+from __future__ import annotations
+
+import ml_collections
+
+from sao.train.config import default_learner_config
+
+
+def parse_arg(arg: str | None, variants: tuple[str, ...], default: str = "toy") -> tuple[str, dict[str, str]]:
+  """`"toy,total_steps=5"` -> ("toy", {"total_steps": "5"}). Unknown variants are an error naming them."""
+  parts = [p for p in (arg or default).split(",") if p]
+  variant, overrides = parts[0], {}
+  if variant not in variants:
+    raise ValueError(f"config arg: unknown variant {variant!r}; expected one of {variants}")
+  for part in parts[1:]:
+    if "=" not in part:
+      raise ValueError(f"config arg: {part!r} is not key=value")
+    key, value = part.split("=", 1)
+    overrides[key] = value
+  return variant, overrides
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> None:
+  """Sets dotted keys from strings, converting to the existing value's type; unknown keys are errors."""
+  for dotted, text in overrides.items():
+    node = config
+    *path, leaf = dotted.split(".")
+    for key in path:
+      if key not in node:
+        raise ValueError(f"config arg: unknown key {dotted!r}")
+      node = node[key]
+    if leaf not in node:
+      raise ValueError(f"config arg: unknown key {dotted!r}")
+    current = node[leaf]
+    if isinstance(current, bool):
+      value = text.lower() in ("1", "true", "yes")
+    elif isinstance(current, int):
+      value = int(text)
+    elif isinstance(current, float):
+      value = float(text)
+    else:
+      value = text
+    node[leaf] = value
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Every knob of a run with the toy defaults; experiment files override what differs."""
+  learner = default_learner_config()
+  learner.unlock()
+  config = ml_collections.ConfigDict(dict(
+      name="",
+      seed=0,
+      role="embedded",  # embedded: trainer + local engine + worker on this machine | trainer | worker
+      engine_urls=(),  # external SGLang servers (or routers); empty = start local JAX engines
+      num_engines=1,
+      num_workers=1,
+      jax_distributed=False,  # multi-host trainer: call jax.distributed.initialize() first
+      total_steps=300,  # RL steps (after value pretraining)
+      log_every=5,
+      checkpoint_every=50,
+      keep_policy_exports=3,
+      model=dict(
+          init="toy",  # toy: a fresh tiny model warm-started on demonstrations | hf: load hf_path
+          hf_path="",
+          tokenizer_path="",  # "" = the built-in toy tokenizer (toy) / hf_path (hf)
+          toy=dict(model_type="qwen3", hidden_size=64, intermediate_size=192, num_layers=2, num_heads=4,
+                   num_kv_heads=2, head_dim=16, max_position_embeddings=1024, tie_word_embeddings=True),
+      ),
+      env=dict(
+          name="number_search",
+          kwargs=dict(n=64),
+          num_train_tasks=4096,  # the training task list (the split's pool, cycled)
+          num_validation_tasks=64,
+      ),
+      recipe=dict(
+          num_demonstrations=1000,
+          demonstration_noise=0.5,  # the scripted expert's error rate: a weak base policy, not an expert
+          sft_steps=400,
+          sft_batch_size=32,
+          sft_learning_rate=3e-3,
+          value_pretrain_steps=20,  # critic-only steps on base rollouts, saved and loaded as the warm start
+      ),
+      rollout=dict(
+          batch_size=64,  # trajectories per learner step (GSPO: groups × group_size)
+          group_size=1,  # SAO: 1 rollout per task; GSPO/GRPO: G
+          concurrency=64,  # agent loops per worker
+          max_new_tokens=24,
+          max_turns=16,
+          max_total_tokens=256,
+          lease_ttl_s=120.0,
+          eval_every=10,  # validate every this many policy versions
+          eval_temperature=1.0,  # validation samples at the training temperature
+      ),
+      server=dict(host="127.0.0.1", port=0, token_env="SAO_TRAINER_TOKEN", buffer_capacity=512, max_staleness=4),
+      learner=learner,
+  ))
+  c = config.learner
+  c.actor.optimizer.learning_rate = 1e-4
+  c.actor.optimizer.warmup_steps = 10
+  c.critic.optimizer.learning_rate = 1e-3
+  c.critic.optimizer.warmup_steps = 10
+  c.critic.frozen_params = (".*self_attn.*",)
+  c.batching.bucket_lengths = (64, 128, 160, 192, 256, 512)
+  return config
+
+
+def finalize(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> ml_collections.ConfigDict:
+  apply_overrides(config, overrides)
+  config.learner.actor.optimizer.total_steps = max(config.total_steps, config.learner.actor.optimizer.warmup_steps + 1)
+  config.learner.critic.optimizer.total_steps = max(config.total_steps + config.recipe.value_pretrain_steps,
+                                                    config.learner.critic.optimizer.warmup_steps + 1)
+  config.lock()
+  return config

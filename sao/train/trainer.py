@@ -1,0 +1,275 @@
+"""The trainer process: the recipe's phases around one gRPC trajectory service, learner steps and weight publishing.
+
+    base policy ──(supervised warm start on demonstrations, toy only)──▶ <workdir>/base_model   (HF directory)
+    value pretraining: critic-only updates on the base policy's rollouts ──▶ <workdir>/value_init (orbax params)
+    RL: critic loaded from value_init, `critic_warmup_steps` critic-only updates, then actor updates every step
+
+Every step takes the first `batch_size` finished trajectories (SAO) or `batch_size / G` complete groups (GSPO/GRPO)
+from the service — it never waits for a particular slow rollout — updates the learner, and, when the actor changed,
+exports the policy in HF layout to `<workdir>/policy/v<version>` and tells every engine to load it
+(`/update_weights_from_disk`). Validation runs on the held-out split through the same workers (the dispenser leases
+it as evaluation work every `eval_every` versions) and is reported as `validation`.
+
+This module never imports `sao.rollout`: tasks, demonstrations and the way to start engines and workers come in as
+arguments from the entry point (`experiments/train.py`).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import shutil
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from sao.engines.sglang_client import SGLangEngine
+from sao.models import hf, transformer
+from sao.models.config import ModelConfig
+from sao.models.tokenizer import Tokenizer
+from sao.train import checkpoint as ckpt_lib
+from sao.train import writers as writers_lib
+from sao.train.learner import Learner
+from sao.transport.dispenser import DispenserConfig, TaskDispenser
+from sao.transport.server import ServerConfig, TrajectoryServer
+from sao.transport.trajectory import Trajectory
+
+PROGRESS_KEYS = ("reward", "validation", "turns", "response_length", "critic_ev", "staleness", "traj_per_s")
+
+
+@dataclasses.dataclass
+class Launcher:
+  """How the entry point starts the processes around the trainer (embedded: local subprocesses; else external)."""
+  start_engines: Callable[[str], Sequence[str]]  # policy HF directory -> engine URLs serving it
+  start_workers: Callable[[str], None]  # the trainer's gRPC address
+  stop: Callable[[], None] = lambda: None
+  check_alive: Callable[[], None] = lambda: None  # raises if a child process died
+
+
+def _learner_config(config: ml_collections.ConfigDict, **overrides: Any) -> ml_collections.ConfigDict:
+  learner_config = ml_collections.ConfigDict(config.learner.to_dict())
+  for dotted, value in overrides.items():
+    node = learner_config
+    *path, leaf = dotted.split(".")
+    for key in path:
+      node = node[key]
+    node[leaf] = value
+  return learner_config
+
+
+def export_policy(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, directory: str) -> str:
+  """Writes an HF directory (config, safetensors, tokenizer) that SGLang or the local engine loads."""
+  tmp = directory + ".tmp"
+  shutil.rmtree(tmp, ignore_errors=True)
+  hf.save_pretrained(model_config, jax.device_get(params), tmp)
+  tokenizer.save_pretrained(tmp)
+  shutil.rmtree(directory, ignore_errors=True)
+  os.replace(tmp, directory)  # engines never see a half-written directory
+  return directory
+
+
+async def _publish(urls: Sequence[str], model_path: str, version: int) -> None:
+  async def one(url):
+    async with SGLangEngine(url, timeout_s=300.0) as engine:
+      await engine.update_weights_from_disk(model_path, weight_version=str(version))
+  await asyncio.gather(*(one(u) for u in urls))
+
+
+class Trainer:
+  """Runs the recipe in `config` (see `experiments/configs/common.py`) in `workdir`."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str, tokenizer: Tokenizer,
+               train_tasks: Sequence[dict], validation_tasks: Sequence[dict]):
+    self.config = config
+    self.workdir = os.path.abspath(workdir)
+    self.tokenizer = tokenizer
+    self.train_tasks = list(train_tasks)
+    self.validation_tasks = list(validation_tasks)
+    os.makedirs(self.workdir, exist_ok=True)
+    self.writer = writers_lib.create_default_writer(self.workdir)
+    self.history: list[dict[str, float]] = []
+    self.validations: list[tuple[int, float]] = []  # (policy version, success rate)
+
+  # ------------------------------------------------------------------------------------------------ the base policy
+  def base_policy(self, demonstrations: Callable[[], Sequence[Trajectory]] | None) -> tuple[ModelConfig, Any, str]:
+    """The starting policy as (model config, params, HF directory): the configured checkpoint, or a freshly
+    initialised toy model warm-started on demonstrations (cached in `<workdir>/base_model`)."""
+    c = self.config
+    base_dir = os.path.join(self.workdir, "base_model")
+    if os.path.isfile(os.path.join(base_dir, "config.json")):
+      model_config, params = hf.load_pretrained(base_dir)
+      logging.info("base policy: reusing %s", base_dir)
+      return model_config, params, base_dir
+    if c.model.init == "hf":
+      model_config, params = hf.load_pretrained(c.model.hf_path)
+      return model_config, params, c.model.hf_path
+    model_config = ModelConfig.tiny(c.model.toy.model_type, vocab_size=self.tokenizer.vocab_size,
+                                    **{k: v for k, v in c.model.toy.items() if k != "model_type"})
+    params = transformer.init_params(model_config, jax.random.PRNGKey(c.seed))
+    if c.recipe.sft_steps:
+      if demonstrations is None:
+        raise ValueError("recipe.sft_steps > 0 needs demonstrations")
+      params = self._supervised_warm_start(model_config, params, list(demonstrations()))
+    export_policy(model_config, params, self.tokenizer, base_dir)
+    return model_config, params, base_dir
+
+  def _supervised_warm_start(self, model_config: ModelConfig, params: Any, demos: list[Trajectory]) -> Any:
+    r = self.config.recipe
+    learner = Learner(_learner_config(self.config, algorithm="grpo", **{
+        "actor.optimizer.learning_rate": r.sft_learning_rate,
+        "actor.optimizer.warmup_steps": min(10, r.sft_steps // 2), "actor.optimizer.total_steps": r.sft_steps + 1,
+        "actor.optimizer.schedule": "cosine", "actor.optimizer.end_lr_fraction": 0.1}), model_config, params)
+    rng = np.random.default_rng(self.config.seed)
+    start = time.time()
+    for step in range(r.sft_steps):
+      batch = [demos[i] for i in rng.integers(0, len(demos), r.sft_batch_size)]
+      metrics = learner.sft_update(batch)
+      if step % 50 == 0 or step == r.sft_steps - 1:
+        print(f"[sft] step {step:4d}  nll {metrics['actor/loss']:.4f}  ({time.time() - start:.0f}s)", flush=True)
+    return jax.device_get(learner.actor_params)
+
+  # ------------------------------------------------------------------------------------------------ serving
+  def _server(self, model_config: ModelConfig, engine_urls: Sequence[str]) -> TrajectoryServer:
+    c = self.config
+    group = c.rollout.group_size
+    dispenser = TaskDispenser(self.train_tasks, DispenserConfig(
+        mode="sao" if group == 1 else "group", group_size=group, seed=c.seed, lease_ttl_s=c.rollout.lease_ttl_s,
+        id_key="task_id", env_name=c.env.name, train_temperature=c.learner.temperature,
+        eval_temperature=c.rollout.eval_temperature, eval_every=c.rollout.eval_every), self.validation_tasks)
+    return TrajectoryServer(ServerConfig(
+        log_dir=os.path.join(self.workdir, "trajectories"), vocab_size=model_config.vocab_size,
+        host=c.server.host, port=c.server.port, token=os.environ.get(c.server.token_env) or None,
+        buffer_capacity=c.server.buffer_capacity, max_staleness=c.server.max_staleness,
+        engine_urls=tuple(engine_urls)), dispenser)
+
+  # ------------------------------------------------------------------------------------------------ the run
+  def run(self, launcher: Launcher, demonstrations: Callable[[], Sequence[Trajectory]] | None = None
+          ) -> dict[str, float]:
+    """Runs (or resumes) the whole recipe; returns the last step's progress row."""
+    c = self.config
+    model_config, params, base_dir = self.base_policy(demonstrations)
+    self.launcher = launcher
+    server = None
+    try:
+      checkpointer = ckpt_lib.Checkpointer(os.path.join(self.workdir, "checkpoints"), c.checkpoint_every,
+                                           c.learner.checkpoint.max_to_keep, c.learner.checkpoint.async_save)
+      value_init = os.path.join(self.workdir, "value_init")
+      resume = bool(checkpointer.all_steps())
+      self.engine_urls = tuple(c.engine_urls) or tuple(launcher.start_engines(base_dir))
+      server = self._server(model_config, self.engine_urls)
+      step, learner = 0, None
+      if resume:
+        learner = self._rl_learner(model_config, params, value_init)
+        extra = checkpointer.restore(learner)
+        step = int(extra["step"])
+        server.restore(extra.get("dispenser"))
+        logging.info("resumed at step %d (learner update %d, policy version %d)", step, learner.num_updates,
+                     learner.version)
+      port = server.start()
+      launcher.start_workers(f"{c.server.host}:{port}")
+      if resume:
+        self._publish(model_config, learner, server)
+      else:
+        server.dispenser.schedule_eval(0)
+        if c.learner.algorithm == "sao" and c.recipe.value_pretrain_steps > 0 and not os.path.isdir(value_init):
+          step = self._value_pretraining(model_config, params, server, value_init)
+        learner = self._rl_learner(model_config, params, value_init)
+      # Steps count trajectories batches across phases: value pretraining, then `total_steps` RL steps.
+      summary = self._train(learner, model_config, server, checkpointer, step, self._end_step())
+      checkpointer.save(learner, extra={"step": self._end_step(), "phase": "rl",
+                                        "dispenser": server.dispenser.state_dict()})
+      checkpointer.wait()
+      return summary
+    finally:
+      launcher.stop()
+      if server is not None:
+        server.stop()
+      self.writer.close()
+
+  def validation_summary(self) -> tuple[float, float]:
+    """(validation of the base policy (version 0), best validation of a trained version); NaN when not measured."""
+    base = [v for version, v in self.validations if version == 0]
+    trained = [v for version, v in self.validations if version > 0]
+    return (base[0] if base else float("nan")), (max(trained) if trained else float("nan"))
+
+  def _end_step(self) -> int:
+    c = self.config
+    return c.recipe.value_pretrain_steps * (c.learner.algorithm == "sao") + c.total_steps
+
+  def _rl_learner(self, model_config, params, value_init: str) -> Learner:
+    overrides = {}
+    if self.config.learner.algorithm == "sao" and os.path.isdir(value_init):
+      overrides = {"critic.init": "checkpoint", "critic.init_path": value_init}
+    return Learner(_learner_config(self.config, **overrides), model_config, params)
+
+  def _value_pretraining(self, model_config, params, server, value_init: str) -> int:
+    """Critic-only updates (actor frozen) on the base policy's rollouts; saves the critic for the RL phase."""
+    steps = self.config.recipe.value_pretrain_steps
+    learner = Learner(_learner_config(self.config, **{"sao.critic_warmup_steps": steps + 1}), model_config, params)
+    print(f"[value pretraining] {steps} critic-only steps on base-policy rollouts", flush=True)
+    self._train(learner, model_config, server, None, 0, steps, phase="value_pretrain")
+    learner.save_critic(value_init)
+    print(f"[value pretraining] critic saved to {value_init}; the RL phase loads it", flush=True)
+    return steps
+
+  def _publish(self, model_config, learner, server) -> None:
+    version = learner.version
+    path = os.path.join(self.workdir, "policy", f"v{version}")
+    export_policy(model_config, learner.actor_params, self.tokenizer, path)
+    asyncio.run(_publish(self.engine_urls, path, version))
+    server.set_policy_version(version)
+    old = os.path.join(self.workdir, "policy", f"v{version - self.config.keep_policy_exports}")
+    shutil.rmtree(old, ignore_errors=True)
+
+  def _take(self, server, n: int) -> list[Trajectory]:
+    while True:
+      batch = server.take_batch(n, timeout_s=5.0)
+      if batch:
+        return batch
+      self.launcher.check_alive()
+
+  def _train(self, learner: Learner, model_config, server, checkpointer, start_step: int,
+             end_step: int, phase: str = "rl") -> dict[str, float]:
+    c = self.config
+    validation = float("nan")
+    last = time.time()
+    for step in range(start_step, end_step):
+      trajectories = self._take(server, c.rollout.batch_size)
+      trainable = [t for t in trajectories if t.is_trainable]
+      version_before = learner.version
+      metrics = learner.update(trainable) if trainable else {}
+      server.mark_consumed(trajectories, step)
+      if learner.version != version_before:
+        self._publish(model_config, learner, server)
+      for result in server.eval_results():
+        validation = result.success_rate
+        self.validations.append((result.policy_version, result.success_rate))
+        self.writer.write_scalars(step, {"validation": validation, "validation/policy_version": result.policy_version,
+                                         "validation/num_tasks": result.num_tasks})
+      now = time.time()
+      row = {
+          "reward": float(np.mean([t.reward for t in trajectories])),
+          "validation": validation,
+          "turns": float(np.mean([t.num_turns for t in trajectories])),
+          "response_length": float(np.mean([t.num_action_tokens for t in trajectories])),
+          "critic_ev": metrics.get("critic/explained_variance", float("nan")),
+          "staleness": metrics.get("batch/staleness_mean", float("nan")),
+          "traj_per_s": len(trajectories) / max(now - last, 1e-9),
+          "dropped": float(len(trajectories) - len(trainable)),
+          "policy_version": float(learner.version),
+      }
+      last = now
+      scalars = {**{k: v for k, v in metrics.items()}, **{k: v for k, v in row.items() if np.isfinite(v)}}
+      self.writer.write_scalars(step, {**scalars, "phase/" + phase: 1.0})
+      self.history.append({"step": step, **row})
+      if step % c.log_every == 0 or step == end_step - 1:
+        print(f"[{phase}] step {step:4d}  " + "  ".join(f"{k} {row[k]:.3f}" for k in PROGRESS_KEYS), flush=True)
+      if checkpointer is not None:
+        checkpointer.maybe_save(learner, extra={"step": step + 1, "phase": phase,
+                                                "dispenser": server.dispenser.state_dict()})
+      self.writer.flush()
+    return self.history[-1] if self.history else {}
