@@ -189,8 +189,8 @@ class ModelConfig:
         bos_token_id=hf.get("bos_token_id"),
         eos_token_id=tuple(hf["eos_token_id"]) if isinstance(hf.get("eos_token_id"), list) else hf.get("eos_token_id"),
     )
-    if "torch_dtype" in hf or "dtype" in hf:
-      pass  # the checkpoint's storage dtype is a loading choice (`load_pretrained(dtype=...)`), not architecture
+    # HF's `torch_dtype` / `dtype` is the checkpoint's storage dtype: a loading choice (`load_pretrained(dtype=...)`
+    # or `overrides`), not architecture, so it is not read here.
     kwargs.update(overrides)
     return cls(**kwargs)
 

@@ -41,22 +41,22 @@ _GROUPS = {
 }
 
 RULES: tuple[tuple[str, str, str], ...] = (
-    # HF tensor name                                          param path                                        transform
-    ("model.embed_tokens.weight",                             "model/embed_tokens/embedding",                   COPY),
-    ("model.norm.weight",                                     "model/norm/scale",                               COPY),
-    ("lm_head.weight",                                        "lm_head/kernel",                                 LINEAR),
-    ("score.weight",                                          "value_head/kernel",                              LINEAR),
-    ("score.bias",                                            "value_head/bias",                                COPY),
-    ("model.layers.{layer}.{norm}.weight",                    "model/layers_{layer}/{norm}/scale",              COPY),
-    ("model.layers.{layer}.self_attn.{qk_norm}.weight",       "model/layers_{layer}/self_attn/{qk_norm}/scale", COPY),
-    ("model.layers.{layer}.self_attn.{qkv}.weight",           "model/layers_{layer}/self_attn/{qkv}/kernel",    LINEAR),
-    ("model.layers.{layer}.self_attn.{qkv}.bias",             "model/layers_{layer}/self_attn/{qkv}/bias",      FLAT),
-    ("model.layers.{layer}.self_attn.o_proj.weight",          "model/layers_{layer}/self_attn/o_proj/kernel",   LINEAR2),
-    ("model.layers.{layer}.self_attn.o_proj.bias",            "model/layers_{layer}/self_attn/o_proj/bias",     COPY),
-    ("model.layers.{layer}.mlp.{mlp}.weight",                 "model/layers_{layer}/mlp/{mlp}/kernel",          LINEAR),
-    ("model.layers.{layer}.mlp.{mlp}.bias",                   "model/layers_{layer}/mlp/{mlp}/bias",            COPY),
-    ("model.layers.{layer}.mlp.gate.weight",                  "model/layers_{layer}/mlp/gate/kernel",           LINEAR),
-    ("model.layers.{layer}.mlp.experts.{expert}.{mlp}.weight", "model/layers_{layer}/mlp/experts/{mlp}",        EXPERT),
+  # HF tensor name                                          param path                                        transform
+  ("model.embed_tokens.weight",                              "model/embed_tokens/embedding",                   COPY),
+  ("model.norm.weight",                                      "model/norm/scale",                               COPY),
+  ("lm_head.weight",                                         "lm_head/kernel",                                 LINEAR),
+  ("score.weight",                                           "value_head/kernel",                              LINEAR),
+  ("score.bias",                                             "value_head/bias",                                COPY),
+  ("model.layers.{layer}.{norm}.weight",                     "model/layers_{layer}/{norm}/scale",              COPY),
+  ("model.layers.{layer}.self_attn.{qk_norm}.weight",        "model/layers_{layer}/self_attn/{qk_norm}/scale", COPY),
+  ("model.layers.{layer}.self_attn.{qkv}.weight",            "model/layers_{layer}/self_attn/{qkv}/kernel",    LINEAR),
+  ("model.layers.{layer}.self_attn.{qkv}.bias",              "model/layers_{layer}/self_attn/{qkv}/bias",      FLAT),
+  ("model.layers.{layer}.self_attn.o_proj.weight",           "model/layers_{layer}/self_attn/o_proj/kernel",   LINEAR2),
+  ("model.layers.{layer}.self_attn.o_proj.bias",             "model/layers_{layer}/self_attn/o_proj/bias",     COPY),
+  ("model.layers.{layer}.mlp.{mlp}.weight",                  "model/layers_{layer}/mlp/{mlp}/kernel",          LINEAR),
+  ("model.layers.{layer}.mlp.{mlp}.bias",                    "model/layers_{layer}/mlp/{mlp}/bias",            COPY),
+  ("model.layers.{layer}.mlp.gate.weight",                   "model/layers_{layer}/mlp/gate/kernel",           LINEAR),
+  ("model.layers.{layer}.mlp.experts.{expert}.{mlp}.weight", "model/layers_{layer}/mlp/experts/{mlp}",         EXPERT),
 )
 
 

@@ -58,9 +58,10 @@ def sample_tokens(logits: Array, keys: Array, temperature: Array, top_p: Array,
                   top_k: Array) -> tuple[Array, Array]:
   """One sampling step. logits: [B, V] float32; keys: [B] PRNG keys; temperature, top_p: [B] float; top_k: [B] int.
 
-  z = logits / τ (τ = 1 for greedy rows, i.e. temperature 0). Truncation: keep the top_k largest z (top_k > 0), then the smallest
-  prefix of the renormalised sorted distribution whose mass reaches top_p; sample from softmax(z) restricted to the
-  kept set. Greedy rows take argmax(logits). Returns (tokens [B] int32, log softmax(z)[token] [B] float32).
+  z = logits / τ (τ = 1 for greedy rows, i.e. temperature 0). Truncation: keep the top_k largest z (top_k > 0),
+  then the smallest prefix of the renormalised sorted distribution whose mass reaches top_p; sample from
+  softmax(z) restricted to the kept set. Greedy rows take argmax(logits).
+  Returns (tokens [B] int32, log softmax(z)[token] [B] float32 over the full vocabulary).
   """
   vocab = logits.shape[-1]
   greedy = temperature <= 0

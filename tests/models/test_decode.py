@@ -62,9 +62,9 @@ def test_sampler_logprobs_equal_token_logprobs(model_type):
 
 
 def test_greedy_is_deterministic_argmax_and_top_k_1_matches():
-  config = ModelConfig.tiny("qwen2")
+  config = ModelConfig.tiny("qwen3")
   params = random_params(config, seed=4)
-  sampler = Sampler(config, params)
+  sampler = Sampler(config, params, batch_buckets=(4,))  # one compiled program shared with the next test
   rng = np.random.default_rng(2)
   prompts = [rng.integers(0, config.vocab_size, n) for n in (7, 3)]
   greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
@@ -86,7 +86,7 @@ def test_greedy_is_deterministic_argmax_and_top_k_1_matches():
 def test_stop_tokens_and_per_row_limits():
   config = ModelConfig.tiny("qwen3")
   params = random_params(config, seed=5)
-  sampler = Sampler(config, params)
+  sampler = Sampler(config, params, batch_buckets=(4,))
   prompt = np.arange(5)
   first = sampler.generate([prompt], SamplingParams(max_new_tokens=4, temperature=0.0))[0]
   out = sampler.generate(
@@ -130,7 +130,7 @@ def _reference_logprobs(logits, ids, mask, temperature):
   return np.concatenate([zero, np.where(valid, lp, 0)], 1), np.concatenate([zero, np.where(valid, ent, 0)], 1)
 
 
-def test_token_logprobs_match_float64_reference_and_gradients():
+def test_token_logprobs_match_float64_reference_and_gradients_with_remat():
   config = ModelConfig.tiny("qwen3")
   params = random_params(config, seed=6)
   ids, mask = padded_batch(np.random.default_rng(3), config.vocab_size, [9, 4], 9, left=True)
@@ -141,8 +141,8 @@ def test_token_logprobs_match_float64_reference_and_gradients():
   np.testing.assert_allclose(np.asarray(ent), want_ent, atol=1e-5, rtol=0)
   assert np.all(np.asarray(lp)[:, 0] == 0) and np.all(np.asarray(lp)[mask == 0] == 0)
 
-  def chunked(p):
-    return jnp.sum(token_logprobs(p, config, ids, mask, 0.8, chunk_size=3))
+  def chunked(p):  # also through per-layer remat: gradients must not change
+    return jnp.sum(token_logprobs(p, config.replace(remat="dots_saveable"), ids, mask, 0.8, chunk_size=3))
 
   def unchunked(p):
     z, _ = CausalLM(config).apply({"params": p}, ids, mask)
@@ -153,20 +153,6 @@ def test_token_logprobs_match_float64_reference_and_gradients():
   g1, g2 = jax.jit(jax.grad(chunked))(params), jax.jit(jax.grad(unchunked))(params)
   for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)
-
-
-def test_remat_policy_keeps_values_and_gradients():
-  config = ModelConfig.tiny("qwen3")
-  params = random_params(config, seed=8)
-  ids, mask = padded_batch(np.random.default_rng(4), config.vocab_size, [6, 4], 6)
-
-  def loss(cfg):
-    return jax.jit(jax.value_and_grad(lambda p: jnp.sum(token_logprobs(p, cfg, ids, mask, 1.0))))(params)
-
-  (v1, g1), (v2, g2) = loss(config), loss(config.replace(remat="dots_saveable"))
-  np.testing.assert_allclose(float(v1), float(v2), rtol=1e-6)
-  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
 
 
 def test_bfloat16_compute_stays_close_to_float32():
