@@ -1,0 +1,1 @@
+"""Launching experiments: sweeps (grids over configs and seeds), the local sweep runner, TPU-pod + SGLang fleets."""

@@ -1,0 +1,210 @@
+r"""Runs a sweep's runs on this machine, a bounded number at a time.
+
+    python -m launch.local --sweep=launch/sweeps/sao_vs_gspo_toy.py --workdir=/tmp/sao_vs_gspo --max_parallel=1
+
+Each run is a subprocess of `experiments/train.py` (from the repo root) in `<workdir>/<run name>`, its stdout and
+stderr appended to `<that dir>/launch.log`. On success the runner writes `<that dir>/DONE`; a later invocation
+skips runs with a `DONE` marker and restarts the others in the same directory, where the trainer resumes from its
+latest checkpoint (a run cut off by a crash, a kill or Ctrl-C continues rather than starting over). A failed run is
+reported with the tail of its log and does not stop the others; the exit status is 1 if any run failed. Every
+run's overrides are checked against its config before anything starts (`launch.sweep.validate_run`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable, Sequence, TextIO
+
+from absl import app, flags
+
+from launch import sweep as sweep_lib
+
+DONE = "DONE"
+LOG = "launch.log"
+TAIL_CHARS = 3000
+
+PENDING, RESUME, RUNNING, DONE_STATUS, SKIPPED, FAILED, CUT_OFF = (
+    "pending", "resume", "running", "done", "skipped (DONE)", "failed", "cut off")
+
+
+@dataclasses.dataclass
+class RunState:
+  run: sweep_lib.Run
+  workdir: str
+  status: str = PENDING
+  returncode: int | None = None
+  started: float | None = None
+  elapsed_s: float = 0.0
+  process: subprocess.Popen | None = None
+
+  @property
+  def log_path(self) -> str:
+    return os.path.join(self.workdir, LOG)
+
+
+def initial_status(workdir: str) -> str:
+  """skipped when `DONE` exists, resume when the directory holds an earlier attempt, else pending."""
+  if os.path.isfile(os.path.join(workdir, DONE)):
+    return SKIPPED
+  if os.path.isdir(workdir) and os.listdir(workdir):
+    return RESUME
+  return PENDING
+
+
+def log_tail(path: str, chars: int = TAIL_CHARS) -> str:
+  if not os.path.isfile(path):
+    return f"(no log at {path})"
+  with open(path, "rb") as f:
+    f.seek(0, os.SEEK_END)
+    f.seek(max(f.tell() - chars, 0))
+    return f.read().decode(errors="replace")
+
+
+def last_step(workdir: str) -> str:
+  """The last logged step of a run (its metrics.jsonl), for the progress table; "-" when none yet."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.isfile(path):
+    return "-"
+  with open(path, "rb") as f:
+    f.seek(0, os.SEEK_END)
+    f.seek(max(f.tell() - 4096, 0))
+    lines = f.read().decode(errors="replace").splitlines()
+  for line in reversed(lines):
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError:
+      continue  # a torn line being written, or the first partial line of the window
+    if "step" in record:
+      return str(record["step"])
+  return "-"
+
+
+def progress_table(states: Sequence[RunState], now: float | None = None) -> str:
+  now = time.time() if now is None else now
+  rows = [("run", "status", "step", "elapsed", "workdir")]
+  for s in states:
+    elapsed = s.elapsed_s + ((now - s.started) if s.status == RUNNING and s.started else 0.0)
+    status = s.status if s.returncode in (None, 0) else f"{s.status} ({s.returncode})"
+    rows.append((s.run.name, status, last_step(s.workdir), f"{elapsed:.0f}s", s.workdir))
+  widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+  return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def _start(state: RunState, command: list[str], cwd: str) -> None:
+  os.makedirs(state.workdir, exist_ok=True)
+  with open(state.log_path, "ab") as log:
+    log.write(f"\n=== launch.local {time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(command)}\n".encode())
+    log.flush()
+    # A new session: Ctrl-C on the runner does not reach the child first; the runner forwards SIGTERM itself.
+    state.process = subprocess.Popen(command, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+  state.status, state.started, state.returncode = RUNNING, time.time(), None
+
+
+def _finish(state: RunState, returncode: int, out: TextIO) -> None:
+  state.returncode = returncode
+  state.elapsed_s += time.time() - (state.started or time.time())
+  state.process = None
+  if returncode == 0:
+    with open(os.path.join(state.workdir, DONE), "w", encoding="utf-8") as f:
+      json.dump({"run": state.run.name, "config": state.run.config, "overrides": dict(state.run.overrides),
+                 "finished": time.time(), "elapsed_s": state.elapsed_s}, f, default=str)
+    state.status = DONE_STATUS
+    return
+  state.status = CUT_OFF if returncode < 0 else FAILED
+  why = (f"killed by signal {-returncode}; rerunning the sweep resumes it" if returncode < 0
+         else f"exit code {returncode}")
+  print(f"\n[launch] run {state.run.name} {state.status}: {why}; log {state.log_path}, tail:\n"
+        f"{log_tail(state.log_path)}\n", file=out, flush=True)
+
+
+def run_sweep(runs: Sequence[sweep_lib.Run], workdir: str, max_parallel: int = 1,
+              command_fn: Callable[[sweep_lib.Run, str], list[str]] | None = None, cwd: str = sweep_lib.REPO_ROOT,
+              poll_s: float = 0.5, out: TextIO = sys.stdout) -> list[RunState]:
+  """Runs `runs` (at most `max_parallel` at once) under `workdir`; returns each run's final state."""
+  if max_parallel < 1:
+    raise ValueError(f"max_parallel: must be >= 1, got {max_parallel}")
+  sweep_lib.check_unique(runs)
+  command_fn = command_fn or (lambda run, run_dir: run.command(run_dir))
+  states = [RunState(r, os.path.join(os.path.abspath(workdir), r.name)) for r in runs]
+  for s in states:
+    s.status = initial_status(s.workdir)
+  queue = [s for s in states if s.status in (PENDING, RESUME)]
+  print(progress_table(states), file=out, flush=True)
+  running: list[RunState] = []
+  try:
+    while queue or running:
+      changed = False
+      while queue and len(running) < max_parallel:
+        state = queue.pop(0)
+        _start(state, command_fn(state.run, state.workdir), cwd)
+        running.append(state)
+        changed = True
+      for state in list(running):
+        code = state.process.poll()
+        if code is not None:
+          running.remove(state)
+          _finish(state, code, out)
+          changed = True
+      if changed:
+        print(progress_table(states), file=out, flush=True)
+      if running:
+        time.sleep(poll_s)
+  except KeyboardInterrupt:
+    # Stop our own children; their workdirs stay, so the next invocation resumes them.
+    for state in running:
+      os.killpg(state.process.pid, signal.SIGTERM)
+    for state in running:
+      try:
+        code = state.process.wait(timeout=60)
+      except subprocess.TimeoutExpired:
+        os.killpg(state.process.pid, signal.SIGKILL)
+        code = state.process.wait()
+      _finish(state, code, out)
+    print(progress_table(states), file=out, flush=True)
+    raise
+  return states
+
+
+def dry_run(runs: Sequence[sweep_lib.Run], workdir: str, out: TextIO = sys.stdout) -> None:
+  for run in runs:
+    run_dir = os.path.join(os.path.abspath(workdir), run.name)
+    print(f"[{initial_status(run_dir)}] {shlex.join(run.command(run_dir))}", file=out)
+
+
+_SWEEP = flags.DEFINE_string("sweep", None, "Sweep file (launch/sweeps/<name>.py) defining get_sweep().")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Root directory; each run trains in <workdir>/<run name>.")
+_MAX_PARALLEL = flags.DEFINE_integer("max_parallel", 1, "Runs at once (each embedded run uses several processes).")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the commands (and whether each would run) and exit.")
+_ONLY = flags.DEFINE_list("only", [], "Run only these run names.")
+
+
+def main(argv):
+  del argv
+  runs = sweep_lib.load_sweep(_SWEEP.value)
+  if _ONLY.value:
+    unknown = sorted(set(_ONLY.value) - {r.name for r in runs})
+    if unknown:
+      raise app.UsageError(f"--only: unknown run name(s) {unknown}; the sweep has {[r.name for r in runs]}")
+    runs = [r for r in runs if r.name in _ONLY.value]
+  for run in runs:
+    sweep_lib.validate_run(run)
+  if _DRY_RUN.value:
+    dry_run(runs, _WORKDIR.value)
+    return
+  states = run_sweep(runs, _WORKDIR.value, _MAX_PARALLEL.value)
+  failed = [s.run.name for s in states if s.status in (FAILED, CUT_OFF)]
+  if failed:
+    print(f"[launch] {len(failed)} run(s) did not finish: {failed}", flush=True)
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["sweep", "workdir"])
+  app.run(main)

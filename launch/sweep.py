@@ -1,0 +1,178 @@
+"""Sweeps: lists of runs built from products and zips of config overrides, big_vision `sweep_hyper` style.
+
+A sweep file (`launch/sweeps/<name>.py`) defines `get_sweep() -> list[Run]`:
+
+    from launch import sweep as s
+
+    def get_sweep():
+      seeds = s.zip_(s.sweep("seed", [0, 1, 2]), s.sweep("learner.seed", [0, 1, 2]))
+      return s.runs("sao", "experiments/configs/sao_openswe.py:toy", seeds, name_keys=("seed",))
+
+A grid is a list of dicts `{dotted config key: value}`; `product` takes every combination of its argument grids,
+`zip_` pairs them point by point, `fixed` is a one-point grid. A `Run` becomes the command
+`python experiments/train.py --config=<file>:<arg> --config.<key>=<value>... --workdir=<root>/<name>`.
+`validate_run` loads the run's config and rejects keys it does not have, before anything is launched.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import itertools
+import os
+import re
+import sys
+from typing import Any, Mapping, Sequence
+
+Grid = list[dict[str, Any]]
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+
+
+def sweep(key: str, values: Sequence[Any]) -> Grid:
+  """One key over several values: `sweep("seed", [0, 1])` -> `[{"seed": 0}, {"seed": 1}]`."""
+  if not values:
+    raise ValueError(f"sweep({key!r}): no values")
+  return [{key: v} for v in values]
+
+
+def fixed(**overrides: Any) -> Grid:
+  """A one-point grid (settings shared by every run): `fixed(total_steps=50)`. Dotted keys via `**{"a.b": 1}`."""
+  return [dict(overrides)]
+
+
+def _merge(points: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+  merged: dict[str, Any] = {}
+  for point in points:
+    for key, value in point.items():
+      if key in merged and merged[key] != value:
+        raise ValueError(f"sweep: key {key!r} is set twice with different values ({merged[key]!r}, {value!r})")
+      merged[key] = value
+  return merged
+
+
+def product(*grids: Grid) -> Grid:
+  """Every combination: `product(sweep("a", [1, 2]), sweep("b", [3, 4]))` has 4 points (the last varies fastest)."""
+  return [_merge(points) for points in itertools.product(*grids)]
+
+
+def zip_(*grids: Grid) -> Grid:
+  """Point by point; the grids must have equal lengths."""
+  lengths = {len(g) for g in grids}
+  if len(lengths) > 1:
+    raise ValueError(f"zip_: grids of different lengths {[len(g) for g in grids]}")
+  return [_merge(points) for points in zip(*grids)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One training run: a config (`<file>:<arg>`, file relative to the repo root) plus dotted overrides."""
+  name: str
+  config: str
+  overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    if not _NAME_RE.match(self.name):
+      raise ValueError(f"run name {self.name!r}: use letters, digits and _.+- (it becomes a directory name)")
+    if ":" not in self.config:
+      raise ValueError(f"run {self.name}: config {self.config!r} must be '<file>:<arg>'")
+
+  @property
+  def config_file(self) -> str:
+    return self.config.split(":", 1)[0]
+
+  @property
+  def config_arg(self) -> str:
+    return self.config.split(":", 1)[1]
+
+  def command(self, workdir: str, train_script: str = "experiments/train.py",
+              python: str = sys.executable) -> list[str]:
+    """The argv that trains this run in `workdir` (run from the repo root)."""
+    flags = [f"--config.{key}={format_value(value)}" for key, value in sorted(self.overrides.items())]
+    return [python, train_script, f"--config={self.config}", *flags, f"--workdir={workdir}"]
+
+
+def format_value(value: Any) -> str:
+  """A config flag value ml_collections parses back to the same type (tuples as Python literals)."""
+  if isinstance(value, (tuple, list)):
+    return repr(tuple(value))
+  return str(value)
+
+
+def _short(key: str) -> str:
+  return key.rsplit(".", 1)[-1]
+
+
+def runs(prefix: str, config: str, grid: Grid | None = None, name_keys: Sequence[str] | None = None) -> list[Run]:
+  """One run per grid point, named `<prefix>-<key><value>...` (`sao-seed0`) over `name_keys` (default: the keys
+  that vary across the grid)."""
+  grid = grid or [{}]
+  if name_keys is None:
+    name_keys = [k for k in sorted({k for p in grid for k in p}) if len({repr(p.get(k)) for p in grid}) > 1]
+  out = []
+  for point in grid:
+    missing = [k for k in name_keys if k not in point]
+    if missing:
+      raise ValueError(f"runs({prefix!r}): name key(s) {missing} not in grid point {point}")
+    suffix = "".join(f"-{_short(k)}{format_value(point[k])}" for k in name_keys)
+    out.append(Run(prefix + suffix, config, dict(point)))
+  return out
+
+
+def check_unique(run_list: Sequence[Run]) -> None:
+  names = [r.name for r in run_list]
+  duplicates = sorted({n for n in names if names.count(n) > 1})
+  if duplicates:
+    raise ValueError(f"sweep: duplicate run names {duplicates} (they would share a workdir)")
+
+
+def load_sweep(path: str) -> list[Run]:
+  """Imports a sweep file and returns its `get_sweep()` runs, checked for types and unique names."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"sweep file {path!r} does not exist")
+  spec = importlib.util.spec_from_file_location(f"_sweep_{os.path.basename(path)[:-3]}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not hasattr(module, "get_sweep"):
+    raise ValueError(f"sweep file {path!r} defines no get_sweep()")
+  run_list = list(module.get_sweep())
+  if not run_list:
+    raise ValueError(f"sweep file {path!r}: get_sweep() returned no runs")
+  for run in run_list:
+    if not isinstance(run, Run):
+      raise TypeError(f"sweep file {path!r}: get_sweep() must return Run objects, got {type(run).__name__}")
+  check_unique(run_list)
+  return run_list
+
+
+def load_config(config: str, repo_root: str = REPO_ROOT):
+  """`"experiments/configs/x.py:toy"` -> the ConfigDict its `get_config("toy")` returns."""
+  file, arg = config.split(":", 1)
+  path = file if os.path.isabs(file) else os.path.join(repo_root, file)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"config file {file!r} does not exist (under {repo_root})")
+  if repo_root not in sys.path:
+    sys.path.insert(0, repo_root)  # config files import `experiments.configs.common`
+  spec = importlib.util.spec_from_file_location(f"_config_{os.path.basename(path)[:-3]}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+def validate_run(run: Run, repo_root: str = REPO_ROOT) -> None:
+  """Raises ValueError naming the run and key for an override the config does not have or a value of the wrong type."""
+  config = load_config(run.config, repo_root)
+  for dotted, value in run.overrides.items():
+    node = config
+    *path, leaf = dotted.split(".")
+    for key in path:
+      if key not in node:
+        raise ValueError(f"run {run.name}: unknown sweep key {dotted!r} (not in {run.config})")
+      node = node[key]
+    if leaf not in node:
+      raise ValueError(f"run {run.name}: unknown sweep key {dotted!r} (not in {run.config})")
+    current = node[leaf]
+    ok = (isinstance(value, bool) == isinstance(current, bool) and
+          (isinstance(value, type(current)) or (isinstance(current, float) and isinstance(value, int)) or
+           (isinstance(current, (tuple, list)) and isinstance(value, (tuple, list)))))
+    if not ok:
+      raise ValueError(f"run {run.name}: sweep key {dotted!r} expects {type(current).__name__}, got {value!r}")
