@@ -1,0 +1,188 @@
+r"""Starts a run on a TPU pod slice with an SGLang GPU fleet and remote rollout workers: renders the commands, and
+with `--execute` runs them (in order: SGLang servers, router, trainer on every TPU host, rollout workers).
+
+    python -m launch.tpu_pod --tpu_name=sao-v5p-128 --zone=us-east5-a --project=my-project \
+        --config=experiments/configs/sao_openswe.py:full --workdir=/mnt/shared/sao_openswe \
+        --gpu_hosts=gpu-0,gpu-1 --worker_hosts=cpu-0,cpu-1 --trainer_host=10.0.0.2 [--execute]
+
+- SGLang: `python -m sglang.launch_server --model-path <hf_path> --host 0.0.0.0 --port 30000 --tp-size 8` on each
+  GPU host (over ssh), then `python -m sglang_router.launch_router --worker-urls http://gpu-0:30000 ... --port 30080`
+  on the router host (the first GPU host unless `--router_host`).
+- Trainer: `gcloud compute tpus tpu-vm ssh <tpu> --worker=all --command="cd <repo> && python experiments/train.py
+  ... --config.role=trainer --config.jax_distributed=True --config.engine_urls=('http://<router>:30080',)
+  --config.server.host=0.0.0.0 --config.server.port=50051"` — one process per TPU host; host 0 serves gRPC.
+- Rollout workers: `python experiments/train.py ... --config.role=worker --trainer=<trainer_host>:50051` per worker
+  host (over ssh), talking to the same router.
+
+The engines load new policies with `/update_weights_from_disk`, so `--workdir` must be a filesystem every TPU and
+GPU host mounts at the same path. Set `SAO_TRAINER_TOKEN` in the environment of the trainer and worker hosts (the
+commands never carry secrets).
+"""
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import subprocess
+import sys
+import time
+from typing import Sequence
+
+from absl import app, flags
+
+from launch import sweep as sweep_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class PodSpec:
+  """Where everything runs. Hosts are ssh-able names; `trainer_host` is TPU host 0's address seen by workers."""
+  tpu_name: str
+  zone: str
+  config: str  # "<file>:<arg>", relative to the repo root
+  workdir: str
+  model_path: str  # what SGLang serves first (the base policy's HF directory)
+  project: str = ""
+  repo_dir: str = "~/sao"  # the repo's checkout on every host
+  python: str = "python3"
+  gpu_hosts: tuple[str, ...] = ()
+  gpus_per_host: int = 8  # SGLang tensor parallelism: one server per GPU host
+  sglang_port: int = 30000
+  router_host: str = ""  # "" = the first GPU host
+  router_port: int = 30080
+  engine_urls: tuple[str, ...] = ()  # an existing fleet/router instead of gpu_hosts
+  worker_hosts: tuple[str, ...] = ()
+  workers_per_host: int = 1
+  trainer_host: str = ""
+  trainer_port: int = 50051
+  overrides: tuple[str, ...] = ()  # extra "key=value" config overrides for trainer and workers
+
+  def __post_init__(self):
+    if not self.gpu_hosts and not self.engine_urls:
+      raise ValueError("no engines: give gpu_hosts (start an SGLang fleet) or engine_urls (an existing one)")
+    if self.gpu_hosts and self.engine_urls:
+      raise ValueError("give either gpu_hosts or engine_urls, not both")
+    if self.worker_hosts and not self.trainer_host:
+      raise ValueError("worker_hosts need trainer_host: the address of TPU host 0 as the workers see it")
+    for item in self.overrides:
+      if "=" not in item:
+        raise ValueError(f"override {item!r} is not key=value")
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+  """One local command; `background` ones are long-running servers started before the next step."""
+  role: str  # sglang | router | trainer | worker
+  host: str
+  argv: tuple[str, ...]
+  background: bool = True
+
+  def render(self) -> str:
+    return shlex.join(self.argv)
+
+
+def _remote(spec: PodSpec, argv: Sequence[str]) -> str:
+  return f"cd {spec.repo_dir} && " + shlex.join(argv)
+
+
+def router_url(spec: PodSpec) -> str:
+  return f"http://{spec.router_host or spec.gpu_hosts[0]}:{spec.router_port}"
+
+
+def _engine_urls(spec: PodSpec) -> tuple[str, ...]:
+  return spec.engine_urls or (router_url(spec),)
+
+
+def _train_argv(spec: PodSpec, role: str) -> list[str]:
+  overrides = [f"--config.{item}" for item in spec.overrides]
+  return [spec.python, "experiments/train.py", f"--config={spec.config}", f"--workdir={spec.workdir}",
+          f"--config.role={role}", f"--config.engine_urls={sweep_lib.format_value(_engine_urls(spec))}", *overrides]
+
+
+def plan(spec: PodSpec) -> list[Command]:
+  """The commands, in start order."""
+  commands = []
+  for host in spec.gpu_hosts:
+    server = [spec.python, "-m", "sglang.launch_server", "--model-path", spec.model_path, "--host", "0.0.0.0",
+              "--port", str(spec.sglang_port), "--tp-size", str(spec.gpus_per_host)]
+    commands.append(Command("sglang", host, ("ssh", host, _remote(spec, server))))
+  if spec.gpu_hosts:
+    host = spec.router_host or spec.gpu_hosts[0]
+    router = [spec.python, "-m", "sglang_router.launch_router", "--worker-urls",
+              *[f"http://{h}:{spec.sglang_port}" for h in spec.gpu_hosts], "--host", "0.0.0.0",
+              "--port", str(spec.router_port)]
+    commands.append(Command("router", host, ("ssh", host, _remote(spec, router))))
+  trainer = _train_argv(spec, "trainer") + ["--config.jax_distributed=True", "--config.server.host=0.0.0.0",
+                                            f"--config.server.port={spec.trainer_port}"]
+  gcloud = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", spec.tpu_name, f"--zone={spec.zone}"]
+  gcloud += [f"--project={spec.project}"] if spec.project else []
+  gcloud += ["--worker=all", f"--command={_remote(spec, trainer)}"]
+  commands.append(Command("trainer", spec.tpu_name, tuple(gcloud), background=False))
+  for host in spec.worker_hosts:
+    worker = _train_argv(spec, "worker") + [f"--trainer={spec.trainer_host}:{spec.trainer_port}"]
+    for _ in range(spec.workers_per_host):
+      commands.append(Command("worker", host, ("ssh", host, _remote(spec, worker))))
+  return commands
+
+
+def render(commands: Sequence[Command]) -> str:
+  return "\n".join(f"# {c.role} on {c.host}\n{c.render()}" for c in commands)
+
+
+def execute(commands: Sequence[Command], startup_wait_s: float = 30.0) -> int:
+  """Starts every command in order (servers get `startup_wait_s` to come up); returns the trainer's exit code and
+  then stops the processes this function started."""
+  started: list[tuple[Command, subprocess.Popen]] = []
+  trainer_code = 0
+  try:
+    for i, command in enumerate(commands):
+      print(f"[tpu_pod] {command.role} on {command.host}: {command.render()}", flush=True)
+      started.append((command, subprocess.Popen(list(command.argv))))
+      last_of_group = i + 1 == len(commands) or commands[i + 1].role != command.role
+      if command.role in ("sglang", "router") and last_of_group:
+        time.sleep(startup_wait_s)  # the next group connects to these servers
+    trainer = [p for c, p in started if c.role == "trainer"]
+    trainer_code = trainer[0].wait() if trainer else 0
+  finally:
+    for _, process in reversed(started):
+      if process.poll() is None:
+        process.terminate()
+  return trainer_code
+
+
+_TPU = flags.DEFINE_string("tpu_name", None, "TPU VM (pod slice) name.")
+_ZONE = flags.DEFINE_string("zone", None, "TPU zone.")
+_PROJECT = flags.DEFINE_string("project", "", "GCP project ('' = gcloud's default).")
+_CONFIG = flags.DEFINE_string("config", None, "Experiment config, '<file>:<arg>'.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory on a filesystem shared by TPU and GPU hosts.")
+_MODEL = flags.DEFINE_string("model_path", "", "Model SGLang serves first ('' = the config's model.hf_path).")
+_REPO = flags.DEFINE_string("repo_dir", "~/sao", "The repo's checkout on every host.")
+_PYTHON = flags.DEFINE_string("python", "python3", "Python on the remote hosts.")
+_GPU_HOSTS = flags.DEFINE_list("gpu_hosts", [], "GPU hosts, one SGLang server each.")
+_GPUS = flags.DEFINE_integer("gpus_per_host", 8, "SGLang --tp-size.")
+_ROUTER_HOST = flags.DEFINE_string("router_host", "", "Router host ('' = the first GPU host).")
+_ENGINE_URLS = flags.DEFINE_list("engine_urls", [], "An existing SGLang fleet/router instead of --gpu_hosts.")
+_WORKER_HOSTS = flags.DEFINE_list("worker_hosts", [], "Rollout worker hosts.")
+_WORKERS_PER_HOST = flags.DEFINE_integer("workers_per_host", 1, "Worker processes per worker host.")
+_TRAINER_HOST = flags.DEFINE_string("trainer_host", "", "TPU host 0's address as the workers see it.")
+_TRAINER_PORT = flags.DEFINE_integer("trainer_port", 50051, "The trainer's gRPC port.")
+_OVERRIDES = flags.DEFINE_multi_string("override", [], "Extra config override key=value (repeatable).")
+_EXECUTE = flags.DEFINE_bool("execute", False, "Run the commands (default: print them).")
+
+
+def main(argv):
+  del argv
+  model_path = _MODEL.value or sweep_lib.load_config(_CONFIG.value).model.hf_path
+  spec = PodSpec(tpu_name=_TPU.value, zone=_ZONE.value, project=_PROJECT.value, config=_CONFIG.value,
+                 workdir=_WORKDIR.value, model_path=model_path, repo_dir=_REPO.value, python=_PYTHON.value,
+                 gpu_hosts=tuple(_GPU_HOSTS.value), gpus_per_host=_GPUS.value, router_host=_ROUTER_HOST.value,
+                 engine_urls=tuple(_ENGINE_URLS.value), worker_hosts=tuple(_WORKER_HOSTS.value),
+                 workers_per_host=_WORKERS_PER_HOST.value, trainer_host=_TRAINER_HOST.value,
+                 trainer_port=_TRAINER_PORT.value, overrides=tuple(_OVERRIDES.value))
+  commands = plan(spec)
+  print(render(commands), flush=True)
+  if _EXECUTE.value:
+    sys.exit(execute(commands))
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["tpu_name", "zone", "config", "workdir"])
+  app.run(main)
