@@ -1,0 +1,69 @@
+r"""Prints the write-up's tables (markdown) for a set of runs, side by side with its reported numbers, and writes
+each run's training curves.
+
+    python experiments/reproduce.py --runs=sao=/tmp/sao_toy,gspo=/tmp/gspo_toy,sao_initial=/tmp/sao_initial_toy \
+        --out_dir=/tmp/paper [--threshold=60] [--ev_steps=40,100] [--turns_steps=120,139]
+
+Run names select the reported column: `sao`, `gspo` (SWE-bench Verified, sampling cost), `sao_initial` (with `sao`:
+the recipe table), `sao_multilingual`, `sao_mixed_harness` (SWE-bench Multilingual). Other names get tables without
+reported numbers. Toy runs are far shorter than the paper's, so pass step ranges and a threshold that fit them.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # `experiments.paper` imports
+
+from experiments.paper import reported  # noqa: E402
+from sao.analysis import curves, tables  # noqa: E402
+
+_RUNS = flags.DEFINE_list("runs", None, "name=workdir pairs.")
+_OUT_DIR = flags.DEFINE_string("out_dir", "", "Where to write tables.md and <name>_curves.png ('' = print only).")
+_THRESHOLD = flags.DEFINE_float("threshold", None, "Validation threshold in % (default: the write-up's 68).")
+_WINDOW = flags.DEFINE_integer("window", 20, "First/last steps averaged in the behaviour table.")
+_EV_STEPS = flags.DEFINE_list("ev_steps", [], "lo,hi RL steps for the critic EV mean (default 40,100).")
+_TURNS_STEPS = flags.DEFINE_list("turns_steps", [], "lo,hi RL steps for the mean turns (default 120,139).")
+
+
+def parse_runs(items: list[str]) -> list[tuple[str, str]]:
+  """["sao=/a", "gspo=/b"] -> [("sao", "/a"), ("gspo", "/b")]; errors name the bad item."""
+  pairs = []
+  for item in items:
+    name, sep, workdir = item.partition("=")
+    if not sep or not name or not workdir:
+      raise ValueError(f"--runs: {item!r} is not name=workdir")
+    pairs.append((name, workdir))
+  return pairs
+
+
+def _range(values: list[str], flag: str) -> tuple[int, int] | None:
+  if not values:
+    return None
+  if len(values) != 2:
+    raise ValueError(f"--{flag}: expected lo,hi, got {values}")
+  return int(values[0]), int(values[1])
+
+
+def main(argv):
+  del argv
+  runs = [tables.load_run(name, workdir) for name, workdir in parse_runs(_RUNS.value)]
+  text = tables.paper_tables(runs, reported.ALL, threshold=_THRESHOLD.value, window=_WINDOW.value,
+                             ev_steps=_range(_EV_STEPS.value, "ev_steps"),
+                             turns_steps=_range(_TURNS_STEPS.value, "turns_steps"))
+  print(text)
+  if _OUT_DIR.value:
+    os.makedirs(_OUT_DIR.value, exist_ok=True)
+    with open(os.path.join(_OUT_DIR.value, "tables.md"), "w", encoding="utf-8") as f:
+      f.write(text)
+    for run in runs:
+      png = curves.plot_training_curves(os.path.join(run.workdir, tables.METRICS_FILE),
+                                        os.path.join(_OUT_DIR.value, f"{run.name}_curves.png"))
+      print(f"[reproduce] {run.name}: {png}")
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["runs"])
+  app.run(main)

@@ -1,0 +1,238 @@
+"""The write-up's tables from run logs (`<workdir>/metrics.jsonl`), side by side with its reported numbers.
+
+Steps. The trainer numbers steps across phases (value pretraining, then RL). Here `step` means the RL step: the
+logged step minus the first step tagged `phase/rl` (so a stabilized run's 20 value-pretraining steps do not shift
+its windows against an initial-recipe run's; validation of the base policy taken during pretraining gets a negative
+step). Logs without phase tags are used as they are.
+
+Trajectories. A step's trajectories are `batch/num_trajectories + dropped` (trained + dropped), counted over RL
+steps only; the write-up likewise excludes critic-initialization training. Validation is a success rate in [0, 1]
+in the log and a percentage in the tables.
+
+`reported` is the write-up's data (`experiments/paper/reported.py`'s `ALL`), passed in because `sao.analysis`
+does not import `experiments`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from sao.analysis.curves import read_metrics
+
+METRICS_FILE = "metrics.jsonl"
+EV_KEY = "critic/explained_variance"
+BEHAVIOUR_KEYS = ("turns", "response_length", "reward")
+
+
+@dataclasses.dataclass
+class RunLog:
+  """One run's metric records, with `step` re-indexed to RL steps (see the module docstring)."""
+  name: str
+  workdir: str
+  records: list[dict]
+  step_offset: int = 0
+
+  def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(RL steps, values) of the records with a finite `key`."""
+    points = [(r["step"] - self.step_offset, float(r[key])) for r in self.records
+              if r.get(key) is not None and math.isfinite(float(r[key]))]
+    if not points:
+      return np.zeros(0, np.int64), np.zeros(0)
+    steps, values = zip(*points)
+    return np.asarray(steps, np.int64), np.asarray(values, np.float64)
+
+
+def load_run(name: str, workdir: str) -> RunLog:
+  """Reads `<workdir>/metrics.jsonl`; raises FileNotFoundError / ValueError naming the run when it has no metrics."""
+  path = os.path.join(workdir, METRICS_FILE)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"run {name!r}: workdir {workdir!r} has no {METRICS_FILE}")
+  records = read_metrics(path)
+  if not records:
+    raise ValueError(f"run {name!r}: {path} holds no metric records")
+  rl_steps = [r["step"] for r in records if r.get("phase/rl")]
+  return RunLog(name, workdir, records, step_offset=min(rl_steps) if rl_steps else 0)
+
+
+def trajectories_per_step(run: RunLog) -> tuple[np.ndarray, np.ndarray]:
+  """(RL steps ≥ 0, trajectories consumed at that step)."""
+  steps, trained = run.series("batch/num_trajectories")
+  counts = dict(zip(steps.tolist(), trained.tolist()))
+  for step, dropped in zip(*run.series("dropped")):
+    if step in counts:
+      counts[step] += dropped
+  keep = sorted(s for s in counts if s >= 0)
+  return np.asarray(keep, np.int64), np.asarray([counts[s] for s in keep], np.float64)
+
+
+def trajectories_through(run: RunLog, step: int) -> float:
+  """Trajectories consumed by RL steps 0..step (NaN when the log has no batch counts)."""
+  steps, counts = trajectories_per_step(run)
+  if not steps.size:
+    return float("nan")
+  return float(counts[steps <= step].sum())
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationSummary:
+  first: float  # the first recorded validation (the base policy's), in %
+  best: float
+  best_step: int
+  final: float
+  last_five_mean: float
+  count: int
+
+
+def validation_summary(run: RunLog) -> ValidationSummary | None:
+  steps, values = run.series("validation")
+  if not values.size:
+    return None
+  pct = 100.0 * values
+  best = int(np.argmax(pct))  # the first occurrence of the best score
+  return ValidationSummary(first=float(pct[0]), best=float(pct[best]), best_step=int(steps[best]),
+                           final=float(pct[-1]), last_five_mean=float(pct[-5:].mean()), count=int(pct.size))
+
+
+def first_step_reaching(run: RunLog, threshold: float, key: str = "validation", scale: float = 100.0) -> int | None:
+  """The first RL step whose `key` (× `scale`) is ≥ threshold; None if never."""
+  steps, values = run.series(key)
+  hits = np.flatnonzero(scale * values >= threshold)
+  return int(steps[hits[0]]) if hits.size else None
+
+
+def window_mean(run: RunLog, key: str, n: int = 20, last: bool = False) -> float:
+  """Mean of `key` over its first (or last) `n` observed RL-step points (NaN when none)."""
+  steps, values = run.series(key)
+  values = values[steps >= 0]
+  values = values[-n:] if last else values[:n]
+  return float(values.mean()) if values.size else float("nan")
+
+
+def range_mean(run: RunLog, key: str, lo: int, hi: int) -> float:
+  """Mean of `key` over RL steps in [lo, hi] (NaN when none)."""
+  steps, values = run.series(key)
+  values = values[(steps >= lo) & (steps <= hi)]
+  return float(values.mean()) if values.size else float("nan")
+
+
+# ---------------------------------------------------------------------------------------------------- markdown
+def fmt(value: Any, digits: int = 1) -> str:
+  if value is None or (isinstance(value, float) and not math.isfinite(value)):
+    return "—"
+  if isinstance(value, (int, np.integer)):
+    return f"{int(value):,}"
+  return f"{value:,.{digits}f}"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+  lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in
+                                                               range(len(header))) + "|"]
+  lines += ["| " + " | ".join(row) + " |" for row in rows]
+  return "\n".join(lines)
+
+
+def validation_table(runs: Sequence[RunLog], reported: Mapping[str, Any]) -> str:
+  verified, apps = reported.get("verified", {}), reported.get("applications", {})
+  rows = []
+  for run in runs:
+    v = validation_summary(run)
+    paper = apps.get(run.name, {})
+    paper_first = paper.get("first", verified.get("base") if run.name in verified else None)
+    paper_best = paper.get("best", verified.get(run.name) if run.name in ("sao", "gspo") else None)
+    rows.append([run.name, fmt(v and v.first), fmt(paper_first), fmt(v and v.best), fmt(paper_best, 2),
+                 fmt(v and v.best_step), fmt(v and v.final), fmt(paper.get("final"), 2), fmt(v and v.last_five_mean),
+                 fmt(paper.get("last_five_mean"))])
+  return markdown_table(["run", "first %", "reported", "best %", "reported", "best step", "final %", "reported",
+                         "last-5 mean %", "reported"], rows)
+
+
+def sampling_table(runs: Sequence[RunLog], reported: Mapping[str, Any], threshold: float) -> str:
+  sampling = reported.get("sampling", {})
+  paper_traj = sampling.get("trajectories_to_best", {})
+  rows, to_best = [], {}
+  for run in runs:
+    v = validation_summary(run)
+    traj = trajectories_through(run, v.best_step) if v else float("nan")
+    to_best[run.name] = traj
+    hit = first_step_reaching(run, threshold)
+    rows.append([run.name, fmt(v and v.best_step), fmt(traj, 0), fmt(paper_traj.get(run.name)), fmt(hit),
+                 fmt(trajectories_through(run, hit) if hit is not None else None, 0)])
+  text = markdown_table(["run", "step to best", "trajectories to best", "reported", f"first step ≥ {threshold:g} %",
+                         "trajectories to it"], rows)
+  if "sao" in to_best and "gspo" in to_best and to_best["gspo"] > 0:
+    reduction = 100.0 * (1.0 - to_best["sao"] / to_best["gspo"])
+    text += (f"\n\nSAO vs GSPO trajectories to each one's best: {fmt(reduction)} % fewer "
+             f"(reported {fmt(sampling.get('trajectory_reduction_pct'))} %).")
+  return text
+
+
+def behaviour_table(runs: Sequence[RunLog], window: int = 20) -> str:
+  header, rows = ["run"], []
+  for key in BEHAVIOUR_KEYS:
+    header += [f"{key} first {window}", f"{key} last {window}"]
+  for run in runs:
+    row = [run.name]
+    for key in BEHAVIOUR_KEYS:
+      row += [fmt(window_mean(run, key, window), 2), fmt(window_mean(run, key, window, last=True), 2)]
+    rows.append(row)
+  return markdown_table(header, rows)
+
+
+def recipe_table(runs: Mapping[str, RunLog], reported: Mapping[str, Any], ev_steps: tuple[int, int] | None = None,
+                 turns_steps: tuple[int, int] | None = None) -> str:
+  """Initial (`sao_initial`) vs stabilized (`sao`) recipe: EV, best validation, mean turns over step ranges."""
+  recipe = reported.get("recipe", {})
+  ev_steps = ev_steps or tuple(recipe.get("critic_ev_steps", (40, 100)))
+  turns_steps = turns_steps or tuple(recipe.get("turns_steps", (120, 139)))
+  rows = []
+  for name in ("sao_initial", "sao"):
+    run = runs[name]
+    v = validation_summary(run)
+    rows.append([name, fmt(range_mean(run, EV_KEY, *ev_steps), 3), fmt(recipe.get("critic_ev", {}).get(name), 3),
+                 fmt(v and v.best), fmt(recipe.get("best_validation", {}).get(name)),
+                 fmt(range_mean(run, "turns", *turns_steps)), fmt(recipe.get("turns", {}).get(name))])
+  return markdown_table(["recipe", f"critic EV steps {ev_steps[0]}–{ev_steps[1]}", "reported", "best validation %",
+                         "reported", f"mean turns steps {turns_steps[0]}–{turns_steps[1]}", "reported"], rows)
+
+
+def critic_reported_table(reported: Mapping[str, Any]) -> str:
+  c = reported.get("critic", {})
+  if not c:
+    return ""
+  s, f = c["success_example"], c["failure_example"]
+  rows = [["success example V first → last", f"{s['first']:.3f} → {s['last']:.3f}"],
+          ["failure example V first → last", f"{f['first']:.3f} → {f['last']:.3f}"],
+          ["success mean > paired failure mean", f"{c['success_beats_failure'][0]} of {c['success_beats_failure'][1]}"],
+          [f"|ΔV| > {c['jump_threshold']} at boundaries", f"{c['boundary_jump_rate_pct']} % of "
+                                                            f"{c['boundary_transitions']:,}"],
+          [f"|ΔV| > {c['jump_threshold']} within turns", f"{c['within_jump_rate_pct']} % of "
+                                                         f"{c['within_transitions']:,}"],
+          ["boundary / within ratio", f"{c['jump_rate_ratio']}×"]]
+  return markdown_table(["critic inspection (reported; reproduce with sao.analysis.critic_diagnostics)", "value"],
+                        rows)
+
+
+def paper_tables(runs: Sequence[RunLog], reported: Mapping[str, Any], threshold: float | None = None,
+                 window: int = 20, ev_steps: tuple[int, int] | None = None,
+                 turns_steps: tuple[int, int] | None = None) -> str:
+  """Every table that the given runs support, as one markdown document."""
+  if not runs:
+    raise ValueError("paper_tables: no runs")
+  names = [r.name for r in runs]
+  if len(set(names)) != len(names):
+    raise ValueError(f"paper_tables: duplicate run names {names}")
+  threshold = reported.get("sampling", {}).get("threshold_pct", 68.0) if threshold is None else threshold
+  by_name = {r.name: r for r in runs}
+  parts = ["## Validation (success %)", validation_table(runs, reported),
+           "## Sampling cost and time to quality", sampling_table(runs, reported, threshold),
+           f"## Behaviour: first and last {window} RL steps", behaviour_table(runs, window)]
+  if "sao" in by_name and "sao_initial" in by_name:
+    parts += ["## Initial vs stabilized critic recipe", recipe_table(by_name, reported, ev_steps, turns_steps)]
+  critic = critic_reported_table(reported)
+  if critic:
+    parts += ["## Critic per-token inspection", critic]
+  return "\n\n".join(parts) + "\n"
