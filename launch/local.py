@@ -178,27 +178,31 @@ def dry_run(runs: Sequence[sweep_lib.Run], workdir: str, out: TextIO = sys.stdou
     print(f"[{initial_status(run_dir)}] {shlex.join(run.command(run_dir))}", file=out)
 
 
-_SWEEP = flags.DEFINE_string("sweep", None, "Sweep file (launch/sweeps/<name>.py) defining get_sweep().")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Root directory; each run trains in <workdir>/<run name>.")
-_MAX_PARALLEL = flags.DEFINE_integer("max_parallel", 1, "Runs at once (each embedded run uses several processes).")
-_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the commands (and whether each would run) and exit.")
-_ONLY = flags.DEFINE_list("only", [], "Run only these run names.")
+def define_flags() -> None:
+  """The CLI's flags, defined only when run as a program (importing this module defines none)."""
+  flags.DEFINE_string("sweep", None, "Sweep file (launch/sweeps/<name>.py) defining get_sweep().")
+  flags.DEFINE_string("workdir", None, "Root directory; each run trains in <workdir>/<run name>.")
+  flags.DEFINE_integer("max_parallel", 1, "Runs at once (each embedded run uses several processes).")
+  flags.DEFINE_bool("dry_run", False, "Print the commands (and whether each would run) and exit.")
+  flags.DEFINE_list("only", [], "Run only these run names.")
+  flags.mark_flags_as_required(["sweep", "workdir"])
 
 
 def main(argv):
   del argv
-  runs = sweep_lib.load_sweep(_SWEEP.value)
-  if _ONLY.value:
-    unknown = sorted(set(_ONLY.value) - {r.name for r in runs})
+  f = flags.FLAGS
+  runs = sweep_lib.load_sweep(f.sweep)
+  if f.only:
+    unknown = sorted(set(f.only) - {r.name for r in runs})
     if unknown:
       raise app.UsageError(f"--only: unknown run name(s) {unknown}; the sweep has {[r.name for r in runs]}")
-    runs = [r for r in runs if r.name in _ONLY.value]
+    runs = [r for r in runs if r.name in f.only]
   for run in runs:
     sweep_lib.validate_run(run)
-  if _DRY_RUN.value:
-    dry_run(runs, _WORKDIR.value)
+  if f.dry_run:
+    dry_run(runs, f.workdir)
     return
-  states = run_sweep(runs, _WORKDIR.value, _MAX_PARALLEL.value)
+  states = run_sweep(runs, f.workdir, f.max_parallel)
   failed = [s.run.name for s in states if s.status in (FAILED, CUT_OFF)]
   if failed:
     print(f"[launch] {len(failed)} run(s) did not finish: {failed}", flush=True)
@@ -206,5 +210,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["sweep", "workdir"])
+  define_flags()
   app.run(main)

@@ -148,41 +148,44 @@ def execute(commands: Sequence[Command], startup_wait_s: float = 30.0) -> int:
   return trainer_code
 
 
-_TPU = flags.DEFINE_string("tpu_name", None, "TPU VM (pod slice) name.")
-_ZONE = flags.DEFINE_string("zone", None, "TPU zone.")
-_PROJECT = flags.DEFINE_string("project", "", "GCP project ('' = gcloud's default).")
-_CONFIG = flags.DEFINE_string("config", None, "Experiment config, '<file>:<arg>'.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory on a filesystem shared by TPU and GPU hosts.")
-_MODEL = flags.DEFINE_string("model_path", "", "Model SGLang serves first ('' = the config's model.hf_path).")
-_REPO = flags.DEFINE_string("repo_dir", "~/sao", "The repo's checkout on every host.")
-_PYTHON = flags.DEFINE_string("python", "python3", "Python on the remote hosts.")
-_GPU_HOSTS = flags.DEFINE_list("gpu_hosts", [], "GPU hosts, one SGLang server each.")
-_GPUS = flags.DEFINE_integer("gpus_per_host", 8, "SGLang --tp-size.")
-_ROUTER_HOST = flags.DEFINE_string("router_host", "", "Router host ('' = the first GPU host).")
-_ENGINE_URLS = flags.DEFINE_list("engine_urls", [], "An existing SGLang fleet/router instead of --gpu_hosts.")
-_WORKER_HOSTS = flags.DEFINE_list("worker_hosts", [], "Rollout worker hosts.")
-_WORKERS_PER_HOST = flags.DEFINE_integer("workers_per_host", 1, "Worker processes per worker host.")
-_TRAINER_HOST = flags.DEFINE_string("trainer_host", "", "TPU host 0's address as the workers see it.")
-_TRAINER_PORT = flags.DEFINE_integer("trainer_port", 50051, "The trainer's gRPC port.")
-_OVERRIDES = flags.DEFINE_multi_string("override", [], "Extra config override key=value (repeatable).")
-_EXECUTE = flags.DEFINE_bool("execute", False, "Run the commands (default: print them).")
+def define_flags() -> None:
+  """The CLI's flags, defined only when run as a program."""
+  flags.DEFINE_string("tpu_name", None, "TPU VM (pod slice) name.")
+  flags.DEFINE_string("zone", None, "TPU zone.")
+  flags.DEFINE_string("project", "", "GCP project ('' = gcloud's default).")
+  flags.DEFINE_string("config", None, "Experiment config, '<file>:<arg>'.")
+  flags.DEFINE_string("workdir", None, "Run directory on a filesystem shared by TPU and GPU hosts.")
+  flags.DEFINE_string("model_path", "", "Model SGLang serves first ('' = the config's model.hf_path).")
+  flags.DEFINE_string("repo_dir", "~/sao", "The repo's checkout on every host.")
+  flags.DEFINE_string("python", "python3", "Python on the remote hosts.")
+  flags.DEFINE_list("gpu_hosts", [], "GPU hosts, one SGLang server each.")
+  flags.DEFINE_integer("gpus_per_host", 8, "SGLang --tp-size.")
+  flags.DEFINE_string("router_host", "", "Router host ('' = the first GPU host).")
+  flags.DEFINE_list("engine_urls", [], "An existing SGLang fleet/router instead of --gpu_hosts.")
+  flags.DEFINE_list("worker_hosts", [], "Rollout worker hosts.")
+  flags.DEFINE_integer("workers_per_host", 1, "Worker processes per worker host.")
+  flags.DEFINE_string("trainer_host", "", "TPU host 0's address as the workers see it.")
+  flags.DEFINE_integer("trainer_port", 50051, "The trainer's gRPC port.")
+  flags.DEFINE_multi_string("override", [], "Extra config override key=value (repeatable).")
+  flags.DEFINE_bool("execute", False, "Run the commands (default: print them).")
+  flags.mark_flags_as_required(["tpu_name", "zone", "config", "workdir"])
 
 
 def main(argv):
   del argv
-  model_path = _MODEL.value or sweep_lib.load_config(_CONFIG.value).model.hf_path
-  spec = PodSpec(tpu_name=_TPU.value, zone=_ZONE.value, project=_PROJECT.value, config=_CONFIG.value,
-                 workdir=_WORKDIR.value, model_path=model_path, repo_dir=_REPO.value, python=_PYTHON.value,
-                 gpu_hosts=tuple(_GPU_HOSTS.value), gpus_per_host=_GPUS.value, router_host=_ROUTER_HOST.value,
-                 engine_urls=tuple(_ENGINE_URLS.value), worker_hosts=tuple(_WORKER_HOSTS.value),
-                 workers_per_host=_WORKERS_PER_HOST.value, trainer_host=_TRAINER_HOST.value,
-                 trainer_port=_TRAINER_PORT.value, overrides=tuple(_OVERRIDES.value))
+  f = flags.FLAGS
+  model_path = f.model_path or sweep_lib.load_config(f.config).model.hf_path
+  spec = PodSpec(tpu_name=f.tpu_name, zone=f.zone, project=f.project, config=f.config, workdir=f.workdir,
+                 model_path=model_path, repo_dir=f.repo_dir, python=f.python, gpu_hosts=tuple(f.gpu_hosts),
+                 gpus_per_host=f.gpus_per_host, router_host=f.router_host, engine_urls=tuple(f.engine_urls),
+                 worker_hosts=tuple(f.worker_hosts), workers_per_host=f.workers_per_host,
+                 trainer_host=f.trainer_host, trainer_port=f.trainer_port, overrides=tuple(f.override))
   commands = plan(spec)
   print(render(commands), flush=True)
-  if _EXECUTE.value:
+  if f.execute:
     sys.exit(execute(commands))
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["tpu_name", "zone", "config", "workdir"])
+  define_flags()
   app.run(main)

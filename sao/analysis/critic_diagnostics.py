@@ -147,7 +147,7 @@ def success_beats_failure(pairs: Sequence[tuple[tuple[np.ndarray, np.ndarray], t
 def summarize_markdown(stats: JumpStats, summaries: Sequence[TraceSummary] = (),
                        threshold: float = JUMP_THRESHOLD) -> str:
   """A small markdown report: jump rates at boundaries vs within turns, and per-trace ΔV."""
-  lines = [f"| transitions | count | |ΔV| > {threshold} | rate |", "|---|---:|---:|---:|",
+  lines = [f"| transitions | count | \\|ΔV\\| > {threshold} | rate |", "|---|---:|---:|---:|",
            f"| message boundary | {stats.boundary_transitions} | {stats.boundary_jumps} | "
            f"{100 * stats.boundary_rate:.2f} % |",
            f"| within turn | {stats.within_transitions} | {stats.within_jumps} | {100 * stats.within_rate:.2f} % |",

@@ -207,10 +207,11 @@ def critic_reported_table(reported: Mapping[str, Any]) -> str:
   rows = [["success example V first → last", f"{s['first']:.3f} → {s['last']:.3f}"],
           ["failure example V first → last", f"{f['first']:.3f} → {f['last']:.3f}"],
           ["success mean > paired failure mean", f"{c['success_beats_failure'][0]} of {c['success_beats_failure'][1]}"],
-          [f"|ΔV| > {c['jump_threshold']} at boundaries", f"{c['boundary_jump_rate_pct']} % of "
-                                                            f"{c['boundary_transitions']:,}"],
-          [f"|ΔV| > {c['jump_threshold']} within turns", f"{c['within_jump_rate_pct']} % of "
-                                                         f"{c['within_transitions']:,}"],
+          # `\|` keeps the absolute-value bars from splitting the markdown cell.
+          [f"\\|ΔV\\| > {c['jump_threshold']} at boundaries",
+           f"{c['boundary_jump_rate_pct']:.2f} % of {c['boundary_transitions']:,}"],
+          [f"\\|ΔV\\| > {c['jump_threshold']} within turns",
+           f"{c['within_jump_rate_pct']:.2f} % of {c['within_transitions']:,}"],
           ["boundary / within ratio", f"{c['jump_rate_ratio']}×"]]
   return markdown_table(["critic inspection (reported; reproduce with sao.analysis.critic_diagnostics)", "value"],
                         rows)
