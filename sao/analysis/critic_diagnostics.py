@@ -153,7 +153,8 @@ def summarize_markdown(stats: JumpStats, summaries: Sequence[TraceSummary] = (),
            f"| within turn | {stats.within_transitions} | {stats.within_jumps} | {100 * stats.within_rate:.2f} % |",
            "", f"boundary / within-turn jump rate: {stats.ratio:.1f}×"]
   if summaries:
-    lines += ["", "| trace | V first | V last | ΔV | first-half mean | second-half mean |", "|---|---:|---:|---:|---:|---:|"]
+    lines += ["", "| trace | V first | V last | ΔV | first-half mean | second-half mean |",
+              "|---|---:|---:|---:|---:|---:|"]
     lines += [f"| {i} | {s.first_value:.3f} | {s.last_value:.3f} | {s.delta_v:+.3f} | {s.first_half_mean:.3f} | "
               f"{s.second_half_mean:.3f} |" for i, s in enumerate(summaries)]
   return "\n".join(lines)
