@@ -28,8 +28,10 @@ def learner_config(**overrides):
   c = config_lib.default_learner_config()
   c.batching.bucket_lengths = (16, 32)
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 1, 1
-  c.actor.optimizer.learning_rate = 1e-3
-  c.critic.optimizer.learning_rate = 1e-3
+  # One learning rate for every test: it is a compile-time constant, and tests share compiled steps through the
+  # persistent compilation cache (conftest.py) only when their HLO is identical.
+  c.actor.optimizer.learning_rate = 1e-2
+  c.critic.optimizer.learning_rate = 1e-2
   c.actor.optimizer.warmup_steps = 0
   c.critic.optimizer.warmup_steps = 0
   for key, value in overrides.items():
@@ -45,7 +47,7 @@ def one_device_mesh():
   return mesh_lib.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
 
 
-def trajectories(seed: int, n: int = 6, min_len: int = 6, max_len: int = 16) -> list[Trajectory]:
+def trajectories(seed: int, n: int = 8, min_len: int = 6, max_len: int = 16) -> list[Trajectory]:
   """Random multi-turn-looking trajectories: prompt, action span, observation span, action span."""
   rng = np.random.default_rng(seed)
   out = []

@@ -1,0 +1,297 @@
+"""The learner: actor (+ critic) state on a mesh and one `update(batch)` per training step.
+
+SAO (`_update_sao`, REFERENCE.md's stabilized recipe):
+  1. V⁰ = critic(batch);  R = GAE(r, V⁰, γ, λ_critic) + V⁰ (γ = λ_critic = 1: Monte-Carlo returns, never whitened)
+  2. K critic steps on ½(V − R)²
+  3. V¹ = critic(batch);  A = GAE(r, V¹, γ, λ_b = 1 − 1/(α·l_b));  A ← whiten_m(A) (config flag)
+  4. one actor step with the DIS loss — skipped while `num_updates < critic_warmup_steps`.
+GSPO / GRPO (`_update_group`): Â_i = group-normalised rewards, one actor step with the GSPO / PPO-clip loss.
+
+Host-side counters: `num_updates` (every `update`, the warmup clock), `version` (applied actor updates: the policy
+weights version engines are told about). The NaN guard lives in the jitted steps; here consecutive skips are counted
+per role and `NonFiniteError` is raised after `nan_guard_limit` in a row.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+from jax.sharding import Mesh
+
+from sao.core import advantages as adv_lib
+from sao.core import metrics as metrics_lib
+from sao.models.config import ModelConfig
+from sao.models.transformer import abstract_params, init_critic_from_policy
+from sao.train import batching, optim, state as state_lib, steps
+from sao.train import checkpoint as ckpt_lib
+from sao.train import mesh as mesh_lib
+from sao.train.config import validate_learner_config
+from sao.transport.trajectory import Trajectory
+
+
+class NonFiniteError(RuntimeError):
+  """Raised after `nan_guard_limit` consecutive non-finite updates of one role."""
+
+
+class _Role:
+  """Everything one role (actor / critic) needs: abstract params, shardings, optimizer, state."""
+
+  def __init__(self, name: str, boxed: Any, role_config: ml_collections.ConfigDict, mesh: Mesh):
+    self.name = name
+    self.abstract_params = nn.meta.unbox(boxed)
+    self.param_shardings = mesh_lib.param_shardings(boxed, mesh)
+    self.tx, self.labels, self.counts = optim.make_optimizer(role_config.optimizer, self.abstract_params,
+                                                             tuple(role_config.frozen_params), name)
+    self.trainable = optim.trainable_mask(self.labels)
+    self.shardings = state_lib.state_shardings(self.abstract_params, self.param_shardings, self.tx, mesh)
+    self.state: steps.TrainState | None = None
+    self.consecutive_nonfinite = 0
+
+  def abstract_state(self) -> steps.TrainState:
+    return state_lib.abstract_state(self.abstract_params, self.shardings, self.tx)
+
+
+class Learner:
+  """See the module docstring.
+
+  Args:
+    config: `default_learner_config()` with overrides (validated here).
+    model_config: the policy architecture (the critic shares it, with a value head).
+    actor_params: policy params `{'model', 'lm_head'?}` (host or device arrays; copied into the mesh shardings).
+    critic_params: critic params `{'model', 'value_head'}`; if None, built per `config.critic.init`.
+    mesh: defaults to `make_mesh(config.mesh)`.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, model_config: ModelConfig, actor_params: Any,
+               critic_params: Any | None = None, mesh: Mesh | None = None):
+    self.config = validate_learner_config(config)
+    self.model_config = model_config
+    self.mesh = mesh if mesh is not None else mesh_lib.make_mesh(dict(config.mesh))
+    c = config
+    shards = mesh_lib.batch_parallel_size(self.mesh)
+    mbs = c.batching.micro_batch_size
+    if mbs and mbs % shards:
+      raise ValueError(f"batching.micro_batch_size: {mbs} must be a multiple of the batch shards (data×fsdp = "
+                       f"{shards})")
+    self.batcher = batching.Batcher(c.batching.bucket_lengths, mbs or shards, c.batching.pad_batch_to)
+    rng = jax.random.PRNGKey(c.seed)
+    rng, critic_rng = jax.random.split(rng)
+    self.rng = rng
+    self.num_updates = 0
+    self.version = 0
+
+    self.actor = _Role("actor", abstract_params(model_config), c.actor, self.mesh)
+    state_lib.check_params("actor_params", actor_params, self.actor.abstract_params)
+    self.actor.state = state_lib.init_state(actor_params, self.actor.shardings, self.actor.tx)
+    step_kw = dict(micro_batch_size=mbs, temperature=c.temperature, logprob_chunk_size=c.logprob_chunk_size,
+                   dis_ratio=(c.sao.dis_ratio_low, c.sao.dis_ratio_high), gspo_clip=(c.gspo.clip_low,
+                   c.gspo.clip_high), ppo_clip=(c.ppo.clip_low, c.ppo.clip_high), ratio_base=c.ratio_base)
+    self._actor_steps = {kind: steps.make_actor_step(kind, model_config, self.actor.tx, self.actor.trainable,
+                                                     self.actor.shardings, self.mesh, **step_kw)
+                         for kind in steps.ACTOR_LOSSES}
+    self.actor_logprobs = steps.make_actor_logprobs(model_config, self.actor.param_shardings, self.mesh, mbs,
+                                                    c.temperature, c.logprob_chunk_size)
+    self.critic: _Role | None = None
+    if c.algorithm == "sao":
+      self.critic = _Role("critic", abstract_params(model_config, critic=True), c.critic, self.mesh)
+      if critic_params is None and c.critic.init == "checkpoint":
+        critic_params = ckpt_lib.load_params(c.critic.init_path, self._sharded_abstract(self.critic))
+      elif critic_params is None:
+        critic_params = jax.jit(init_critic_from_policy, out_shardings=self.critic.param_shardings)(
+            self.actor.state.params, critic_rng)
+      state_lib.check_params("critic_params", critic_params, self.critic.abstract_params)
+      self.critic.state = state_lib.init_state(critic_params, self.critic.shardings, self.critic.tx)
+      self._critic_step = steps.make_critic_step(model_config, self.critic.tx, self.critic.trainable,
+                                                 self.critic.shardings, self.mesh, micro_batch_size=mbs,
+                                                 value_clip=c.critic.value_clip)
+      self._critic_values = steps.make_critic_values(model_config, self.critic.param_shardings, self.mesh, mbs)
+    self._batch_sharding = mesh_lib.batch_sharding(self.mesh, 1)
+
+  # ---------------------------------------------------------------------------------------------- public API
+  @property
+  def actor_params(self) -> Any:
+    """The live, sharded policy params. Valid until the next update (steps donate their state): export or copy."""
+    return self.actor.state.params
+
+  @property
+  def critic_params(self) -> Any:
+    if self.critic is None:
+      raise ValueError(f"algorithm: {self.config.algorithm!r} has no critic")
+    return self.critic.state.params
+
+  def make_batch(self, trajectories: Sequence[Trajectory]) -> tuple[dict[str, np.ndarray], batching.BatchStats]:
+    """Pads trajectories into a host batch whose `B` fits this learner's mesh and micro-batching."""
+    return self.batcher(trajectories)
+
+  def critic_values(self, batch: dict) -> jax.Array:
+    """Critic values `[B, T]` (aligned with the scored token, see `sao.train.steps`)."""
+    return self._critic_values(self.critic_params, self._device(batch, ("input_ids", "attention_mask")))
+
+  def policy_logprobs(self, batch: dict) -> tuple[jax.Array, jax.Array]:
+    """Trainer log-probs and entropies `[B, T]` of the current policy."""
+    return self.actor_logprobs(self.actor_params, self._device(batch, ("input_ids", "attention_mask")))
+
+  def update(self, batch: dict | Sequence[Trajectory]) -> dict[str, float]:
+    """One training step on a host batch (`make_batch` output) or a list of trajectories. Returns float metrics."""
+    if not isinstance(batch, dict):
+      batch, _ = self.make_batch(batch)
+    batching.check_batch(batch)
+    self._check_rows(batch)
+    batch_metrics = self._batch_metrics(batch)  # staleness against the version that is about to be trained
+    update = self._update_sao if self.config.algorithm == "sao" else self._update_group
+    metrics = update(self._device(batch, batching.FIELDS))
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    self._guard(metrics)
+    self.num_updates += 1
+    metrics.update(batch_metrics)
+    metrics["learner/num_updates"] = float(self.num_updates)
+    metrics["learner/version"] = float(self.version)
+    return metrics
+
+  def sft_update(self, batch: dict | Sequence[Trajectory]) -> dict[str, float]:
+    """One supervised step: masked token NLL `−(1/N) Σ m·logp` on the action tokens (toy warm start)."""
+    if not isinstance(batch, dict):
+      batch, _ = self.make_batch(batch)
+    self._check_rows(batch)
+    device_batch = self._device(batch, steps.ACTOR_KEYS["sft"])
+    self.actor.state, m = self._actor_steps["sft"](self.actor.state, device_batch, self._next_rng())
+    metrics = {f"actor/{k}": float(v) for k, v in jax.device_get(m).items()}
+    self._guard(metrics)
+    return metrics
+
+  def save_critic(self, path: str) -> None:
+    """Saves the critic params (value pretraining → save → `critic.init = 'checkpoint'`)."""
+    ckpt_lib.save_params(path, self.critic_params)
+
+  # ---------------------------------------------------------------------------------------------- the algorithms
+  def _update_sao(self, batch: dict) -> dict[str, jax.Array]:
+    c = self.config.sao
+    metrics: dict[str, jax.Array] = {}
+    values = self._critic_values(self.critic.state.params, batch)
+    returns, critic_diag = _critic_targets(batch, values, c.gamma, c.lambda_critic)  # before any whitening
+    metrics.update(critic_diag)
+    critic_batch = dict(steps.select(batch, ("input_ids", "attention_mask", "action_mask"), "critic"),
+                        returns=returns, old_values=values)
+    for epoch in range(c.critic_epochs):
+      self.critic.state, m = self._critic_step(self.critic.state, critic_batch, self._next_rng())
+      metrics.update({f"critic/{k}": v for k, v in m.items()})
+      metrics[f"critic/loss_epoch{epoch}"] = m["loss"]
+      metrics[f"critic/skipped_epoch{epoch}"] = m["skipped"]
+    values = self._critic_values(self.critic.state.params, batch)
+    advantages, adv_diag = _policy_advantages(batch, values, returns, c.gamma, c.lambda_policy_alpha,
+                                              c.whiten_advantages)
+    metrics.update(adv_diag)
+    if self.num_updates >= c.critic_warmup_steps:
+      actor_batch = dict(steps.select(batch, steps.ACTOR_KEYS["dis"][:-1], "actor"), advantages=advantages)
+      self.actor.state, m = self._actor_steps["dis"](self.actor.state, actor_batch, self._next_rng())
+      metrics.update({f"actor/{k}": v for k, v in m.items()})
+    metrics["actor/warmup"] = jnp.asarray(self.num_updates < c.critic_warmup_steps, jnp.float32)
+    return metrics
+
+  def _update_group(self, batch: dict) -> dict[str, jax.Array]:
+    seq_advantages, metrics = _group_advantages(batch, self.config.group.normalize_std)
+    kind = "gspo" if self.config.algorithm == "gspo" else "ppo_clip"
+    actor_batch = dict(steps.select(batch, steps.ACTOR_KEYS[kind][:-1], "actor"), seq_advantages=seq_advantages)
+    self.actor.state, m = self._actor_steps[kind](self.actor.state, actor_batch, self._next_rng())
+    metrics.update({f"actor/{k}": v for k, v in m.items()})
+    return metrics
+
+  # ---------------------------------------------------------------------------------------------- helpers
+  def _next_rng(self) -> jax.Array:
+    self.rng, rng = jax.random.split(self.rng)
+    return rng
+
+  def _device(self, batch: dict, keys: Sequence[str]) -> dict[str, jax.Array]:
+    return jax.device_put({k: batch[k] for k in keys}, self._batch_sharding)
+
+  def _check_rows(self, batch: dict) -> None:
+    rows = np.shape(batch["input_ids"])[0]
+    if rows % self.batcher.batch_multiple:
+      raise ValueError(f"batch: input_ids has {rows} rows, not a multiple of {self.batcher.batch_multiple} "
+                       "(batch shards × batching.micro_batch_size); build it with Learner.make_batch")
+
+  def _sharded_abstract(self, role: _Role) -> Any:
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), role.abstract_params,
+                        role.param_shardings)
+
+  def _guard(self, metrics: dict[str, float]) -> None:
+    """Counts consecutive NaN-guard skips per role (in step order) and stops the run after the limit."""
+    limit = self.config.nan_guard_limit
+    for role in (self.critic, self.actor):
+      if role is None:
+        continue
+      keys = sorted(k for k in metrics if k.startswith(f"{role.name}/skipped_epoch"))
+      keys += [f"{role.name}/skipped"] if role.name == "actor" and "actor/skipped" in metrics else []
+      for key in keys:
+        if metrics[key]:
+          role.consecutive_nonfinite += 1
+          logging.warning("NaN guard: non-finite %s loss or gradient at learner update %d (%s); update skipped "
+                          "(%d in a row)", role.name, self.num_updates, key, role.consecutive_nonfinite)
+          if role.consecutive_nonfinite >= limit:
+            raise NonFiniteError(f"NaN guard: {role.name} had {role.consecutive_nonfinite} consecutive non-finite "
+                                 f"updates (nan_guard_limit={limit}), last at learner update {self.num_updates}")
+        else:
+          role.consecutive_nonfinite = 0
+          if role.name == "actor" and key == "actor/skipped":
+            self.version += 1
+
+  def _batch_metrics(self, batch: dict) -> dict[str, float]:
+    valid = np.asarray(batch["valid"], bool)
+    lengths = np.asarray(batch["action_mask"], bool)[valid].sum(axis=1)
+    staleness = self.version - np.asarray(batch["policy_version"])[valid]
+    return {
+        "batch/num_trajectories": float(valid.sum()),
+        "batch/reward_mean": float(np.mean(np.asarray(batch["rewards"])[valid])),
+        "batch/response_length_mean": float(lengths.mean()),
+        "batch/response_length_max": float(lengths.max()),
+        "batch/staleness_mean": float(staleness.mean()),
+        "batch/staleness_max": float(staleness.max()),
+        "batch/padded_rows": float(len(valid)),
+        "batch/padded_length": float(np.shape(batch["input_ids"])[1]),
+    }
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _critic_targets(batch, values, gamma: float, lam: float):
+  """Returns `R = A + V` with γ, λ_critic (before any whitening) and critic diagnostics on the pre-update values."""
+  mask = batch["action_mask"]
+  _, returns = adv_lib.gae(batch["token_rewards"], values, mask, gamma, lam)
+  diag = {"critic/explained_variance": metrics_lib.explained_variance(values, returns, mask),
+          **metrics_lib.masked_summary("critic/values", values, mask),
+          **metrics_lib.masked_summary("critic/returns", returns, mask)}
+  return returns, diag
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _policy_advantages(batch, values, returns, gamma: float, alpha: float, whiten: bool):
+  """`A = GAE(r, V, γ, λ_b = 1 − 1/(α·l_b))`, whitened over the batch's action tokens when `whiten`."""
+  mask = batch["action_mask"]
+  lam = adv_lib.length_adaptive_lambda(mask, alpha)
+  advantages, _ = adv_lib.gae(batch["token_rewards"], values, mask, gamma, lam)
+  diag = {"critic/explained_variance_after": metrics_lib.explained_variance(values, returns, mask),
+          "advantages/mean_before_whiten": adv_lib.masked_mean(advantages, mask),
+          "advantages/std_before_whiten": jnp.sqrt(adv_lib.masked_var(advantages, mask)),
+          "advantages/lambda_mean": jnp.sum(jnp.where(jnp.any(mask, -1), lam, 0.0)) /
+                                    jnp.maximum(jnp.sum(jnp.any(mask, -1)), 1)}
+  if whiten:
+    advantages = adv_lib.masked_whiten(advantages, mask)
+  diag["advantages/mean"] = adv_lib.masked_mean(advantages, mask)
+  diag["advantages/std"] = jnp.sqrt(adv_lib.masked_var(advantages, mask))
+  return advantages, diag
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _group_advantages(batch, normalize_std: bool):
+  """`Â_i = (r_i − mean_g r)/(std_g r + 1e-6)` per group (padding rows are groups of one: Â = 0)."""
+  seq_adv = adv_lib.group_advantages(batch["rewards"], batch["group_ids"], normalize_std)
+  valid = batch["valid"]
+  n = jnp.maximum(jnp.sum(valid), 1)
+  mean = jnp.sum(jnp.where(valid, seq_adv, 0.0)) / n
+  std = jnp.sqrt(jnp.sum(jnp.where(valid, (seq_adv - mean) ** 2, 0.0)) / n)
+  return seq_adv, {"advantages/mean": mean, "advantages/std": std}
