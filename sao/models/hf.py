@@ -102,6 +102,19 @@ def _unflatten(flat: dict[str, Any]) -> dict:
   return tree
 
 
+def _hf_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+  """The HF tensor shape that maps onto a param of `shape` (EXPERT: one expert's slice)."""
+  if kind == FLAT:
+    return (int(np.prod(shape)),)
+  if kind == LINEAR:
+    return (int(np.prod(shape[1:])), shape[0])
+  if kind == LINEAR2:
+    return (int(np.prod(shape[2:])), shape[0] * shape[1])
+  if kind == EXPERT:
+    return (shape[2], shape[1])
+  return tuple(shape)
+
+
 def _to_ours(w: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray:
   if kind in (LINEAR, LINEAR2, EXPERT):
     w = w.T
@@ -178,14 +191,13 @@ def load_pretrained(directory: str, dtype: str = "float32", critic: bool = False
       if expert >= shape[0]:
         unknown.append(name)
         continue
-      buf = params.setdefault(path, np.zeros(shape, param_dtype))
-      if w.T.shape != shape[1:]:
-        raise ValueError(f"{name}: shape {w.shape} does not match expected {shape[1:][::-1]}")
-      buf[expert] = w.T.astype(param_dtype)
+      if w.shape != _hf_shape(kind, shape):
+        raise ValueError(f"{name}: shape {w.shape}, expected {_hf_shape(kind, shape)} for param {path}")
+      params.setdefault(path, np.zeros(shape, param_dtype))[expert] = w.T.astype(param_dtype)
       experts_seen.setdefault(path, set()).add(expert)
       continue
-    if w.size != int(np.prod(shape)) or (kind == COPY and w.shape != shape):
-      raise ValueError(f"{name}: shape {w.shape} does not fit param {path} of shape {shape}")
+    if w.shape != _hf_shape(kind, shape):
+      raise ValueError(f"{name}: shape {w.shape}, expected {_hf_shape(kind, shape)} for param {path}")
     params[path] = _to_ours(w, kind, shape).astype(param_dtype)
   missing = [f"{p} (HF {_path_to_hf_name(p)})" for p in sorted(expected) if p not in params]
   for path, seen in experts_seen.items():

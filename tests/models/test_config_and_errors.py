@@ -86,6 +86,11 @@ def test_missing_unknown_and_misshaped_tensors(tmp_path):
   _write(tmp_path / "bad", config, bad)
   with pytest.raises(ValueError, match=r"model\.norm\.weight"):
     hf_io.load_pretrained(str(tmp_path / "bad"))
+  # Same element count, transposed: q_proj is [H·D, E] = [64, 64] here, k_proj [32, 64] must not load as [64, 32].
+  transposed = dict(tensors, **{"model.layers.0.self_attn.k_proj.weight": np.zeros((64, 32), np.float32)})
+  _write(tmp_path / "transposed", config, transposed)
+  with pytest.raises(ValueError, match=r"k_proj\.weight: shape \(64, 32\), expected \(32, 64\)"):
+    hf_io.load_pretrained(str(tmp_path / "transposed"))
 
   # A policy checkpoint is not a critic checkpoint: lm_head is unknown, score.* is missing.
   with pytest.raises(ValueError, match=r"unknown tensors \[.lm_head\.weight.\].*score\.weight"):
