@@ -43,7 +43,12 @@ def _tokenizer(config):
 
 
 class EmbeddedProcesses:
-  """Local engine servers and rollout workers as child processes; logs under `<workdir>/logs/`."""
+  """Local engine servers and rollout workers as child processes; logs under `<workdir>/logs/`.
+
+  A rollout worker that dies is restarted (its leases expire and the trainer re-leases their tasks), at most
+  `MAX_WORKER_RESTARTS` times per run; a dead engine stops the run.
+  """
+  MAX_WORKER_RESTARTS = 10  # a worker that keeps dying is a bug to surface, not a fault to ride out
 
   def __init__(self, config, workdir: str):
     self.config = config
@@ -51,6 +56,8 @@ class EmbeddedProcesses:
     os.makedirs(self.log_dir, exist_ok=True)
     self.engines = []
     self.workers: list[tuple[subprocess.Popen, str]] = []
+    self.trainer_address = ""
+    self.worker_restarts = 0
 
   def start_engines(self, model_dir: str) -> list[str]:
     from sao.engines.local_server import start_local_engine  # pylint: disable=g-import-not-at-top
@@ -59,26 +66,35 @@ class EmbeddedProcesses:
     for i in range(c.num_engines):
       handle, url = start_local_engine(
           model_dir, log_path=os.path.join(self.log_dir, f"engine{i}.log"),
-          engine_args=[f"--max_batch_size={max(c.rollout.concurrency, 1)}", "--batch_window_ms=3",
+          engine_args=[f"--max_batch_size={max(c.rollout.concurrency, 1)}", "--batch_window_ms=5",
                        f"--new_token_buckets={c.rollout.max_new_tokens}",
-                       f"--prompt_buckets={','.join(str(b) for b in _prompt_buckets(c.rollout.max_total_tokens))}"])
+                       f"--batch_buckets={','.join(str(b) for b in _batch_buckets(c.rollout.concurrency))}",
+                       f"--prompt_buckets={','.join(str(b) for b in _prompt_buckets(c.rollout.max_total_tokens))}",
+                       # Each (batch, prompt) bucket compiles once; the persistent cache makes a resumed run or
+                       # the next experiment start in seconds.
+                       f"--compilation_cache_dir={os.path.join(self.log_dir, os.pardir, 'jax_cache')}"])
       self.engines.append(handle)
       urls.append(url)
     print(f"[embedded] engines: {urls}", flush=True)
     return urls
 
+  def _spawn_worker(self, i: int) -> tuple[subprocess.Popen, str]:
+    c = self.config
+    log_path = os.path.join(self.log_dir, f"worker{i}.log")
+    cmd = [sys.executable, "-m", "sao.rollout.worker", f"--trainer={self.trainer_address}",
+           f"--concurrency={c.rollout.concurrency}", f"--max_new_tokens={c.rollout.max_new_tokens}",
+           f"--max_turns={c.rollout.max_turns}", f"--max_total_tokens={c.rollout.max_total_tokens}"]
+    if c.model.tokenizer_path or c.model.init == "hf":
+      cmd.append(f"--tokenizer_path={c.model.tokenizer_path or c.model.hf_path}")
+    with open(log_path, "ab") as log_file:
+      process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return process, log_path
+
   def start_workers(self, trainer_address: str) -> None:
     c = self.config
+    self.trainer_address = trainer_address
     for i in range(c.num_workers):
-      log_path = os.path.join(self.log_dir, f"worker{i}.log")
-      cmd = [sys.executable, "-m", "sao.rollout.worker", f"--trainer={trainer_address}",
-             f"--concurrency={c.rollout.concurrency}", f"--max_new_tokens={c.rollout.max_new_tokens}",
-             f"--max_turns={c.rollout.max_turns}", f"--max_total_tokens={c.rollout.max_total_tokens}"]
-      if c.model.tokenizer_path or c.model.init == "hf":
-        cmd.append(f"--tokenizer_path={c.model.tokenizer_path or c.model.hf_path}")
-      with open(log_path, "ab") as log_file:
-        process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-      self.workers.append((process, log_path))
+      self.workers.append(self._spawn_worker(i))
     print(f"[embedded] {c.num_workers} worker(s) × {c.rollout.concurrency} agent loops → {trainer_address}",
           flush=True)
 
@@ -86,11 +102,19 @@ class EmbeddedProcesses:
     for handle in self.engines:
       if not handle.alive():
         raise RuntimeError(f"engine {handle.url} died; log tail:\n{handle.log_tail()}")
-    for process, log_path in self.workers:
-      if process.poll() is not None:
-        with open(log_path, "rb") as f:
-          tail = f.read()[-4000:].decode(errors="replace")
-        raise RuntimeError(f"rollout worker exited with code {process.returncode}; log tail:\n{tail}")
+    for i, (process, log_path) in enumerate(self.workers):
+      if process.poll() is None:
+        continue
+      with open(log_path, "rb") as f:
+        tail = f.read()[-4000:].decode(errors="replace")
+      if self.worker_restarts >= self.MAX_WORKER_RESTARTS:
+        raise RuntimeError(f"rollout worker {i} exited with code {process.returncode} after "
+                           f"{self.worker_restarts} restarts; log tail:\n{tail}")
+      self.worker_restarts += 1
+      self.workers[i] = self._spawn_worker(i)
+      print(f"[embedded] rollout worker {i} exited with code {process.returncode}; restarted it as pid "
+            f"{self.workers[i][0].pid} (restart {self.worker_restarts}/{self.MAX_WORKER_RESTARTS}); its leases "
+            f"expire and are re-leased. Log tail:\n{tail[-1000:]}", flush=True)
 
   def stop(self) -> None:
     for process, _ in self.workers:
@@ -103,6 +127,11 @@ class EmbeddedProcesses:
         process.kill()
     for handle in self.engines:
       handle.stop()
+
+
+def _batch_buckets(concurrency: int) -> list[int]:
+  """Few batch shapes (each one is a compile): quarters of the concurrency up to all of it."""
+  return sorted({max(1, concurrency // 8), max(1, concurrency // 2), concurrency})
 
 
 def _prompt_buckets(max_total_tokens: int) -> list[int]:

@@ -2,7 +2,8 @@
 
 An experiment config is `get_config(arg)` returning one locked `ml_collections.ConfigDict`; `arg` is a variant name
 optionally followed by comma-separated `key=value` overrides of top-level scalar knobs, big_vision style
-(`sao_openswe.py:toy`, `sao_openswe.py:toy,total_steps=50`).
+(`sao_openswe.py:toy`, `sao_openswe.py:toy,total_steps=50`; tuple knobs take `+`-separated items:
+`toy,engine_urls=http://a:30000+http://b:30000`). `--config.<key>=<value>` flags work as well.
 """
 from __future__ import annotations
 
@@ -37,7 +38,9 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]
     if leaf not in node:
       raise ValueError(f"config arg: unknown key {dotted!r}")
     current = node[leaf]
-    if isinstance(current, bool):
+    if isinstance(current, (tuple, list)):
+      value = tuple(v for v in text.split("+") if v)  # `engine_urls=http://a:1+http://b:2`
+    elif isinstance(current, bool):
       value = text.lower() in ("1", "true", "yes")
     elif isinstance(current, int):
       value = int(text)
@@ -60,7 +63,7 @@ def base_config() -> ml_collections.ConfigDict:
       num_engines=1,
       num_workers=1,
       jax_distributed=False,  # multi-host trainer: call jax.distributed.initialize() first
-      total_steps=300,  # RL steps (after value pretraining)
+      total_steps=120,  # RL steps (after value pretraining)
       log_every=5,
       checkpoint_every=50,
       keep_policy_exports=3,
@@ -73,25 +76,25 @@ def base_config() -> ml_collections.ConfigDict:
       ),
       env=dict(
           name="number_search",
-          kwargs=dict(n=64),
+          kwargs=dict(n=16),  # 1..16, 5 turns: a base policy that fails often and room to improve
           num_train_tasks=4096,  # the training task list (the split's pool, cycled)
           num_validation_tasks=64,
       ),
       recipe=dict(
-          num_demonstrations=1000,
+          num_demonstrations=400,
           demonstration_noise=0.5,  # the scripted expert's error rate: a weak base policy, not an expert
-          sft_steps=400,
-          sft_batch_size=32,
+          sft_steps=150,
+          sft_batch_size=16,
           sft_learning_rate=3e-3,
-          value_pretrain_steps=20,  # critic-only steps on base rollouts, saved and loaded as the warm start
+          value_pretrain_steps=10,  # critic-only steps on base rollouts, saved and loaded as the warm start
       ),
       rollout=dict(
-          batch_size=64,  # trajectories per learner step (GSPO: groups × group_size)
+          batch_size=32,  # trajectories per learner step (GSPO: groups × group_size)
           group_size=1,  # SAO: 1 rollout per task; GSPO/GRPO: G
-          concurrency=64,  # agent loops per worker
-          max_new_tokens=24,
+          concurrency=32,  # agent loops per worker
+          max_new_tokens=16,
           max_turns=16,
-          max_total_tokens=256,
+          max_total_tokens=192,
           lease_ttl_s=120.0,
           eval_every=10,  # validate every this many policy versions
           eval_temperature=1.0,  # validation samples at the training temperature
@@ -100,7 +103,7 @@ def base_config() -> ml_collections.ConfigDict:
       learner=learner,
   ))
   c = config.learner
-  c.actor.optimizer.learning_rate = 1e-4
+  c.actor.optimizer.learning_rate = 2e-4
   c.actor.optimizer.warmup_steps = 10
   c.critic.optimizer.learning_rate = 1e-3
   c.critic.optimizer.warmup_steps = 10
@@ -111,6 +114,7 @@ def base_config() -> ml_collections.ConfigDict:
 
 def finalize(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> ml_collections.ConfigDict:
   apply_overrides(config, overrides)
+  config.learner.seed = config.seed  # one seed per run: `seed=1` reseeds tasks, demonstrations and the learner
   config.learner.actor.optimizer.total_steps = max(config.total_steps, config.learner.actor.optimizer.warmup_steps + 1)
   config.learner.critic.optimizer.total_steps = max(config.total_steps + config.recipe.value_pretrain_steps,
                                                     config.learner.critic.optimizer.warmup_steps + 1)
