@@ -99,7 +99,8 @@ def base_config() -> ml_collections.ConfigDict:
           eval_every=10,  # validate every this many policy versions
           eval_temperature=1.0,  # validation samples at the training temperature
       ),
-      server=dict(host="127.0.0.1", port=0, token_env="SAO_TRAINER_TOKEN", buffer_capacity=512, max_staleness=4),
+      server=dict(host="127.0.0.1", port=0, token_env="SAO_TRAINER_TOKEN", buffer_capacity=512, max_staleness=4,
+                  max_outstanding=0),  # leased + buffered samples; 0 = 2 batches, so staleness stays ~1
       learner=learner,
   ))
   c = config.learner
@@ -115,6 +116,8 @@ def base_config() -> ml_collections.ConfigDict:
 def finalize(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> ml_collections.ConfigDict:
   apply_overrides(config, overrides)
   config.learner.seed = config.seed  # one seed per run: `seed=1` reseeds tasks, demonstrations and the learner
+  if not config.server.max_outstanding:
+    config.server.max_outstanding = 2 * config.rollout.batch_size
   config.learner.actor.optimizer.total_steps = max(config.total_steps, config.learner.actor.optimizer.warmup_steps + 1)
   config.learner.critic.optimizer.total_steps = max(config.total_steps + config.recipe.value_pretrain_steps,
                                                     config.learner.critic.optimizer.warmup_steps + 1)

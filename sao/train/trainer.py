@@ -144,7 +144,7 @@ class Trainer:
         log_dir=os.path.join(self.workdir, "trajectories"), vocab_size=model_config.vocab_size,
         host=c.server.host, port=c.server.port, token=os.environ.get(c.server.token_env) or None,
         buffer_capacity=c.server.buffer_capacity, max_staleness=c.server.max_staleness,
-        engine_urls=tuple(engine_urls)), dispenser)
+        max_outstanding=c.server.max_outstanding, engine_urls=tuple(engine_urls)), dispenser)
 
   # ------------------------------------------------------------------------------------------------ the run
   def run(self, launcher: Launcher, demonstrations: Callable[[], Sequence[Trajectory]] | None = None
@@ -180,8 +180,11 @@ class Trainer:
         learner = self._rl_learner(model_config, params, value_init)
       # Steps count trajectories batches across phases: value pretraining, then `total_steps` RL steps.
       summary = self._train(learner, model_config, server, checkpointer, step, self._end_step())
-      checkpointer.save(learner, extra={"step": self._end_step(), "phase": "rl",
-                                        "dispenser": server.dispenser.state_dict()})
+      # The last periodic save may already hold this learner step (orbax refuses to overwrite a step).
+      checkpointer.wait()
+      if learner.num_updates not in checkpointer.all_steps():
+        checkpointer.save(learner, extra={"step": self._end_step(), "phase": "rl",
+                                          "dispenser": server.dispenser.state_dict()})
       checkpointer.wait()
       return summary
     finally:
@@ -235,11 +238,15 @@ class Trainer:
   def _train(self, learner: Learner, model_config, server, checkpointer, start_step: int,
              end_step: int, phase: str = "rl") -> dict[str, float]:
     c = self.config
-    validation = float("nan")
+    validation = self.validations[-1][1] if self.validations else float("nan")
     last = time.time()
     for step in range(start_step, end_step):
       trajectories = self._take(server, c.rollout.batch_size)
-      trainable = [t for t in trajectories if t.is_trainable]
+      # Timeouts / env errors are not trained on; nor is anything more than `max_staleness` versions behind the
+      # policy about to be updated (accepted when fresh, it aged in the buffer). Both are counted.
+      fresh = [learner.version - t.policy_version <= c.server.max_staleness for t in trajectories]
+      trainable = [t for t, ok in zip(trajectories, fresh) if t.is_trainable and ok]
+      stale = sum(1 for t, ok in zip(trajectories, fresh) if t.is_trainable and not ok)
       version_before = learner.version
       metrics = learner.update(trainable) if trainable else {}
       server.mark_consumed(trajectories, step)
@@ -260,6 +267,7 @@ class Trainer:
           "staleness": metrics.get("batch/staleness_mean", float("nan")),
           "traj_per_s": len(trajectories) / max(now - last, 1e-9),
           "dropped": float(len(trajectories) - len(trainable)),
+          "dropped_stale": float(stale),
           "policy_version": float(learner.version),
       }
       last = now
@@ -268,7 +276,8 @@ class Trainer:
       self.history.append({"step": step, **row})
       if step % c.log_every == 0 or step == end_step - 1:
         print(f"[{phase}] step {step:4d}  " + "  ".join(f"{k} {row[k]:.3f}" for k in PROGRESS_KEYS), flush=True)
-      if checkpointer is not None:
+      if checkpointer is not None and trainable:
+        # Only after an update: a batch with nothing trainable leaves `num_updates` (the checkpoint step) as is.
         checkpointer.maybe_save(learner, extra={"step": step + 1, "phase": phase,
                                                 "dispenser": server.dispenser.state_dict()})
       self.writer.flush()

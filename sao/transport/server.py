@@ -54,6 +54,8 @@ class ServerConfig:
     backpressure_retry_ms: the retry hint sent with BACKPRESSURE (and INTERNAL) rejects.
     no_work_retry_ms: the retry hint of an empty lease response.
     max_lease_per_call: cap on `max_tasks` of one LeaseTasks call.
+    max_outstanding: the most training samples leased or buffered at once (0 = no limit): bounds how far rollouts
+      run ahead of the learner, hence staleness.
     engine_urls: sent to workers with every lease.
     max_workers: gRPC handler threads.
     max_message_bytes: gRPC receive limit (a request holds whole trajectories).
@@ -71,6 +73,7 @@ class ServerConfig:
   backpressure_retry_ms: int = 200
   no_work_retry_ms: int = 1000
   max_lease_per_call: int = 64
+  max_outstanding: int = 0
   engine_urls: tuple[str, ...] = ()
   max_workers: int = 16
   max_message_bytes: int = 64 << 20
@@ -349,7 +352,18 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
   def LeaseTasks(self, request: sao_pb2.LeaseRequest, context) -> sao_pb2.LeaseResponse:
     if request.max_tasks <= 0:
       context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"max_tasks must be > 0, got {request.max_tasks}")
-    leases = self.dispenser.lease(request.worker_id, min(request.max_tasks, self.config.max_lease_per_call))
+    max_tasks = min(request.max_tasks, self.config.max_lease_per_call)
+    if self.config.max_outstanding:
+      # Flow control: rollouts may run at most this far ahead of the learner (leased + buffered samples), so
+      # trajectories are not generated only to go stale in a queue.
+      group = self.dispenser.config.group_size
+      with self._cond:
+        outstanding = self._buffer.occupancy + self.dispenser.num_leased * group
+      max_tasks = min(max_tasks, (self.config.max_outstanding - outstanding) // group)
+      if max_tasks <= 0:
+        return sao_pb2.LeaseResponse(policy_version=self._version, engine_urls=self.config.engine_urls,
+                                     retry_after_ms=self.config.backpressure_retry_ms)
+    leases = self.dispenser.lease(request.worker_id, max_tasks)
     ttl_ms = int(self.dispenser.config.lease_ttl_s * 1000)
     tasks = [sao_pb2.LeasedTask(
         lease_id=l.lease_id, task_id=l.task_id, task_json=l.task_json, group_id=l.group_id,

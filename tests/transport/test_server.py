@@ -156,6 +156,19 @@ def test_full_buffer_pushes_back_with_retry_hint(tmp_path):
     channel.close()
 
 
+def test_max_outstanding_bounds_leased_plus_buffered(tmp_path):
+  with running(tmp_path, max_outstanding=4) as server, TrajectoryClient(f"127.0.0.1:{server.port}") as client:
+    tasks = list(client.lease(10).tasks)
+    assert len(tasks) == 4  # capped by max_outstanding
+    empty = client.lease(1)
+    assert not empty.tasks and empty.retry_after_ms > 0
+    outcomes = client.submit([make_traj(t) for t in tasks[:2]])
+    assert all(o.accepted for o in outcomes)
+    assert not client.lease(1).tasks  # submitted ones still count while buffered
+    assert len(server.take_batch(2, timeout_s=5)) == 2
+    assert len(client.lease(10).tasks) == 2  # consumed: room for two more
+
+
 def test_group_mode_buffers_whole_groups_and_reserves_their_room(tmp_path):
   cfg = DispenserConfig(mode="group", group_size=3)
   with running(tmp_path, dispenser_config=cfg, buffer_capacity=4) as server, \
