@@ -3,8 +3,9 @@
 A demonstration is tokenised in exactly the order the agent loop builds a rollout (`sao.rollout.agent`): the chat
 prompt (system + user + tool schemas + generation prompt, mask 0), then for each turn the assistant text's tokens and
 the stop token (mask 1), then the template's end-of-turn tokens and the tool message with the next generation prompt
-(mask 0). Supervised training on these sequences therefore teaches the model the very token stream it will be asked
-to continue at rollout time.
+(mask 0); the last observation has no generation prompt after it. Supervised training on these sequences
+therefore teaches the model the very token stream it will be asked to continue at rollout time (tested against the
+agent loop replaying the same actions).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def demonstration_to_trajectory(demo: Demonstration, tokenizer: Tokenizer, tool_
   boundaries = [0]
   history = list(first)
   turns = 0
-  for message in messages[2:]:
+  for position, message in enumerate(messages[2:], start=2):
     boundaries.append(len(ids))
     if message["role"] == "assistant":
       turn = tokenizer.encode(message["content"]) + [stop_id]
@@ -40,7 +41,10 @@ def demonstration_to_trajectory(demo: Demonstration, tokenizer: Tokenizer, tool_
       mask += [True] * len(turn)
       turns += 1
     else:
-      observation = end_ids + tokenizer.render_message_ids(message, history=history, tools=tool_schemas)
+      # The episode's last observation opens no further assistant turn (as in the agent loop).
+      last = position == len(messages) - 1
+      observation = end_ids + tokenizer.render_message_ids(message, history=history, tools=tool_schemas,
+                                                           add_generation_prompt=not last)
       ids += observation
       mask += [False] * len(observation)
     history.append(message)
