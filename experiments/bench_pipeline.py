@@ -1,0 +1,266 @@
+r"""Pipeline throughput: SAO fully asynchronous vs synchronous, on a toy task with heavy-tailed episode durations.
+
+    python experiments/bench_pipeline.py [--steps=6] [--batch_size=16] [--delay_pareto_alpha=1.2]
+
+Both modes run the real trainer (`sao.train.trainer.Trainer`: gRPC service, task dispenser, learner, weight
+publishing) against one local JAX engine and one rollout worker process, on `slow_number_search`: number search
+whose episodes each sleep `scale * Pareto(alpha)` seconds (a few episodes take far longer than the median, like SWE
+containers and test suites).
+
+- async: the SAO default. Workers keep `concurrency` episodes in flight at all times; every step trains on the
+  first `batch_size` trajectories to finish, whichever they are.
+- sync: the dispenser leases exactly `batch_size` tasks per step and no more until the learner has taken that
+  step's batch, i.e. the learner waits for every rollout of the step (the slowest one included), and no rollout
+  runs while it trains.
+
+Reported per mode over the measured steps (after `--warmup_steps`, which absorb JIT compilation): trajectories/s
+trained on, and the trainer's busy fraction (time not spent waiting for a batch / wall time). Then the async/sync
+ratios. Compilation goes to a persistent JAX cache shared by both modes and the engine, and the second mode reuses
+the first one's base policy and engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # `experiments.configs` imports
+
+_WORKDIR = flags.DEFINE_string("workdir", "/tmp/sao_bench_pipeline", "Scratch directory (wiped per mode).")
+_MODES = flags.DEFINE_list("modes", ["async", "sync"], "Modes to run, in order.")
+_STEPS = flags.DEFINE_integer("steps", 6, "Measured learner steps per mode.")
+_WARMUP = flags.DEFINE_integer("warmup_steps", 2, "Unmeasured learner steps first (JIT compilation).")
+_BATCH = flags.DEFINE_integer("batch_size", 16, "Trajectories per learner step.")
+_CONCURRENCY = flags.DEFINE_integer("concurrency", 16, "Agent loops in the rollout worker.")
+_ALPHA = flags.DEFINE_float("delay_pareto_alpha", 1.2, "Tail index of the per-episode delay (smaller: heavier).")
+_SCALE = flags.DEFINE_float("delay_scale_s", 0.5, "Minimum (and scale) of the per-episode delay, seconds.")
+_MAX_DELAY = flags.DEFINE_float("delay_max_s", 30.0, "Cap on the per-episode delay, seconds.")
+_N = flags.DEFINE_integer("n", 16, "number_search range 1..n (n=16: 6-turn budget).")
+_SFT_STEPS = flags.DEFINE_integer("sft_steps", 5, "Supervised warm-start steps of the toy base policy.")
+_CACHE = flags.DEFINE_string("jax_cache_dir", "", "Persistent compilation cache ('' = <workdir>/jax_cache).")
+
+
+def _config(mode: str):
+  from experiments.configs import sao_openswe  # pylint: disable=g-import-not-at-top
+  steps = _WARMUP.value + _STEPS.value
+  config = sao_openswe.get_config(
+      f"toy,total_steps={steps},recipe.sft_steps={_SFT_STEPS.value},recipe.num_demonstrations=50,"
+      f"recipe.value_pretrain_steps=0,learner.sao.critic_warmup_steps=1,rollout.batch_size={_BATCH.value},"
+      f"rollout.concurrency={_CONCURRENCY.value},rollout.max_new_tokens=16,rollout.max_total_tokens=160,"
+      f"rollout.eval_every=0,env.num_validation_tasks=1,checkpoint_every=100000,log_every=1,"
+      f"server.buffer_capacity={4 * _BATCH.value}")
+  config.unlock()
+  config.name = f"bench_pipeline_{mode}"
+  config.env.name = "slow_number_search"
+  config.env.kwargs = dict(n=_N.value, delay_pareto_alpha=_ALPHA.value, delay_scale_s=_SCALE.value,
+                           delay_max_s=_MAX_DELAY.value)
+  config.lock()
+  return config
+
+
+class _LeaseGate:
+  """Sync mode: the dispenser hands out at most `open(n)`'s n training leases, then nothing until the next open."""
+
+  def __init__(self, lease_fn):
+    self._lease = lease_fn
+    self._lock = threading.Lock()
+    self._budget = 0
+
+  def open(self, n: int) -> None:
+    with self._lock:
+      self._budget = n
+
+  def lease(self, worker_id: str, max_tasks: int):
+    with self._lock:
+      if self._budget <= 0:
+        return []
+      leases = self._lease(worker_id, min(max_tasks, self._budget))
+      self._budget -= sum(not l.is_validation for l in leases)
+      return leases
+
+
+def _bench_trainer_class():
+  from sao.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+
+  class BenchTrainer(trainer_lib.Trainer):
+    """The real trainer, timing how long each step waits for its batch (and gating leases in sync mode)."""
+
+    def __init__(self, *args, sync: bool, **kwargs):
+      super().__init__(*args, **kwargs)
+      self.sync = sync
+      self.gate: _LeaseGate | None = None
+      self.waits: list[tuple[float, float]] = []  # (start, end) of each step's wait for its batch
+      self.end_time = 0.0
+      self.server = None
+
+    def _server(self, model_config, engine_urls):
+      server = super()._server(model_config, engine_urls)
+      # The worker polls an empty lease response after this long: keep it short so the sync mode's per-step
+      # restart is not dominated by polling (both modes get it).
+      server.config.no_work_retry_ms = 50
+      if self.sync:
+        self.gate = _LeaseGate(server.dispenser.lease)
+        server.dispenser.lease = self.gate.lease
+      self.server = server
+      return server
+
+    def _take(self, server, n):
+      start = time.monotonic()
+      if self.gate is not None:
+        self.gate.open(n)
+      batch = super()._take(server, n)
+      self.waits.append((start, time.monotonic()))
+      return batch
+
+    def _train(self, *args, **kwargs):
+      out = super()._train(*args, **kwargs)
+      self.end_time = time.monotonic()
+      return out
+
+  return BenchTrainer
+
+
+class _Processes:
+  """One local engine shared by the modes (reset to the base policy per mode) and one worker process per mode."""
+
+  def __init__(self, config, log_dir: str, env: dict[str, str]):
+    self.config = config
+    self.log_dir = log_dir
+    self.env = env
+    self.engine = None
+    self.url = ""
+    self.worker: subprocess.Popen | None = None
+
+  def start_engines(self, model_dir: str) -> list[str]:
+    from sao.engines.local_server import start_local_engine  # pylint: disable=g-import-not-at-top
+    from sao.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+    c = self.config
+    if self.engine is None:
+      self.engine, self.url = start_local_engine(
+          model_dir, log_path=os.path.join(self.log_dir, "engine.log"), env=self.env, startup_timeout_s=600,
+          engine_args=[f"--max_batch_size={c.rollout.concurrency}", "--batch_window_ms=3",
+                       f"--new_token_buckets={c.rollout.max_new_tokens}", "--prompt_buckets=64,128,160"])
+    else:  # back to the base policy, version 0, as a fresh run would see it
+      asyncio.run(trainer_lib._publish([self.url], model_dir, 0))  # pylint: disable=protected-access
+    return [self.url]
+
+  def start_workers(self, address: str) -> None:
+    c = self.config
+    with open(os.path.join(self.log_dir, f"worker_{c.name}.log"), "ab") as log_file:
+      self.worker = subprocess.Popen(
+          [sys.executable, "-m", "sao.rollout.worker", f"--trainer={address}", f"--concurrency={c.rollout.concurrency}",
+           f"--max_new_tokens={c.rollout.max_new_tokens}", f"--max_turns={c.rollout.max_turns}",
+           f"--max_total_tokens={c.rollout.max_total_tokens}"],
+          stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env)
+
+  def check_alive(self) -> None:
+    if self.engine is not None and not self.engine.alive():
+      raise RuntimeError(f"engine died; log tail:\n{self.engine.log_tail()}")
+    if self.worker is not None and self.worker.poll() is not None:
+      raise RuntimeError(f"rollout worker exited with code {self.worker.returncode}")
+
+  def stop_worker(self) -> None:
+    if self.worker is not None and self.worker.poll() is None:
+      self.worker.terminate()
+      try:
+        self.worker.wait(timeout=20)
+      except subprocess.TimeoutExpired:
+        self.worker.kill()
+        self.worker.wait(timeout=20)
+    self.worker = None
+
+  def stop(self) -> None:
+    self.stop_worker()
+    if self.engine is not None:
+      self.engine.stop()
+      self.engine = None
+
+
+def _run_mode(mode: str, processes: _Processes, base_dir: str | None) -> dict[str, Any]:
+  from sao.models.tokenizer import toy_tokenizer  # pylint: disable=g-import-not-at-top
+  from sao.rollout import envs  # pylint: disable=g-import-not-at-top
+  from sao.rollout.demonstrations import demonstration_trajectories  # pylint: disable=g-import-not-at-top
+  from sao.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  config = _config(mode)
+  processes.config = config
+  workdir = os.path.join(_WORKDIR.value, mode)
+  shutil.rmtree(workdir, ignore_errors=True)  # a leftover checkpoint would make this a resume
+  os.makedirs(workdir)
+  if base_dir is not None:
+    shutil.copytree(base_dir, os.path.join(workdir, "base_model"))
+  tokenizer = toy_tokenizer()
+  env = envs.make(config.env.name, **config.env.kwargs)
+  train_tasks = env.tasks("train", config.env.num_train_tasks, config.seed)
+  validation_tasks = env.tasks("validation", config.env.num_validation_tasks, config.seed + 1)
+
+  def demonstrations():
+    r = config.recipe
+    return demonstration_trajectories(config.env.name, tokenizer, r.num_demonstrations, config.seed,
+                                      noise=r.demonstration_noise, env_kwargs=dict(config.env.kwargs))
+
+  trainer = _bench_trainer_class()(config, workdir, tokenizer, train_tasks, validation_tasks, sync=mode == "sync")
+  launcher = trainer_lib.Launcher(processes.start_engines, processes.start_workers, processes.stop_worker,
+                                  processes.check_alive)
+  print(f"[bench] {mode}: {_WARMUP.value} warmup + {_STEPS.value} measured steps of {config.rollout.batch_size} "
+        f"trajectories, {config.rollout.concurrency} agent loops", flush=True)
+  trainer.run(launcher, demonstrations if config.recipe.sft_steps else None)
+  measured = trainer.waits[_WARMUP.value:]
+  start = measured[0][0]
+  wall = trainer.end_time - start
+  waiting = sum(end - begin for begin, end in measured)
+  stats = trainer.server.stats() if trainer.server is not None else {}
+  return {"mode": mode, "traj_per_s": len(measured) * config.rollout.batch_size / wall,
+          "busy": 1.0 - waiting / wall, "wall_s": wall, "steps": len(measured),
+          "stale_rejected": stats.get("rejected_by_reason", {}).get("STALE_POLICY", 0),
+          "base_dir": os.path.join(workdir, "base_model")}
+
+
+def main(argv):
+  del argv
+  # SIGTERM must run the `finally` below, or the engine and worker subprocesses outlive the benchmark.
+  signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+  os.makedirs(_WORKDIR.value, exist_ok=True)
+  cache = _CACHE.value or os.path.join(_WORKDIR.value, "jax_cache")
+  env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"), JAX_COMPILATION_CACHE_DIR=cache,
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  os.environ.update(env)  # this process's JAX reads them at first use
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.config.update("jax_compilation_cache_dir", cache)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  processes = _Processes(None, _WORKDIR.value, env)
+  results, base_dir = [], None
+  start = time.monotonic()
+  try:
+    for mode in _MODES.value:
+      if mode not in ("async", "sync"):
+        raise app.UsageError(f"--modes: unknown mode {mode!r} (async | sync)")
+      result = _run_mode(mode, processes, base_dir)
+      base_dir = base_dir or result["base_dir"]
+      results.append(result)
+      print(f"[bench] {mode}: {result['traj_per_s']:.2f} trajectories/s, trainer busy {result['busy']:.1%} "
+            f"({result['steps']} steps in {result['wall_s']:.1f}s; {result['stale_rejected']} rejected as stale)",
+            flush=True)
+  finally:
+    processes.stop()
+  print(f"\nslow_number_search n={_N.value}, delay {_SCALE.value}s × Pareto(α={_ALPHA.value}) (cap {_MAX_DELAY.value}s), "
+        f"batch {_BATCH.value}, {_CONCURRENCY.value} agent loops; total {time.monotonic() - start:.0f}s")
+  print(f"{'mode':<6} {'traj/s':>8} {'busy':>7} {'wall_s':>7}")
+  for r in results:
+    print(f"{r['mode']:<6} {r['traj_per_s']:8.2f} {r['busy']:7.1%} {r['wall_s']:7.1f}")
+  by_mode = {r["mode"]: r for r in results}
+  if "async" in by_mode and "sync" in by_mode:
+    a, s = by_mode["async"], by_mode["sync"]
+    print(f"async/sync: throughput × {a['traj_per_s'] / s['traj_per_s']:.2f}, busy fraction × "
+          f"{a['busy'] / max(s['busy'], 1e-9):.2f}")
+
+
+if __name__ == "__main__":
+  app.run(main)
