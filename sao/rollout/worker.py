@@ -12,6 +12,7 @@ more work for `idle_exit_s`, or on SIGTERM/SIGINT.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -70,10 +71,14 @@ class RolloutWorker:
                                       timeout_s=config.episode_timeout_s)
     self._engines: dict[str, SGLangEngine] = {}
     self._next_engine = 0
-    self._running: dict[str, int] = {}  # lease id -> episodes still running
+    # lease id -> its samples still running or finished but not yet acknowledged by the trainer: heartbeats keep
+    # these leases alive, so a trajectory pushed back (BACKPRESSURE) is not rejected later as UNKNOWN_LEASE.
+    self._running: dict[str, int] = {}
+    self._active_episodes = 0
     self._done: asyncio.Queue[Trajectory] = asyncio.Queue()
     self._stop = asyncio.Event()
     self.stats = {"episodes": 0, "submitted": 0, "accepted": 0, "rejected": 0, "abandoned": 0}
+    self._lease_ttl_s = 0.0  # the TTL of the leases the trainer hands out (0 until the first lease)
 
   def stop(self) -> None:
     self._stop.set()
@@ -90,6 +95,7 @@ class RolloutWorker:
 
   async def _episode(self, leased, sample_index: int, engine: SGLangEngine) -> None:
     env_kwargs = (self.config.env_kwargs or {}).get(leased.env_name, {})
+    queued = False
     try:
       env = envs.make(leased.env_name, **env_kwargs)
       task = json.loads(leased.task_json)
@@ -102,17 +108,27 @@ class RolloutWorker:
                                      harness=leased.env_name)
       traj.task_id = leased.task_id
       await self._done.put(traj)
+      queued = True
       self.stats["episodes"] += 1
     finally:
-      self._running[leased.lease_id] -= 1
-      if not self._running[leased.lease_id]:
-        del self._running[leased.lease_id]
+      self._active_episodes -= 1
+      if not queued:
+        self._release(leased.lease_id)
+
+  def _release(self, lease_id: str) -> None:
+    """One sample of `lease_id` needs no more heartbeats (its episode failed, or the trainer acknowledged it)."""
+    left = self._running.get(lease_id, 0) - 1
+    if left > 0:
+      self._running[lease_id] = left
+    else:
+      self._running.pop(lease_id, None)
 
   async def _submit(self, trajs: list[Trajectory]) -> None:
     outcomes = await asyncio.to_thread(self.client.submit, trajs)
-    for outcome in outcomes:
+    for outcome in outcomes + self.client.late_outcomes():
       if outcome.pending:
         continue
+      self._release(outcome.lease_id)
       self.stats["submitted"] += 1
       if outcome.accepted:
         self.stats["accepted"] += 1
@@ -122,7 +138,7 @@ class RolloutWorker:
                     outcome.reason, outcome.message)
 
   async def _submit_loop(self) -> None:
-    while not (self._stop.is_set() and self._done.empty() and not self._running):
+    while not (self._stop.is_set() and self._done.empty() and not self._active_episodes):
       batch = []
       try:
         batch.append(await asyncio.wait_for(self._done.get(), timeout=self.config.submit_interval_s))
@@ -135,8 +151,11 @@ class RolloutWorker:
 
   async def _heartbeat_loop(self) -> None:
     while not self._stop.is_set():
+      # A third of the lease TTL at most: a live episode's lease must never lapse between two heartbeats.
+      # Until the first lease tells the TTL, poll briefly (no RPC is made while nothing runs).
+      interval = min(self.config.heartbeat_interval_s, self._lease_ttl_s / 3) if self._lease_ttl_s else 0.5
       try:
-        await asyncio.wait_for(self._stop.wait(), timeout=self.config.heartbeat_interval_s)
+        await asyncio.wait_for(self._stop.wait(), timeout=interval)
       except TimeoutError:
         pass
       if self._running:
@@ -145,15 +164,25 @@ class RolloutWorker:
           log.warning("leases expired while running: %s", list(response.expired_lease_ids))
 
   async def run(self) -> dict[str, int]:
+    # Env calls run in the default executor (`asyncio.to_thread`); its stock size (cpu + 4 threads) would let a
+    # few slow env calls (sandboxes, test suites) stall every other episode, so give each agent loop a thread.
+    asyncio.get_running_loop().set_default_executor(
+        concurrent.futures.ThreadPoolExecutor(max_workers=self.config.concurrency + 4,
+                                              thread_name_prefix="sao-worker"))
     submitter = asyncio.create_task(self._submit_loop())
     heartbeat = asyncio.create_task(self._heartbeat_loop())
     episodes: set[asyncio.Task] = set()
     idle_since = time.monotonic()
     try:
       while not self._stop.is_set():
-        free = self.config.concurrency - len(episodes)
+        # A finished sample holds its slot until the trainer acknowledges it: when the trainer pushes back
+        # (BACKPRESSURE), the worker stops leasing instead of running ahead with ever more outstanding leases.
+        free = self.config.concurrency - max(len(episodes), sum(self._running.values()))
         if free <= 0:
-          await asyncio.wait(episodes, return_when=asyncio.FIRST_COMPLETED)
+          if episodes:
+            await asyncio.wait(episodes, timeout=self.config.submit_interval_s, return_when=asyncio.FIRST_COMPLETED)
+          else:
+            await asyncio.sleep(self.config.submit_interval_s)  # waiting for acknowledgements
           episodes = {t for t in episodes if not t.done()}
           continue
         response = await asyncio.to_thread(self.client.lease, free)
@@ -168,11 +197,13 @@ class RolloutWorker:
           episodes = {t for t in episodes if not t.done()}
           continue
         idle_since = time.monotonic()
+        self._lease_ttl_s = min(t.lease_ttl_ms for t in response.tasks) / 1000
         for leased in response.tasks:
           indices = list(leased.sample_indices) or list(range(leased.num_samples))
           self._running[leased.lease_id] = self._running.get(leased.lease_id, 0) + len(indices)
           for sample_index in indices:
             engine = self._engine(response.engine_urls)
+            self._active_episodes += 1  # here, not in the task: the submit loop must see it before the task starts
             episodes.add(asyncio.create_task(self._episode(leased, sample_index, engine)))
         episodes = {t for t in episodes if not t.done()}
       if episodes:
