@@ -150,14 +150,19 @@ class RolloutWorker:
         await self._submit(batch)
 
   async def _heartbeat_loop(self) -> None:
-    while not self._stop.is_set():
+    # Runs until `run()` cancels it after the submitter is done: while stopping, samples still waiting for their
+    # acknowledgement keep their leases too.
+    while True:
       # A third of the lease TTL at most: a live episode's lease must never lapse between two heartbeats.
       # Until the first lease tells the TTL, poll briefly (no RPC is made while nothing runs).
       interval = min(self.config.heartbeat_interval_s, self._lease_ttl_s / 3) if self._lease_ttl_s else 0.5
-      try:
-        await asyncio.wait_for(self._stop.wait(), timeout=interval)
-      except TimeoutError:
-        pass
+      if self._stop.is_set():
+        await asyncio.sleep(interval)
+      else:
+        try:
+          await asyncio.wait_for(self._stop.wait(), timeout=interval)
+        except TimeoutError:
+          pass
       if self._running:
         response = await asyncio.to_thread(self.client.heartbeat, list(self._running))
         if response.expired_lease_ids:
