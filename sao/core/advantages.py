@@ -232,8 +232,12 @@ def group_advantages(
     raise ValueError(f"group_ids must be an integer array, got dtype {group_ids.dtype}")
   checks.same_shape(["rewards", "group_ids"], [rewards, group_ids])
   r = rewards.astype(checks.compute_dtype(rewards))
-  same = (group_ids[:, None] == group_ids[None, :]).astype(r.dtype)  # [B, B]
+  member = group_ids[:, None] == group_ids[None, :]  # [B, B]
+  same = member.astype(r.dtype)
   count = jnp.sum(same, axis=1)
+  # Shift each group by its minimum (an exact member value) first: a group of equal rewards then centres to exact
+  # zeros instead of rounding noise that the std division would blow up to O(1) advantages.
+  r = r - jnp.min(jnp.where(member, r[None, :], jnp.inf), axis=1)
   mean = same @ r / count
   centred = r - mean
   adv = centred

@@ -47,6 +47,7 @@ class WorkerConfig:
   episode_timeout_s: float = 600.0
   submit_batch: int = 8
   submit_interval_s: float = 0.2
+  submit_budget_s: float = 2.0  # one submit call's retry time for pushed-back trajectories (they stay pending)
   heartbeat_interval_s: float = 10.0
   idle_exit_s: float = 0.0  # 0 = never exit for lack of work
   worker_id: str | None = None
@@ -124,7 +125,9 @@ class RolloutWorker:
       self._running.pop(lease_id, None)
 
   async def _submit(self, trajs: list[Trajectory]) -> None:
-    outcomes = await asyncio.to_thread(self.client.submit, trajs)
+    # A short budget: pushed-back trajectories stay pending in the client and go out again on the next call, so
+    # acknowledgements already received are acted on (slots freed, leases released) without waiting on the rest.
+    outcomes = await asyncio.to_thread(self.client.submit, trajs, self.config.submit_budget_s)
     for outcome in outcomes + self.client.late_outcomes():
       if outcome.pending:
         continue

@@ -160,11 +160,12 @@ class TrajectoryClient:
     out, self._late = self._late, []
     return out
 
-  def submit(self, trajs: Sequence[Trajectory]) -> list[SubmitOutcome]:
+  def submit(self, trajs: Sequence[Trajectory], budget_s: float | None = None) -> list[SubmitOutcome]:
     """Submits `trajs` (plus anything still pending) and returns one outcome per element of `trajs`.
 
     Accepted and permanently rejected trajectories are final; ones pushed back (BACKPRESSURE, INTERNAL) or hit by
-    a transport error are re-sent until `retry_budget_s` runs out, then reported with `pending=True` and kept.
+    a transport error are re-sent until `budget_s` (default `retry_budget_s`) runs out, then reported with
+    `pending=True` and kept for the next call (an asyncio worker passes a short budget so it is never stuck here).
     Raises `grpc.RpcError` for a non-transient RPC failure (e.g. UNAUTHENTICATED); nothing is dropped then.
     """
     keys = []
@@ -174,7 +175,7 @@ class TrajectoryClient:
       self._unacked[key] = traj.to_proto()
     wanted = set(keys)
     outcomes: dict[tuple[str, int], SubmitOutcome] = {}
-    deadline = time.monotonic() + self.retry_budget_s
+    deadline = time.monotonic() + (self.retry_budget_s if budget_s is None else budget_s)
     while self._unacked and time.monotonic() < deadline:
       batch = list(self._unacked.items())[:self.max_batch]
       try:

@@ -98,8 +98,9 @@ def test_gae_bfloat16_inputs_compute_in_float32():
 @hypothesis.settings(deadline=None, max_examples=40)
 @hypothesis.given(
     data=st.data(),
-    batch=st.integers(1, 4),
-    num_tokens=st.integers(1, 24),
+    # A few shapes only: every new shape is a fresh XLA compile, and the values are what hypothesis should explore.
+    batch=st.sampled_from([1, 3]),
+    num_tokens=st.sampled_from([1, 7, 24]),
     gamma=st.floats(0.5, 1.0),
     lam=st.floats(0.0, 1.0),
 )
@@ -164,7 +165,7 @@ def test_masked_statistics_empty_mask():
 
 @hypothesis.settings(deadline=None, max_examples=30)
 @hypothesis.given(
-    rewards=hnp.arrays(np.float32, st.integers(1, 12), elements=st.floats(-5, 5, width=32)),
+    rewards=hnp.arrays(np.float32, st.sampled_from([1, 2, 5, 12]), elements=st.floats(-5, 5, width=32)),
     num_groups=st.integers(1, 4),
     normalize_std=st.booleans(),
     seed=st.integers(0, 1000),

@@ -107,7 +107,7 @@ def hf_smol(smollm2_dir):
 
 
 def test_toy_vocabulary(toy):
-  assert toy.vocab_size < 512
+  assert toy.vocab_size < 600  # small: the toy models are ~100k parameters
   for i, t in enumerate(toy_vocab.TOY_SPECIAL_TOKENS):
     assert toy.token_to_id(t) == i
     assert toy.encode(t) == [i]
