@@ -2,8 +2,8 @@
 
 Mesh axes: `data` (pure data parallel), `fsdp` (data parallel + parameter sharding), `tensor` (model parallel).
 Batches are sharded over `("data", "fsdp")` on their first axis. Parameters carry logical axis names
-(`sao.models.layers`); `LOGICAL_RULES` maps them to mesh axes. A dimension whose size the mesh axis does not divide
-is replicated instead (tiny test models on 8 devices), so any model fits any mesh.
+(`sao.models.layers`); `sao.models.sharding.LOGICAL_AXIS_RULES` maps them to mesh axes. A dimension whose size the
+mesh axis does not divide is replicated instead (tiny test models on 8 devices), so any model fits any mesh.
 
 Optimizer states are sharded like the parameters they mirror: an optax state leaf whose key path ends with a
 parameter's path (e.g. `…/mu/model/layers_0/mlp/up_proj/kernel`) and has its shape gets that parameter's sharding;
@@ -13,28 +13,14 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from sao.models import sharding as model_sharding
+
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
-# Logical parameter axis → mesh axis (None = replicated). FSDP shards the hidden (`embed`) dimension of every
-# matrix; tensor parallelism shards heads, MLP width and vocabulary.
-LOGICAL_RULES: tuple[tuple[str, str | None], ...] = (
-    ("embed", "fsdp"),
-    ("vocab", "tensor"),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("head_dim", None),
-    ("mlp", "tensor"),
-    ("expert", None),
-    ("expert_mlp", "tensor"),
-    ("norm", None),
-)
-
-
 def make_mesh(shape: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
   """A `("data", "fsdp", "tensor")` mesh; one size may be −1 (= the remaining devices). Raises ValueError."""
   devices = list(devices if devices is not None else jax.devices())
@@ -70,28 +56,10 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-def _fit_spec(spec: P, shape: tuple[int, ...], mesh: Mesh) -> P:
-  """Replaces any mesh axis that does not divide its dimension by None."""
-  out = []
-  for dim, axis in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
-    names = (axis,) if isinstance(axis, str) else tuple(axis or ())
-    size = int(np.prod([mesh.shape[n] for n in names])) if names else 1
-    out.append(axis if names and dim % size == 0 else None)
-  return P(*out)
-
-
 def param_shardings(boxed_abstract_params: Any, mesh: Mesh) -> Any:
-  """NamedShardings for an abstract parameter tree whose leaves are `nn.LogicallyPartitioned` (or plain leaves,
-  which are replicated). Returns a tree of the *unboxed* structure."""
-  specs = nn.get_partition_spec(boxed_abstract_params)
-  shapes = nn.meta.unbox(boxed_abstract_params)
-  is_leaf = lambda x: isinstance(x, P)
-
-  def to_sharding(spec, shape):
-    mesh_spec = nn.logical_to_mesh_axes(tuple(spec), LOGICAL_RULES) if len(spec) else P()
-    return NamedSharding(mesh, _fit_spec(mesh_spec, tuple(shape.shape), mesh))
-
-  return jax.tree.map(to_sharding, specs, shapes, is_leaf=is_leaf)
+  """NamedShardings for an abstract parameter tree whose leaves are `nn.LogicallyPartitioned`, by the model layer's
+  one rules table (`sao.models.sharding.LOGICAL_AXIS_RULES`). Returns a tree of the *unboxed* structure."""
+  return model_sharding.param_shardings(boxed_abstract_params, mesh)
 
 
 def _path_keys(path) -> tuple[str, ...]:
