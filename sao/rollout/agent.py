@@ -67,22 +67,16 @@ def parse_weight_version(version: str | None) -> int | None:
     return None
 
 
-class _Episode:
-  """The growing token stream and bookkeeping of one episode (kept outside the timeout scope: a timed-out episode
-  still returns what it had)."""
+@dataclasses.dataclass
+class TokenStream:
+  """A growing token stream: ids, model-vs-context mask, log-probs (0 on context) and message boundaries.
 
-  def __init__(self):
-    self.token_ids: list[int] = []
-    self.action_mask: list[bool] = []
-    self.logprobs: list[float] = []
-    self.boundaries: list[int] = []
-    self.versions: list[int] = []
-    self.num_turns = 0
-    self.length_turns = 0
-    self.generate_s = 0.0
-    self.tool_s = 0.0
-    self.status = Status.OK
-    self.error = ""
+  Shared by the agent loop's episodes and the proxy's session segments, so both record tokens the same way.
+  """
+  token_ids: list[int] = dataclasses.field(default_factory=list)
+  action_mask: list[bool] = dataclasses.field(default_factory=list)
+  logprobs: list[float] = dataclasses.field(default_factory=list)
+  boundaries: list[int] = dataclasses.field(default_factory=list)
 
   def append(self, ids: Sequence[int], logprobs: Sequence[float] | None = None) -> None:
     """Appends `ids`: model tokens (mask 1) when `logprobs` is given, else context tokens (mask 0, log-prob 0)."""
@@ -93,6 +87,19 @@ class _Episode:
   def mark(self, offset: int) -> None:
     if not self.boundaries or offset > self.boundaries[-1]:
       self.boundaries.append(offset)
+
+
+@dataclasses.dataclass
+class _Episode(TokenStream):
+  """One episode's token stream and bookkeeping (kept outside the timeout scope: a timed-out episode still returns
+  what it had)."""
+  versions: list[int] = dataclasses.field(default_factory=list)
+  num_turns: int = 0
+  length_turns: int = 0
+  generate_s: float = 0.0
+  tool_s: float = 0.0
+  status: Status = Status.OK
+  error: str = ""
 
 
 def message_boundaries(tokenizer: Tokenizer, messages: Sequence[dict], tools: Any, prompt: Sequence[int]) -> list[int]:

@@ -34,7 +34,7 @@ from sao.engines.sglang_client import EngineError
 from sao.models.sampling import SamplingParams
 from sao.models.tokenizer import ChatTemplateError, Tokenizer
 from sao.rollout import tool_format
-from sao.rollout.agent import Engine, message_boundaries, parse_weight_version
+from sao.rollout.agent import Engine, TokenStream, message_boundaries, parse_weight_version
 from sao.transport.trajectory import Status, Trajectory
 
 log = logging.getLogger(__name__)
@@ -76,12 +76,8 @@ def normalize_message(message: Mapping[str, Any]) -> tuple:
 
 
 @dataclasses.dataclass
-class Segment:
+class Segment(TokenStream):
   """One contiguous token stream of a session (a new one starts when the scaffold rewrites history)."""
-  token_ids: list[int] = dataclasses.field(default_factory=list)
-  action_mask: list[bool] = dataclasses.field(default_factory=list)
-  logprobs: list[float] = dataclasses.field(default_factory=list)
-  boundaries: list[int] = dataclasses.field(default_factory=list)
   versions: list[int] = dataclasses.field(default_factory=list)
   messages: list[dict] = dataclasses.field(default_factory=list)  # as the template renders them
   seen: list[tuple] = dataclasses.field(default_factory=list)  # normalized, for the extension check
@@ -91,16 +87,6 @@ class Segment:
   status: Status = Status.OK
   metadata: dict[str, str] = dataclasses.field(default_factory=dict)
   generate_s: float = 0.0
-
-  def append(self, ids: Sequence[int], logprobs: Sequence[float] | None = None) -> None:
-    self.token_ids.extend(int(i) for i in ids)
-    self.action_mask.extend([logprobs is not None] * len(ids))
-    self.logprobs.extend([0.0] * len(ids) if logprobs is None else [float(x) for x in logprobs])
-
-  def mark(self, offset: int) -> None:
-    if not self.boundaries or offset > self.boundaries[-1]:
-      self.boundaries.append(offset)
-
 
 @dataclasses.dataclass
 class Session:
