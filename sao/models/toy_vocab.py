@@ -8,7 +8,8 @@ saved copy:
 - ids 7..262: the 256 bytes (GPT-2's byte-to-unicode alphabet), so every string round-trips exactly;
 - then `TOY_PIECES`: common words, JSON fragments of tool calls, and Python fragments, for compact encodings.
 The model is a Unigram model with the same score on every piece, so encoding picks a segmentation with the fewest
-tokens (Viterbi). No piece contains a digit, so numbers are spelt digit by digit. The ids never change for a given
+tokens (Viterbi). Digits appear only in the whole-number pieces 10..128 (one token each);
+other numbers are spelt digit by digit. The ids never change for a given
 piece list: do not reorder `TOY_PIECES` (append only) or trained toy checkpoints stop matching.
 """
 from __future__ import annotations
@@ -63,6 +64,8 @@ TOY_PIECES = (
     '"object", "properties": {"guess": {"type": "integer", "description": "your guess"}}, "required": ["guess"]}}',
     "\nCall a tool with ", '{"name": NAME, "arguments": ARGS}', '{"name": "compare", "arguments": {"guess": ',
     "Find the number in ", "system\n", "user\n", "assistant\n", "tool\n",
+    # Whole numbers 10..128 (number_search's ranges with offsets): one token per guess, so a decision is one sample.
+    *(str(i) for i in range(10, 129)),
 )
 
 
@@ -94,8 +97,8 @@ def build_toy_backend() -> tuple[Tokenizer, dict[str, Any], dict[str, Any]]:
     raise AssertionError("TOY_PIECES has duplicates")
   if any(len(p) < 2 for p in pieces):
     raise AssertionError("TOY_PIECES must be multi-byte (single bytes are already tokens)")
-  if any(ch.isdigit() for p in TOY_PIECES for ch in p):
-    raise AssertionError("TOY_PIECES must not contain digits (numbers are spelt digit by digit)")
+  if any(any(ch.isdigit() for ch in p) and not p.isdigit() for p in TOY_PIECES):
+    raise AssertionError("TOY_PIECES: digits only in whole-number pieces (other numbers are spelt digit by digit)")
   # Equal scores: the Viterbi segmentation is then one with the fewest pieces. Specials get a score too (the model
   # never sees them: added tokens are split off before it).
   vocab = [(t, -1.0) for t in TOY_SPECIAL_TOKENS]

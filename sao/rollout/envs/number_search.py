@@ -1,7 +1,13 @@
-"""number_search: find a hidden integer in [1, N] by asking `compare(guess)`.
+"""number_search: find a hidden integer in a range of N consecutive integers by asking `compare(guess)`.
 
-The observation is one word: "higher" (the hidden number is higher than the guess), "lower", or "equal" (found; the
-episode ends). Reward 1 iff found within `max_turns` calls. The optimal policy is binary search, which needs at most
+The range is `offset+1 .. offset+N`; `offsets` (default `(0,)`: the range 1..N) multiplies the task pool, so a
+configuration can hold many distinct tasks and its validation/test splits many held-out ones.
+
+The observation starts with one word: "higher" (the hidden number is higher than the guess), "lower", or "equal"
+(found; the episode ends). With `show_interval`, "higher"/"lower" are followed by the interval still consistent with
+every answer so far (`"higher 9..16"`): the environment's state is then in the last observation (a Markov
+observation), which a tiny toy policy and its critic can read without re-deriving it from the whole history.
+Reward 1 iff found within `max_turns` calls. The optimal policy is binary search, which needs at most
 ceil(log2(N + 1)) calls, so the default budget (8 for N = 64) leaves one spare turn.
 """
 from __future__ import annotations
@@ -18,7 +24,8 @@ from sao.rollout.tool_format import ToolCall
 
 @register("number_search")
 class NumberSearch(Env):
-  """Config: `n` (the range is 1..n), `max_turns` (default: binary search's worst case + 1)."""
+  """Config: `n` (range size), `max_turns` (default: binary search's worst case + 1), `offsets` (each gives the
+  range offset+1..offset+n; default (0,)), `show_interval` (observations carry the remaining interval)."""
   name = "number_search"
   system_prompt = "Find the hidden number. Call compare with a guess; it says higher, lower or equal."
   tool_schemas = [
@@ -26,44 +33,64 @@ class NumberSearch(Env):
                                 {"guess": {"type": "integer", "description": "your guess"}}),
   ]
 
-  def __init__(self, n: int = 64, max_turns: int | None = None):
+  def __init__(self, n: int = 64, max_turns: int | None = None, offsets: tuple[int, ...] = (0,),
+               show_interval: bool = False):
     super().__init__()
     if n < 1:
       raise ValueError(f"n: must be >= 1, got {n}")
+    offsets = tuple(int(o) for o in offsets)
+    if not offsets or min(offsets) < 0 or len(set(offsets)) != len(offsets):
+      raise ValueError(f"offsets: need distinct integers >= 0, got {offsets}")
     self.n = int(n)
+    self.offsets = offsets
+    self.show_interval = bool(show_interval)
     self.config_max_turns = int(max_turns) if max_turns is not None else math.ceil(math.log2(n + 1)) + 1
     if self.config_max_turns < 1:
       raise ValueError(f"max_turns: must be >= 1, got {max_turns}")
-    self._lo = self._hi = self._target = self._range = 0
+    self._lo = self._hi = self._target = self._first = self._last = 0
+    self._show_interval = False
     self._found = False
 
   def task_pool(self) -> list[Task]:
-    return [{"env": self.name, "key": f"number_search/n{self.n}/t{target}", "n": self.n,
-             "max_turns": self.config_max_turns, "target": target} for target in range(1, self.n + 1)]
+    pool = []
+    for offset in self.offsets:
+      for target in range(offset + 1, offset + self.n + 1):
+        # The plain range keeps its original keys (and so its split); offset ranges are new, distinct tasks.
+        key = f"number_search/n{self.n}/t{target}" if offset == 0 else f"number_search/n{self.n}/o{offset}/t{target}"
+        task = {"env": self.name, "key": key, "n": self.n, "max_turns": self.config_max_turns, "target": target}
+        if offset:
+          task["offset"] = offset
+        if self.show_interval:
+          task["show_interval"] = True
+        pool.append(task)
+    return pool
 
   def _reset(self, task: Task) -> str:
     self._target = int(task["target"])
-    n = int(task["n"])
-    if not 1 <= self._target <= n:
-      raise ValueError(f"task['target']: {self._target} outside 1..{n}")
-    self._range = n
+    n, offset = int(task["n"]), int(task.get("offset", 0))
+    self._first, self._last = offset + 1, offset + n
+    if not self._first <= self._target <= self._last:
+      raise ValueError(f"task['target']: {self._target} outside {self._first}..{self._last}")
+    self._show_interval = bool(task.get("show_interval", False))
     # The expert's knowledge state: the interval still consistent with the observations so far.
-    self._lo, self._hi = 1, n
+    self._lo, self._hi = self._first, self._last
     self._found = False
-    return f"Find the number in 1..{n}."
+    return f"Find the number in {self._first}..{self._last}."
 
   def _step(self, call: ToolCall) -> tuple[str, bool]:
     guess = call.arguments["guess"]
-    if not 1 <= guess <= self._range:
-      return f"error: guess must be in 1..{self._range}", False
+    if not self._first <= guess <= self._last:
+      return f"error: guess must be in {self._first}..{self._last}", False
+    if guess == self._target:
+      self._found = True
+      return "equal", True
     if guess < self._target:
       self._lo = max(self._lo, guess + 1)
-      return "higher", False
-    if guess > self._target:
+      word = "higher"
+    else:
       self._hi = min(self._hi, guess - 1)
-      return "lower", False
-    self._found = True
-    return "equal", True
+      word = "lower"
+    return f"{word} {self._lo}..{self._hi}" if self._show_interval else word, False
 
   def score(self) -> float:
     return 1.0 if self._found else 0.0
@@ -73,4 +100,4 @@ class NumberSearch(Env):
 
   def noisy_action(self, rng: np.random.Generator) -> ToolCall:
     # A guess anywhere in the whole range: may repeat what is already known, i.e. waste a turn.
-    return ToolCall("compare", {"guess": int(rng.integers(1, self._range + 1))})
+    return ToolCall("compare", {"guess": int(rng.integers(self._first, self._last + 1))})
