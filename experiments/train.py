@@ -36,6 +36,17 @@ def _tasks(config):
           env.tasks("validation", config.env.num_validation_tasks, config.seed + 1))
 
 
+def _harness_flags(config) -> list[str]:
+  """The rollout worker's harness-mixture flags from `config.rollout` (none when the config names no harnesses)."""
+  r = config.rollout
+  names = tuple(r.get("harnesses", ()) or ())
+  if not names:
+    return []
+  weights = tuple(r.get("harness_weights", ()) or ())
+  return [f"--harnesses={','.join(names)}", f"--harness_weights={','.join(str(w) for w in weights)}",
+          f"--eval_harness={r.get('eval_harness', '') or ''}", f"--harness_seed={config.seed}"]
+
+
 def _tokenizer(config):
   from sao.models.tokenizer import Tokenizer, toy_tokenizer  # pylint: disable=g-import-not-at-top
   path = config.model.tokenizer_path or (config.model.hf_path if config.model.init == "hf" else "")
@@ -83,7 +94,8 @@ class EmbeddedProcesses:
     log_path = os.path.join(self.log_dir, f"worker{i}.log")
     cmd = [sys.executable, "-m", "sao.rollout.worker", f"--trainer={self.trainer_address}",
            f"--concurrency={c.rollout.concurrency}", f"--max_new_tokens={c.rollout.max_new_tokens}",
-           f"--max_turns={c.rollout.max_turns}", f"--max_total_tokens={c.rollout.max_total_tokens}"]
+           f"--max_turns={c.rollout.max_turns}", f"--max_total_tokens={c.rollout.max_total_tokens}",
+           *_harness_flags(c)]
     if c.model.tokenizer_path or c.model.init == "hf":
       cmd.append(f"--tokenizer_path={c.model.tokenizer_path or c.model.hf_path}")
     with open(log_path, "ab") as log_file:
@@ -155,7 +167,9 @@ def run_trainer(config, workdir: str):
     from sao.rollout.demonstrations import demonstration_trajectories  # pylint: disable=g-import-not-at-top
     r = config.recipe
     return demonstration_trajectories(config.env.name, tokenizer, r.num_demonstrations, config.seed,
-                                      noise=r.demonstration_noise, env_kwargs=dict(config.env.kwargs))
+                                      noise=r.demonstration_noise, env_kwargs=dict(config.env.kwargs),
+                                      harnesses=tuple(config.rollout.get("harnesses", ()) or ()),
+                                      harness_weights=tuple(config.rollout.get("harness_weights", ()) or ()))
 
   if config.role == "embedded" and not config.engine_urls:
     processes = EmbeddedProcesses(config, workdir)
@@ -186,7 +200,8 @@ def main(argv):
       raise app.UsageError("--trainer is required for role=worker")
     cmd = [sys.executable, "-m", "sao.rollout.worker", f"--trainer={_TRAINER.value}",
            f"--concurrency={config.rollout.concurrency}", f"--max_new_tokens={config.rollout.max_new_tokens}",
-           f"--max_turns={config.rollout.max_turns}", f"--max_total_tokens={config.rollout.max_total_tokens}"]
+           f"--max_turns={config.rollout.max_turns}", f"--max_total_tokens={config.rollout.max_total_tokens}",
+           *_harness_flags(config)]
     if config.engine_urls:
       cmd.append(f"--engine_urls={','.join(config.engine_urls)}")
     os.execv(sys.executable, cmd)

@@ -66,6 +66,10 @@ TOY_PIECES = (
     "Find the number in ", "system\n", "user\n", "assistant\n", "tool\n",
     # Whole numbers 10..128 (number_search's ranges with offsets): one token per guess, so a decision is one sample.
     *(str(i) for i in range(10, 129)),
+    # Harness syntaxes (`sao.rollout.harnesses.syntaxes`): fenced blocks, Python-style calls and their tool lists.
+    "```json\n", "\n```", "```bash\n", "```", "compare(guess=", "(guess=", ")\n",
+    "compare(guess: integer) - Compare a guess with the hidden number.",
+    "Call a tool as a Python call: NAME(ARG=VALUE, ...).",
 )
 
 

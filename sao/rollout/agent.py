@@ -45,6 +45,21 @@ class Engine(Protocol):
     ...
 
 
+class ToolSyntax(Protocol):
+  """How an episode shows its tools and reads tool calls from assistant text (`sao.rollout.harnesses` has them).
+
+  Without one the loop speaks the chat template's own tool format (`tool_format`: tools rendered by the template,
+  `<tool_call>{json}</tool_call>` calls).
+  """
+
+  def present(self, messages: Sequence[dict], tool_schemas: Sequence[dict]) -> tuple[list[dict], list[dict] | None]:
+    """(the first messages to render, the `tools` to give the chat template) for the env's first messages."""
+    ...
+
+  def parse_call(self, text: str, tool_schemas: Sequence[dict]) -> tool_format.ToolCall | tool_format.ToolCallError:
+    ...
+
+
 @dataclasses.dataclass(frozen=True)
 class EpisodeLimits:
   """max_turns: model turns; max_total_tokens: the whole token stream; timeout_s: wall-clock seconds per episode."""
@@ -113,9 +128,11 @@ def message_boundaries(tokenizer: Tokenizer, messages: Sequence[dict], tools: An
 
 
 async def _play(ep: _Episode, engine: Engine, tokenizer: Tokenizer, env: envs.Env, task: dict,
-                sampling: SamplingParams, limits: EpisodeLimits, policy_version_fn: Callable[[], int] | None) -> None:
+                sampling: SamplingParams, limits: EpisodeLimits, policy_version_fn: Callable[[], int] | None,
+                syntax: ToolSyntax | None) -> None:
   messages = await asyncio.to_thread(env.reset, task)
-  tools = env.tool_schemas
+  schemas = env.tool_schemas
+  messages, tools = syntax.present(messages, schemas) if syntax is not None else (messages, schemas)
   prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
   ep.append(prompt)
   for b in message_boundaries(tokenizer, messages, tools, prompt):
@@ -153,7 +170,8 @@ async def _play(ep: _Episode, engine: Engine, tokenizer: Tokenizer, env: envs.En
     ended_on_stop = result.finish_reason == "stop" and result.token_ids[-1] in stop_ids
     ep.length_turns += not ended_on_stop
     text = tokenizer.decode(result.token_ids[:-1] if ended_on_stop else result.token_ids)
-    call = tool_format.parse_tool_call(text, tools)  # malformed → ToolCallError → error observation from env.step
+    # Malformed → ToolCallError → an error observation from env.step.
+    call = syntax.parse_call(text, schemas) if syntax is not None else tool_format.parse_tool_call(text, tools)
     start = time.monotonic()
     observation, done = await asyncio.to_thread(env.step, call)
     ep.tool_s += time.monotonic() - start
@@ -177,14 +195,16 @@ async def _play(ep: _Episode, engine: Engine, tokenizer: Tokenizer, env: envs.En
 async def run_episode(engine: Engine, tokenizer: Tokenizer, env: envs.Env, task: dict,
                       sampling: SamplingParams = SamplingParams(), limits: EpisodeLimits = EpisodeLimits(),
                       policy_version_fn: Callable[[], int] | None = None, *, sample_index: int = 0,
-                      group_id: str = "", harness: str = "sao", lease_id: str = "") -> Trajectory:
+                      group_id: str = "", harness: str = "sao", lease_id: str = "",
+                      syntax: ToolSyntax | None = None) -> Trajectory:
   """Plays `task` in `env` (reset here) with the engine; returns the trajectory. Never raises for engine,
-  environment, template or timeout failures (they become the status); see the module docstring."""
+  environment, template or timeout failures (they become the status); see the module docstring. `harness` labels
+  the trajectory; `syntax` is its tool-call text format (None: the chat template's own)."""
   ep = _Episode()
   start = time.monotonic()
   try:
     async with asyncio.timeout(limits.timeout_s):
-      await _play(ep, engine, tokenizer, env, task, sampling, limits, policy_version_fn)
+      await _play(ep, engine, tokenizer, env, task, sampling, limits, policy_version_fn, syntax)
   except TimeoutError:
     ep.status, ep.error = Status.TIMEOUT, f"episode exceeded {limits.timeout_s}s"
   except EngineTimeoutError as e:

@@ -14,7 +14,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from sao.models.tokenizer import Tokenizer
+from sao.rollout import harnesses as harness_lib
 from sao.rollout.envs import make
+from sao.rollout.harnesses import expert
 from sao.rollout.envs.base import Demonstration
 from sao.transport.trajectory import Trajectory
 
@@ -64,15 +66,25 @@ def demonstration_to_trajectory(demo: Demonstration, tokenizer: Tokenizer, tool_
 
 def demonstration_trajectories(env_name: str, tokenizer: Tokenizer, n: int, seed: int, noise: float = 0.0,
                                split: str = "train", successful_only: bool = False,
-                               env_kwargs: dict[str, Any] | None = None) -> list[Trajectory]:
+                               env_kwargs: dict[str, Any] | None = None, harnesses: Sequence[str] = (),
+                               harness_weights: Sequence[float] = ()) -> list[Trajectory]:
   """`n` expert episodes on `split` tasks of `env_name`, tokenised. Deterministic given `seed`.
 
-  With `successful_only`, failed (noisy) episodes are dropped (so the result may hold fewer than `n`).
+  With `successful_only`, failed (noisy) episodes are dropped (so the result may hold fewer than `n`). With
+  `harnesses`, each episode is played through one of them (picked at `harness_weights`, as the rollout worker picks
+  training harnesses; `sao.rollout.harnesses.expert`), in that harness's own format; without, in the chat
+  template's own tool format (what the `xml_json` harness speaks).
   """
   env = make(env_name, **(env_kwargs or {}))
   rng = np.random.default_rng(seed)
+  tasks = env.tasks(split, n, seed)
+  if harnesses:
+    mixture = harness_lib.HarnessMixture(tuple(harnesses), tuple(harness_weights), seed=seed)
+    names = [mixture.pick(f"demonstration:{i}", 0) for i in range(len(tasks))]
+    trajs = expert.demonstrate_all(names, env, tasks, tokenizer, rng, noise)
+    return [t for t in trajs if t.reward > 0 or not successful_only]
   out = []
-  for task in env.tasks(split, n, seed):
+  for task in tasks:
     demo = env.demonstrate(task, rng, noise=noise)
     if successful_only and demo.reward <= 0:
       continue

@@ -114,8 +114,15 @@ def parse_tool_call(text: str,
     return ToolCallError(ToolCallErrorCode.NO_TOOL_CALL, f"no {OPEN_TAG}")
   if len(matches) > 1:
     return ToolCallError(ToolCallErrorCode.MULTIPLE_CALLS, "one tool call per turn")
+  return call_from_json(matches[0], tools)
+
+
+def call_from_json(text: str,
+                   tools: Collection[str] | Sequence[Mapping[str, Any]] | None = None) -> ToolCall | ToolCallError:
+  """The call in a JSON object `{"name": ..., "arguments": {...}}` (arguments may be a JSON string), checked against
+  `tools` as `parse_tool_call` does; a `ToolCallError` if it is not one."""
   try:
-    payload = json.loads(matches[0])
+    payload = json.loads(text)
   except json.JSONDecodeError as e:
     return ToolCallError(ToolCallErrorCode.INVALID_JSON, f"invalid JSON at char {e.pos}")
   if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
@@ -128,7 +135,12 @@ def parse_tool_call(text: str,
       return ToolCallError(ToolCallErrorCode.INVALID_JSON, f"invalid JSON in arguments at char {e.pos}")
   if not isinstance(arguments, dict) or set(payload) - {"name", "arguments"}:
     return ToolCallError(ToolCallErrorCode.BAD_STRUCTURE, 'expected {"name": ..., "arguments": {...}}')
-  call = ToolCall(payload["name"], arguments)
+  return check_call(ToolCall(payload["name"], arguments), tools)
+
+
+def check_call(call: ToolCall,
+               tools: Collection[str] | Sequence[Mapping[str, Any]] | None = None) -> ToolCall | ToolCallError:
+  """`call` if `tools` offer it (and, with schemas, its arguments fit), else the `ToolCallError` saying why."""
   if tools is None:
     return call
   names = tool_names(tools)
@@ -136,7 +148,7 @@ def parse_tool_call(text: str,
     return ToolCallError(ToolCallErrorCode.UNKNOWN_TOOL, f"unknown tool {call.name!r}")
   schema = next((t for t in tools if not isinstance(t, str) and t["function"]["name"] == call.name), None)
   if schema is not None:
-    problem = check_arguments(schema, arguments)
+    problem = check_arguments(schema, call.arguments)
     if problem is not None:
       return ToolCallError(ToolCallErrorCode.BAD_ARGUMENTS, problem)
   return call

@@ -26,6 +26,7 @@ from sao.engines.sglang_client import SGLangEngine
 from sao.models.sampling import SamplingParams
 from sao.models.tokenizer import Tokenizer, toy_tokenizer
 from sao.rollout import agent, envs
+from sao.rollout import harnesses as harness_lib
 from sao.transport.client import TrajectoryClient
 from sao.transport.trajectory import Trajectory
 
@@ -52,12 +53,20 @@ class WorkerConfig:
   idle_exit_s: float = 0.0  # 0 = never exit for lack of work
   worker_id: str | None = None
   env_kwargs: dict | None = None  # extra constructor kwargs per env name: {"number_search": {"n": 64}}
+  # The harness mixture (`sao.rollout.harnesses`): each training episode's harness is picked at these weights,
+  # deterministically from (harness_seed, lease group, sample index); validation runs through `eval_harness`.
+  harnesses: Sequence[str] = ("xml_json",)
+  harness_weights: Sequence[float] = ()  # empty = equal weights
+  eval_harness: str = ""  # "" = harnesses[0]
+  harness_seed: int = 0
 
   def __post_init__(self):
     if self.concurrency < 1:
       raise ValueError(f"concurrency: must be >= 1, got {self.concurrency}")
     if self.submit_batch < 1:
       raise ValueError(f"submit_batch: must be >= 1, got {self.submit_batch}")
+    self.harness_mixture = harness_lib.HarnessMixture(tuple(self.harnesses), tuple(self.harness_weights),
+                                                      self.eval_harness, self.harness_seed)
 
 
 class RolloutWorker:
@@ -104,9 +113,11 @@ class RolloutWorker:
       sampling = SamplingParams(max_new_tokens=self.config.max_new_tokens, temperature=leased.temperature,
                                 top_p=self.config.top_p, top_k=self.config.top_k,
                                 stop_token_ids=tuple(self.tokenizer.eos_token_ids))
-      traj = await agent.run_episode(engine, self.tokenizer, env, task, sampling, self.limits,
-                                     sample_index=sample_index, group_id=leased.group_id, lease_id=leased.lease_id,
-                                     harness=leased.env_name)
+      harness = harness_lib.get(self.config.harness_mixture.pick(leased.group_id, sample_index,
+                                                                 leased.is_validation))
+      traj = await harness.run_episode(engine, self.tokenizer, env, task, sampling, self.limits,
+                                       sample_index=sample_index, group_id=leased.group_id,
+                                       lease_id=leased.lease_id)
       traj.task_id = leased.task_id
       await self._done.put(traj)
       queued = True
@@ -234,7 +245,18 @@ _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens per model turn.")
 _MAX_TURNS = flags.DEFINE_integer("max_turns", 32, "Model turns per episode (the env may stop earlier).")
 _MAX_TOKENS = flags.DEFINE_integer("max_total_tokens", 4096, "Tokens per episode.")
 _IDLE_EXIT = flags.DEFINE_float("idle_exit_s", 0.0, "Exit after this long without work (0 = never).")
+_HARNESSES = flags.DEFINE_list("harnesses", ["xml_json"], "Harnesses training episodes are sampled from.")
+_HARNESS_WEIGHTS = flags.DEFINE_list("harness_weights", [], "Their relative weights (empty = equal).")
+_EVAL_HARNESS = flags.DEFINE_string("eval_harness", "", "The harness validation runs through ('' = the first).")
+_HARNESS_SEED = flags.DEFINE_integer("harness_seed", 0, "Seeds the per-episode harness choice.")
 _TOKEN_ENV = flags.DEFINE_string("token_env", "SAO_TRAINER_TOKEN", "Environment variable holding the shared secret.")
+
+
+def _harness_weights(values: Sequence[str]) -> tuple[float, ...]:
+  try:
+    return tuple(float(v) for v in values)
+  except ValueError as e:
+    raise app.UsageError(f"--harness_weights: not numbers: {list(values)}") from e
 
 
 def main(argv: list[str]) -> None:
@@ -244,7 +266,9 @@ def main(argv: list[str]) -> None:
   config = WorkerConfig(trainer_address=_TRAINER.value, tokenizer_path=_TOKENIZER.value,
                         engine_urls=tuple(_ENGINES.value), token=os.environ.get(_TOKEN_ENV.value) or None,
                         concurrency=_CONCURRENCY.value, max_new_tokens=_MAX_NEW.value, max_turns=_MAX_TURNS.value,
-                        max_total_tokens=_MAX_TOKENS.value, idle_exit_s=_IDLE_EXIT.value)
+                        max_total_tokens=_MAX_TOKENS.value, idle_exit_s=_IDLE_EXIT.value,
+                        harnesses=tuple(_HARNESSES.value), harness_weights=_harness_weights(_HARNESS_WEIGHTS.value),
+                        eval_harness=_EVAL_HARNESS.value, harness_seed=_HARNESS_SEED.value)
   worker = RolloutWorker(config)
 
   async def run():

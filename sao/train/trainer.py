@@ -79,6 +79,15 @@ async def _publish(urls: Sequence[str], model_path: str, version: int) -> None:
   await asyncio.gather(*(one(u) for u in urls))
 
 
+def _per_harness_rewards(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+  """`reward/harness/<name>`: the batch's mean reward per harness (the mixed-harness experiment's breakdown)."""
+  by_harness: dict[str, list[float]] = {}
+  for t in trajectories:
+    if t.harness:
+      by_harness.setdefault(t.harness, []).append(t.reward)
+  return {f"reward/harness/{h}": float(np.mean(r)) for h, r in sorted(by_harness.items())}
+
+
 class Trainer:
   """Runs the recipe in `config` (see `experiments/configs/common.py`) in `workdir`."""
 
@@ -256,7 +265,8 @@ class Trainer:
         validation = result.success_rate
         self.validations.append((result.policy_version, result.success_rate))
         self.writer.write_scalars(step, {"validation": validation, "validation/policy_version": result.policy_version,
-                                         "validation/num_tasks": result.num_tasks})
+                                         "validation/num_tasks": result.num_tasks,
+                                         **{f"validation/harness/{h}": v for h, v in result.by_harness.items() if h}})
       now = time.time()
       row = {
           "reward": float(np.mean([t.reward for t in trajectories])),
@@ -271,7 +281,8 @@ class Trainer:
           "policy_version": float(learner.version),
       }
       last = now
-      scalars = {**{k: v for k, v in metrics.items()}, **{k: v for k, v in row.items() if np.isfinite(v)}}
+      scalars = {**{k: v for k, v in metrics.items()}, **{k: v for k, v in row.items() if np.isfinite(v)},
+                 **_per_harness_rewards(trajectories)}
       self.writer.write_scalars(step, {**scalars, "phase/" + phase: 1.0})
       self.history.append({"step": step, **row})
       if step % c.log_every == 0 or step == end_step - 1:

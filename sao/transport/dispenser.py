@@ -128,12 +128,14 @@ class EvalResult:
   num_success: int
   success_rate: float
   mean_reward: float
+  by_harness: Mapping[str, float] = dataclasses.field(default_factory=dict)  # harness -> its success rate
 
 
 @dataclasses.dataclass
 class _EvalRun:
   num_tasks: int
   rewards: dict[str, float] = dataclasses.field(default_factory=dict)  # group id -> reward
+  harnesses: dict[str, str] = dataclasses.field(default_factory=dict)  # group id -> the harness it ran through
 
 
 def _task_id(task: Mapping[str, Any], id_key: str, where: str) -> str:
@@ -342,11 +344,15 @@ class TaskDispenser:
       logger.warning("eval trajectory for version %d without an eval run; ignored", lease.eval_version)
       return
     run.rewards[lease.group_id] = traj.reward
+    run.harnesses[lease.group_id] = traj.harness
     if len(run.rewards) == run.num_tasks:
       rewards = np.asarray(list(run.rewards.values()), np.float64)
       success = int((rewards >= self.config.success_threshold).sum())
+      by_harness: dict[str, list[float]] = {}
+      for group_id, reward in run.rewards.items():
+        by_harness.setdefault(run.harnesses.get(group_id, ""), []).append(reward >= self.config.success_threshold)
       result = EvalResult(lease.eval_version, run.num_tasks, success, success / run.num_tasks,
-                          float(rewards.mean()))
+                          float(rewards.mean()), {h: float(np.mean(v)) for h, v in sorted(by_harness.items())})
       del self._eval_runs[lease.eval_version]
       self._eval_done[lease.eval_version] = result
       self._eval_unreported.append(result)
@@ -437,7 +443,8 @@ class TaskDispenser:
                       "pending": sorted(l.pending), "ttl_left_s": max(0.0, l.expires_at - now)}
                      for l in self._leases.values()],
           "groups": {gid: {"size": g.size, "accepted": sorted(g.accepted)} for gid, g in self._groups.items()},
-          "eval_runs": {str(v): {"num_tasks": r.num_tasks, "rewards": r.rewards} for v, r in self._eval_runs.items()},
+          "eval_runs": {str(v): {"num_tasks": r.num_tasks, "rewards": r.rewards,
+                                   "harnesses": r.harnesses} for v, r in self._eval_runs.items()},
           "eval_done": [dataclasses.asdict(r) for r in self._eval_done.values()],
       }
 
@@ -467,6 +474,7 @@ class TaskDispenser:
         lease = self._issue(l["worker_id"], work(l["work"]), lease_id=l["lease_id"],
                             expires_at=now + float(l["ttl_left_s"]))
         lease.pending = set(l["pending"])
-      self._eval_runs = {int(v): _EvalRun(r["num_tasks"], dict(r["rewards"])) for v, r in state["eval_runs"].items()}
+      self._eval_runs = {int(v): _EvalRun(r["num_tasks"], dict(r["rewards"]), dict(r.get("harnesses", {})))
+                         for v, r in state["eval_runs"].items()}
       self._eval_done = {int(r["policy_version"]): EvalResult(**r) for r in state["eval_done"]}
       self._eval_unreported = []
