@@ -1,0 +1,304 @@
+"""The "swe" environment: resolve a GitHub-style issue in a sandboxed repository, graded like SWE-bench.
+
+Tools (OpenAI function schemas in `SweEnv.tool_schemas`):
+  bash(command)                      runs `command` with `bash -c` in /testbed (a fresh shell each call; timeout,
+                                     CPU/memory limits, output truncated with a marker); observation = output, plus
+                                     "[exit code N]" / "[command timed out ...]".
+  str_replace_editor(command, path, file_text?, old_str?, new_str?, insert_line?, view_range?)
+                                     OpenHands' editor: view / create / str_replace / insert (see tools/editor.py).
+  submit()                           ends the episode; the repository's diff against base_commit is graded.
+
+Synchronous use (as `Env`; the agent loop runs these in a worker thread via `asyncio.to_thread`):
+
+    env = envs.make("swe")                                    # generated dataset; or make("swe", jsonl=..., ...)
+    task = env.tasks("train", 1, seed=0)[0]
+    messages = env.reset(task)                                # [system, user]; creates the episode's sandbox
+    obs, done = env.step(ToolCall("bash", {"command": "python -m pytest -q"}))
+    obs, done = env.step(ToolCall("str_replace_editor", {"command": "view", "path": "/testbed/README.md"}))
+    obs, done = env.step(ToolCall("submit", {}))              # grades; done=True
+    reward = env.score()                                      # 1.0 iff FAIL_TO_PASS and PASS_TO_PASS all pass
+    env.close()                                               # deletes the episode directory (also on reset/GC)
+
+Asynchronous use (scaffolds on an event loop; cancellation kills the running command and deletes the episode):
+
+    messages = await env.areset(task)
+    obs, done = await env.astep(call)                         # same rules as step(): turns, error observations
+    reward = await env.ascore()
+    await env.aclose()
+
+A void grade (the tests timed out, or the grader could not set up) makes `score()` raise `GradeVoidError`; the agent
+loop turns that into an `env_error` trajectory, which the trainer drops. `env.grade_result.status` holds the
+precise status (`Status.TIMEOUT` or `Status.ENV_ERROR`). Sandbox failures raise `SandboxError` (likewise dropped).
+
+Config (`envs.make("swe", **config)`): `jsonl` + `snapshot_root` for SWE-bench data (default: the generated
+dataset of `num_repos` repositories), `max_turns`, per-command `command_timeout_s`, `cpu_s`, `memory_mb`,
+`max_output_bytes`, `test_timeout_s` (grading), `isolation` ("bwrap", or "none" to run unsandboxed — explicit only),
+`autosubmit` (grade the working tree when the episode ends without `submit`; default True, as SWE-agent does).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+from typing import Any
+
+import numpy as np
+
+from sao.rollout import tool_format
+from sao.rollout.envs.base import SPLITS, Env, Task, split_of
+from sao.rollout.envs.registry import register
+from sao.rollout.envs.swe import dataset as dataset_lib
+from sao.rollout.envs.swe import grader as grader_lib
+from sao.rollout.envs.swe import sandbox as sandbox_lib
+from sao.rollout.envs.swe.tools import editor as editor_lib
+from sao.rollout.tool_format import ToolCall, ToolCallError
+from sao.transport.trajectory import Status
+
+_EDITOR_SOURCE = open(editor_lib.__file__, encoding="utf-8").read()
+_DIFF_BYTES = 8 << 20
+
+SYSTEM_PROMPT = ("You are a software engineer working in a Linux sandbox. The repository is at /testbed. Use the "
+                 "tools to inspect and edit it and to run commands; call submit when the issue is resolved.")
+
+USER_TEMPLATE = """<uploaded_files>
+/testbed
+</uploaded_files>
+I've uploaded a python code repository in the directory /testbed. Consider the following issue description:
+
+<issue_description>
+{problem_statement}
+</issue_description>
+
+Make the minimal changes to non-test files in /testbed so that the issue is resolved. I've already taken care of \
+any changes to test files, so you don't have to modify the tests. Reproduce the issue, fix it, check the fix, then \
+call submit."""
+
+TOOL_SCHEMAS = [
+    tool_format.function_tool(
+        "bash", "Run a bash command in /testbed (fresh shell each call; output is truncated; commands time out).",
+        {"command": {"type": "string", "description": "the bash command to run"}}),
+    tool_format.function_tool(
+        "str_replace_editor",
+        "View, create and edit files. `view` shows a file with line numbers (or a directory 2 levels deep); `create` "
+        "writes a new file; `str_replace` replaces `old_str`, which must occur exactly once, with `new_str`; "
+        "`insert` inserts `new_str` after line `insert_line`. Paths are absolute.",
+        {"command": {"type": "string", "enum": list(editor_lib.COMMANDS), "description": "the editor command"},
+         "path": {"type": "string", "description": "absolute path of a file or directory, e.g. /testbed/x.py"},
+         "file_text": {"type": "string", "description": "create: the new file's content"},
+         "old_str": {"type": "string", "description": "str_replace: the exact text to replace"},
+         "new_str": {"type": "string", "description": "str_replace: the replacement; insert: the text to insert"},
+         "insert_line": {"type": "integer", "description": "insert: insert after this line (0 = top)"},
+         "view_range": {"type": "array", "items": {"type": "integer"},
+                        "description": "view: [start, end] lines, end -1 for the end of the file"}},
+        required=["command", "path"]),
+    tool_format.function_tool("submit", "Submit the current state of /testbed for grading and end the episode."),
+]
+
+
+class GradeVoidError(RuntimeError):
+  """The episode's grade is void (tests timed out, grader setup failed): not a 0 reward, a dropped trajectory."""
+
+  def __init__(self, result: grader_lib.GradeResult):
+    self.result = result
+    super().__init__(f"grade void ({result.status}): {result.detail}")
+
+
+def _run_sync(coro):
+  try:
+    asyncio.get_running_loop()
+  except RuntimeError:
+    return asyncio.run(coro)
+  coro.close()
+  raise RuntimeError("SweEnv: synchronous method called on a running event loop; use the a* methods "
+                     "(areset/astep/ascore/aclose) or asyncio.to_thread")
+
+
+@register("swe")
+class SweEnv(Env):
+  """SWE-bench-style issue resolution in a bubblewrap sandbox; see the module docstring."""
+  name = "swe"
+  system_prompt = SYSTEM_PROMPT
+  tool_schemas = TOOL_SCHEMAS
+
+  def __init__(self, jsonl: str | None = None, snapshot_root: str | None = None, num_repos: int = 240,
+               max_turns: int = 30, command_timeout_s: float = 30.0, cpu_s: int = 60, memory_mb: int = 4096,
+               max_output_bytes: int = 10_000, test_timeout_s: float = 120.0, isolation: str = "bwrap",
+               sandbox_root: str | None = None, autosubmit: bool = True, test_cmd: str = grader_lib.DEFAULT_TEST_CMD):
+    super().__init__()
+    if max_turns < 1:
+      raise ValueError(f"max_turns: must be >= 1, got {max_turns}")
+    if (jsonl is None) != (snapshot_root is None):
+      raise ValueError("jsonl and snapshot_root go together (SWE-bench data), or neither (the generated dataset)")
+    if num_repos < 1:
+      raise ValueError(f"num_repos: must be >= 1, got {num_repos}")
+    self.jsonl, self.snapshot_root, self.num_repos = jsonl, snapshot_root, int(num_repos)
+    self.config_max_turns = int(max_turns)
+    self.sandbox_config = sandbox_lib.SandboxConfig(
+        timeout_s=command_timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes,
+        isolation=isolation, root=sandbox_root)
+    self.test_timeout_s = float(test_timeout_s)
+    self.autosubmit = bool(autosubmit)
+    self.test_cmd = test_cmd
+    self.instance: dataset_lib.Instance | None = None
+    self.sandbox: sandbox_lib.Sandbox | None = None
+    self.grade_result: grader_lib.GradeResult | None = None
+    self.submitted = False
+    self._expert = None
+    self._pool: list[Task] | None = None
+
+  # ----------------------------------------------------------------------------------------------------------------
+  # Tasks.
+
+  def task_pool(self) -> list[Task]:
+    if self._pool is None:
+      if self.jsonl is not None:
+        instances = dataset_lib.load_jsonl(self.jsonl, self.snapshot_root)
+        self._pool = [i.to_task(max_turns=self.config_max_turns) for i in instances]
+      else:
+        from sao.rollout.envs.swe import generator  # lazily: SWE-bench data does not need it
+        self._pool = [dict(t, max_turns=self.config_max_turns) for t in generator.tasks(self.num_repos)]
+    return self._pool
+
+  def tasks(self, split: str, n: int, seed: int) -> list[Task]:
+    """As `Env.tasks`, but splits by repository (`split_of(repo)`), so no repository is in two splits."""
+    if split not in SPLITS:
+      raise ValueError(f"split: {split!r} is not one of {SPLITS}")
+    pool = [t for t in self.task_pool() if split_of(t["instance"]["repo"]) == split]
+    if not pool:
+      raise ValueError(f"split: {self.name} has no {split!r} tasks in this configuration")
+    order = np.random.default_rng(seed).permutation(len(pool))
+    out = []
+    for i in range(n):
+      task = dict(pool[order[i % len(pool)]])
+      repeat = i // len(pool)
+      task["task_id"] = task["key"] if repeat == 0 else f"{task['key']}#{repeat}"
+      out.append(task)
+    return out
+
+  # ----------------------------------------------------------------------------------------------------------------
+  # Episode (async core; the synchronous Env methods wrap it).
+
+  async def areset(self, task: Task) -> list[dict[str, str]]:
+    """Async `reset`: closes any previous episode, clones a fresh sandbox."""
+    if task.get("env") != self.name:
+      raise ValueError(f"task['env']: {task.get('env')!r} is not a {self.name!r} task")
+    await self.aclose()
+    instance = dataset_lib.Instance.from_task(task)
+    source = await asyncio.to_thread(instance.snapshot.git_source)
+    box = await asyncio.to_thread(sandbox_lib.Sandbox.create, source, instance.base_commit, self.sandbox_config)
+    self.task, self.instance, self.sandbox = task, instance, box
+    self.turns, self.max_turns, self.done = 0, int(task["max_turns"]), False
+    self.grade_result, self.submitted = None, False
+    self._expert = None
+    user = USER_TEMPLATE.format(problem_statement=instance.problem_statement)
+    return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": user}]
+
+  def _reset(self, task: Task) -> str:
+    raise AssertionError("unreachable: SweEnv.reset is overridden")
+
+  def reset(self, task: Task) -> list[dict[str, str]]:
+    return _run_sync(self.areset(task))
+
+  async def astep(self, call: ToolCall | ToolCallError) -> tuple[str, bool]:
+    """Async `step`: the same turn accounting and error observations as `Env.step`."""
+    if self.done:
+      raise RuntimeError(f"{self.name}: step() after the episode ended (turns={self.turns}); call reset()")
+    self.turns += 1
+    try:
+      if isinstance(call, ToolCallError):
+        observation = call.observation
+      else:
+        problem = self._check_call(call)
+        observation, self.done = (f"error: {problem}", False) if problem else await self._astep(call)
+    except asyncio.CancelledError:
+      # A cancelled episode cannot be resumed (its command was killed mid-way): free its directory now.
+      await self.aclose()
+      raise
+    if self.turns >= self.max_turns:
+      self.done = True
+    if self._expert is not None and isinstance(call, ToolCall):
+      self._expert.observe(call, observation)
+    return observation, self.done
+
+  def step(self, call: ToolCall | ToolCallError) -> tuple[str, bool]:
+    return _run_sync(self.astep(call))
+
+  def _step(self, call: ToolCall) -> tuple[str, bool]:
+    raise AssertionError("unreachable: SweEnv.step is overridden")
+
+  async def _astep(self, call: ToolCall) -> tuple[str, bool]:
+    if self.sandbox is None:
+      raise RuntimeError(f"{self.name}: no sandbox; call reset()")
+    if call.name == "bash":
+      return (await self.sandbox.arun(call.arguments["command"])).observation(), False
+    if call.name == "str_replace_editor":
+      return await self._edit(dict(call.arguments)), False
+    if call.name == "submit":
+      self.submitted = True
+      await self._grade()
+      return "Submitted. The episode is over.", True
+    raise AssertionError(f"unreachable: {call.name!r} passed the schema check")
+
+  async def _edit(self, request: dict[str, Any]) -> str:
+    result = await self.sandbox.arun(f"python3 -I -S -c {shlex.quote(_EDITOR_SOURCE)}",
+                                     stdin=json.dumps(request).encode(),
+                                     max_output_bytes=max(self.sandbox_config.max_output_bytes, 2 * 16000))
+    if result.timed_out:
+      return result.observation()
+    return result.output
+
+  async def diff(self) -> str:
+    """The working tree's diff against base_commit (new files included), computed inside the sandbox: the
+    repository's .git is agent-controlled, so host-side git must not read it."""
+    cmd = (f"git -c core.fsmonitor=false -c core.hooksPath=/dev/null add -A >/dev/null && git -c core.fsmonitor=false "
+           f"diff --cached --binary --no-color --no-ext-diff {shlex.quote(self.instance.base_commit)}")
+    result = await self.sandbox.arun(cmd, max_output_bytes=_DIFF_BYTES)
+    if result.exit_code != 0 or result.truncated:
+      # The agent broke its own repository (or wrote a huge diff): that is a wrong answer, graded as one.
+      return "diff --git a/.sao_unreadable b/.sao_unreadable\n<unreadable working tree>\n"
+    return result.output
+
+  async def _grade(self) -> grader_lib.GradeResult:
+    if self.grade_result is None:
+      patch = await self.diff()
+      self.grade_result = await grader_lib.agrade(self.instance, patch, self.sandbox_config, self.test_timeout_s,
+                                                  self.test_cmd)
+    return self.grade_result
+
+  async def ascore(self) -> float:
+    """1.0 iff the graded patch resolves the issue; raises `GradeVoidError` when the grade is void."""
+    if self.instance is None:
+      raise RuntimeError(f"{self.name}: score() before reset()")
+    if not self.submitted and not self.autosubmit:
+      return 0.0
+    if self.grade_result is None and self.sandbox is None:
+      raise RuntimeError(f"{self.name}: the episode's sandbox was closed before it was graded")
+    result = await self._grade()
+    if result.status != Status.OK:
+      raise GradeVoidError(result)
+    return result.reward
+
+  def score(self) -> float:
+    return _run_sync(self.ascore())
+
+  async def aclose(self) -> None:
+    self.close()
+
+  def close(self) -> None:
+    """Deletes the episode's directory (idempotent; reset() and garbage collection also do it)."""
+    if self.sandbox is not None:
+      self.sandbox.close()
+      self.sandbox = None
+
+  # ----------------------------------------------------------------------------------------------------------------
+  # Scripted expert.
+
+  def expert_action(self) -> ToolCall:
+    from sao.rollout.envs.swe import expert  # the expert module imports this one
+    if self._expert is None:
+      self._expert = expert.Expert(self.task, self.instance)
+    return self._expert.next_call()
+
+  def noisy_action(self, rng: np.random.Generator) -> ToolCall:
+    from sao.rollout.envs.swe import expert
+    return expert.noisy_call(rng, self.instance)

@@ -1,0 +1,298 @@
+"""One episode's private working copy of a repository, and the sandboxed command runner over it.
+
+Every command (the agent's `bash` calls, the editor, the grader's test runs) is a fresh `bash -c` inside
+bubblewrap: new user, PID, network, IPC and UTS namespaces, no capabilities, a read-only view of the system's
+`/usr`, `/etc` and the Python installation, a private `/tmp`, and exactly one writable directory — the episode's
+repository, mounted at `/testbed` (SWE-bench's path). Other episodes' directories, the project checkout and the
+home directory are simply not mounted; the network namespace has no route out. Each command also gets a
+wall-clock timeout (the whole PID namespace is killed), `ulimit` CPU-seconds / address-space / file-size limits
+(set hard, so the command cannot raise them), and its merged stdout+stderr is cut to `max_output_bytes` (head and
+tail kept, a marker in between).
+
+Commands do not share a shell: each starts in `/testbed` with a clean environment, as in mini-swe-agent, and
+background processes die with the command (the PID namespace goes away).
+
+Isolation "none" runs the same commands without namespaces; it exists for machines without user namespaces and
+must be chosen explicitly (`SandboxConfig(isolation="none")`), never as a fallback.
+
+    sandbox = Sandbox.create(repo_git_dir, base_commit, SandboxConfig())
+    result = sandbox.run("python -m pytest -q")      # or: await sandbox.arun(...)
+    print(result.output, result.exit_code, result.timed_out)
+    sandbox.close()                                  # also: `with Sandbox.create(...) as sandbox:`
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import pathlib
+import shlex
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+
+from sao.rollout.envs.swe import bwrap
+
+WORKDIR = "/testbed"
+ISOLATIONS = ("bwrap", "none")
+
+
+class SandboxError(RuntimeError):
+  """The sandbox itself failed (could not copy the repository, start bwrap, ...): an environment failure."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxConfig:
+  """Limits and isolation of every command.
+
+  Attributes:
+    timeout_s: wall-clock seconds per command; the command's whole process tree is then killed.
+    cpu_s: CPU seconds per process (`ulimit -t`).
+    memory_mb: address space per process (`ulimit -v`).
+    file_mb: largest file a command may write (`ulimit -f`).
+    max_output_bytes: the command's output is cut to this many bytes (head + tail, a marker in between).
+    isolation: "bwrap" (namespaces; the default) or "none" (no isolation: only when explicitly configured).
+    root: where episode directories are created (default: the system temp dir).
+    env: extra environment variables of every command. The default turns off pytest's plugin autoloading: the
+      host's plugins (hypothesis, jax helpers, ...) would cost seconds per test run and are not the repository's.
+  """
+  timeout_s: float = 60.0
+  cpu_s: int = 60
+  memory_mb: int = 4096
+  file_mb: int = 256
+  max_output_bytes: int = 10_000
+  isolation: str = "bwrap"
+  root: str | None = None
+  env: tuple[tuple[str, str], ...] = (("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1"),)
+
+  def __post_init__(self):
+    if self.isolation not in ISOLATIONS:
+      raise ValueError(f"SandboxConfig.isolation: {self.isolation!r} is not one of {ISOLATIONS}")
+    for name in ("timeout_s", "cpu_s", "memory_mb", "file_mb", "max_output_bytes"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"SandboxConfig.{name}: must be > 0, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandResult:
+  """What a command did: its (possibly truncated) output, exit code (None if killed by the timeout), timing."""
+  output: str
+  exit_code: int | None
+  timed_out: bool = False
+  truncated: bool = False
+  duration_s: float = 0.0
+
+  def observation(self) -> str:
+    """The text an agent sees: the output, then a line on a non-zero exit or a timeout."""
+    text = self.output
+    if self.timed_out:
+      text += f"\n[command timed out after {self.duration_s:.0f}s and was killed]"
+    elif self.exit_code:
+      text += f"\n[exit code {self.exit_code}]"
+    return text
+
+
+def _truncate(head: bytes, tail: bytes, total: int, limit: int) -> tuple[str, bool]:
+  if total <= limit:
+    return (head + tail).decode("utf-8", "replace"), False
+  kept_tail = tail[-(limit - len(head)):] if limit > len(head) else b""
+  omitted = total - len(head) - len(kept_tail)
+  marker = f"\n[... output truncated: {omitted} bytes omitted ...]\n"
+  return head.decode("utf-8", "replace") + marker + kept_tail.decode("utf-8", "replace"), True
+
+
+def _rmtree(path: pathlib.Path) -> None:
+  """Removes `path` even where a command made directories unwritable or unreadable (chmod 000)."""
+
+  def fix(func, p, exc_info):
+    if isinstance(exc_info[1], FileNotFoundError):
+      return
+    parent = os.path.dirname(p)
+    os.chmod(parent, stat.S_IRWXU)
+    if os.path.isdir(p) and not os.path.islink(p):
+      os.chmod(p, stat.S_IRWXU)
+      shutil.rmtree(p, onerror=fix)
+    else:
+      os.unlink(p)
+
+  if path.exists():
+    shutil.rmtree(path, onerror=fix)
+
+
+def _python_prefix() -> str:
+  """The installation directory of this interpreter (mounted read-only, so `python` works inside)."""
+  return os.path.realpath(sys.base_prefix)
+
+
+def git(repo: pathlib.Path | str, *args: str, input: str | None = None, timeout: float = 120) -> str:
+  """Runs trusted git on a trusted repository (never on an episode's copy: its .git is agent-controlled)."""
+  proc = subprocess.run(["git", "-C", str(repo), *args], input=input, capture_output=True, text=True,
+                        timeout=timeout, env=_git_env())
+  if proc.returncode != 0:
+    raise SandboxError(f"git {' '.join(args[:3])} in {repo} failed (exit {proc.returncode}): {proc.stderr[-800:]}")
+  return proc.stdout
+
+
+def _git_env() -> dict[str, str]:
+  # Fixed identity and dates: deterministic commits, and no dependence on the user's git config.
+  return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp"),
+          "GIT_AUTHOR_NAME": "sao", "GIT_AUTHOR_EMAIL": "sao@localhost", "GIT_COMMITTER_NAME": "sao",
+          "GIT_COMMITTER_EMAIL": "sao@localhost", "GIT_AUTHOR_DATE": "1700000000 +0000",
+          "GIT_COMMITTER_DATE": "1700000000 +0000", "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0",
+          "LC_ALL": "C"}
+
+
+class Sandbox:
+  """An episode directory holding a fresh checkout, and the runner of commands confined to it."""
+
+  def __init__(self, episode_dir: pathlib.Path, config: SandboxConfig):
+    self.config = config
+    self.episode_dir = episode_dir
+    self.repo_dir = episode_dir / "repo"
+    self.closed = False
+    self._bwrap = bwrap.ensure_bwrap() if config.isolation == "bwrap" else None
+    # Cleanup even when the owner forgets close() or is cancelled mid-episode: runs at GC or interpreter exit.
+    self._finalizer = weakref.finalize(self, _rmtree, episode_dir)
+
+  @classmethod
+  def create(cls, source_repo: pathlib.Path | str, base_commit: str, config: SandboxConfig = SandboxConfig(),
+             prefix: str = "sao_swe_") -> Sandbox:
+    """A fresh episode: clones `source_repo` (a local git repository or bundle) and checks out `base_commit`.
+
+    Only history up to `base_commit` stays reachable in the copy (no branches, tags or remote), so `git log` does
+    not show the fix. Raises `SandboxError` if the copy cannot be made.
+    """
+    if config.isolation == "bwrap":
+      bwrap.ensure_bwrap()  # fail before creating anything
+    root = pathlib.Path(config.root) if config.root else pathlib.Path(tempfile.gettempdir())
+    root.mkdir(parents=True, exist_ok=True)
+    episode_dir = pathlib.Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+    try:
+      repo = episode_dir / "repo"
+      subprocess_run = lambda *a: subprocess.run(a, capture_output=True, text=True, timeout=300, env=_git_env())
+      proc = subprocess_run("git", "clone", "-q", "--no-checkout", "--no-hardlinks", str(source_repo), str(repo))
+      if proc.returncode != 0:
+        raise SandboxError(f"cannot clone {source_repo}: {proc.stderr.strip()[-800:]}")
+      git(repo, "-c", "advice.detachedHead=false", "checkout", "-q", "--detach", base_commit)
+      git(repo, "remote", "remove", "origin")
+      refs = git(repo, "for-each-ref", "--format=%(refname)").split()
+      if refs:
+        git(repo, "update-ref", "--no-deref", "--stdin", input="".join(f"delete {r}\n" for r in refs))
+    except BaseException:
+      _rmtree(episode_dir)
+      raise
+    return cls(episode_dir, config)
+
+  def __enter__(self) -> Sandbox:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  def close(self) -> None:
+    """Deletes the episode directory (idempotent)."""
+    self.closed = True
+    self._finalizer()
+
+  # ----------------------------------------------------------------------------------------------------------------
+  # Commands.
+
+  def _argv(self, command: str) -> list[str]:
+    c = self.config
+    # `ulimit` without -S/-H sets both limits, so the command cannot raise them again.
+    script = (f"ulimit -t {c.cpu_s} -v {c.memory_mb * 1024} -f {c.file_mb * 1024} -c 0 2>/dev/null || "
+              f"{{ echo 'sandbox: cannot set limits' >&2; exit 125; }}; exec bash -c {shlex.quote(command)}")
+    env = {"PATH": f"{_python_prefix()}/bin:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8",
+           "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "TERM": "dumb", "PAGER": "cat",
+           "GIT_PAGER": "cat", "GIT_CONFIG_NOSYSTEM": "1", **dict(c.env)}
+    if self._bwrap is None:
+      return ["env", "-i", *(f"{k}={v}" for k, v in env.items()), "bash", "-c", script]
+    argv = [self._bwrap, "--unshare-all", "--unshare-user", "--uid", "1000", "--gid", "1000", "--cap-drop", "ALL",
+            "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    for top in ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/opt"):
+      if os.path.islink(top):
+        argv += ["--symlink", os.readlink(top), top]
+      elif os.path.isdir(top):
+        argv += ["--ro-bind", top, top]
+    prefix = _python_prefix()
+    if not prefix.startswith(("/usr/", "/opt/")):
+      argv += ["--ro-bind", prefix, prefix]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", str(self.repo_dir), WORKDIR,
+             "--chdir", WORKDIR, "--clearenv"]
+    for k, v in env.items():
+      argv += ["--setenv", k, v]
+    return argv + ["--", "bash", "-c", script]
+
+  async def arun(self, command: str, timeout_s: float | None = None, stdin: bytes | None = None,
+                 max_output_bytes: int | None = None) -> CommandResult:
+    """Runs `command` in the sandbox. Never raises for what the command does; raises `SandboxError` if the
+    sandbox cannot start, and on cancellation kills the command before re-raising."""
+    if self.closed:
+      raise SandboxError(f"sandbox {self.episode_dir} is closed")
+    timeout = self.config.timeout_s if timeout_s is None else float(timeout_s)
+    limit = self.config.max_output_bytes if max_output_bytes is None else int(max_output_bytes)
+    start = time.monotonic()
+    try:
+      proc = await asyncio.create_subprocess_exec(
+          *self._argv(command), stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    except OSError as e:
+      raise SandboxError(f"cannot start the sandbox: {e}") from e
+    head, tail, total = bytearray(), bytearray(), 0
+    half = limit // 2
+
+    async def pump():
+      nonlocal total, tail
+      if stdin is not None:
+        proc.stdin.write(stdin)
+        try:
+          await proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+          pass  # the command did not read its input: its choice, not a sandbox failure
+        proc.stdin.close()
+      while chunk := await proc.stdout.read(65536):
+        total += len(chunk)
+        room = half - len(head)
+        if room > 0:
+          head.extend(chunk[:room])
+          chunk = chunk[room:]
+        if chunk:
+          tail.extend(chunk)
+          if len(tail) > limit:  # keep memory bounded however much the command prints
+            del tail[:len(tail) - limit]
+      return await proc.wait()
+
+    timed_out = False
+    try:
+      exit_code = await asyncio.wait_for(pump(), timeout)
+    except TimeoutError:
+      timed_out, exit_code = True, None
+    finally:
+      if proc.returncode is None or timed_out:
+        _kill(proc)
+        await proc.wait()
+    output, truncated = _truncate(bytes(head), bytes(tail), total, limit)
+    return CommandResult(output=output, exit_code=exit_code, timed_out=timed_out, truncated=truncated,
+                         duration_s=time.monotonic() - start)
+
+  def run(self, command: str, timeout_s: float | None = None, stdin: bytes | None = None,
+          max_output_bytes: int | None = None) -> CommandResult:
+    """Synchronous `arun`, for threads without a running event loop (e.g. `asyncio.to_thread(env.step, ...)`)."""
+    try:
+      asyncio.get_running_loop()
+    except RuntimeError:
+      return asyncio.run(self.arun(command, timeout_s, stdin, max_output_bytes))
+    raise RuntimeError("Sandbox.run() called from a running event loop; use `await sandbox.arun(...)`")
+
+
+def _kill(proc: asyncio.subprocess.Process) -> None:
+  """SIGKILLs the command's session (bwrap and, via its PID namespace, everything the command started)."""
+  try:
+    os.killpg(proc.pid, signal.SIGKILL)
+  except ProcessLookupError:
+    pass  # already exited
