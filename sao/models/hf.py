@@ -7,6 +7,13 @@ carried across. Transforms:
   LINEAR  HF `nn.Linear` weight `[out, in]` ↔ our kernel `[in, out...]` (transpose, then split the out dims)
   LINEAR2 same with two input dims (o_proj: ours `[H, D, E]` ↔ HF `[E, H·D]`)
   EXPERT  HF per-expert weight `experts.{e}.*.weight [out, in]` ↔ slice e of our stacked `[X, in, out]`
+  CONV    HF depthwise `conv1d.weight [C, 1, K]` ↔ ours `[K, C]`
+
+Hybrid checkpoints (qwen3_next / qwen3_5): `linear_attn.*` tensors, `mlp.shared_expert*`. Multimodal `qwen3_5` /
+`qwen3_5_moe` checkpoints keep the language model under `model.language_model.*` (read as `model.*`); their vision
+tower (`model.visual.*`) and multi-token-prediction head (`mtp.*`) are skipped with one log line. Experts may also
+be stored fused (`mlp.experts.gate_up_proj [X, 2·I, E]`, `mlp.experts.down_proj [X, E, I]`, the layout of
+transformers ≥ 5); `save_pretrained` writes the per-expert layout, which transformers reads back.
 
 Critic checkpoints are the policy layout without `lm_head.weight` plus the value head:
   `score.weight [1, E]` ↔ `value_head/kernel [E, 1]`, `score.bias [1]` ↔ `value_head/bias [1]`
@@ -26,10 +33,12 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
+from absl import logging
+
 from sao.models.config import ModelConfig
 from sao.models.transformer import abstract_params
 
-COPY, FLAT, LINEAR, LINEAR2, EXPERT = "copy", "flat", "linear", "linear2", "expert"
+COPY, FLAT, LINEAR, LINEAR2, EXPERT, CONV = "copy", "flat", "linear", "linear2", "expert", "conv"
 
 _GROUPS = {
     "layer": r"\d+",
@@ -38,7 +47,14 @@ _GROUPS = {
     "qk_norm": r"q_norm|k_norm",
     "qkv": r"q_proj|k_proj|v_proj",
     "mlp": r"gate_proj|up_proj|down_proj",
+    "lin_proj": r"in_proj_qkvz|in_proj_ba|in_proj_qkv|in_proj_z|in_proj_b|in_proj_a|out_proj",
+    "lin_vec": r"A_log|dt_bias",
 }
+# Checkpoint name prefixes: the language model of a multimodal wrapper is read as a causal LM; parts we do not model
+# are skipped (and logged).
+_PREFIX_ALIASES = (("model.language_model.", "model."),)
+_SKIPPED_PREFIXES = ("model.visual.", "mtp.")
+_FUSED_EXPERTS = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")
 
 RULES: tuple[tuple[str, str, str], ...] = (
   # HF tensor name                                          param path                                        transform
@@ -57,6 +73,12 @@ RULES: tuple[tuple[str, str, str], ...] = (
   ("model.layers.{layer}.mlp.{mlp}.bias",                    "model/layers_{layer}/mlp/{mlp}/bias",            COPY),
   ("model.layers.{layer}.mlp.gate.weight",                   "model/layers_{layer}/mlp/gate/kernel",           LINEAR),
   ("model.layers.{layer}.mlp.experts.{expert}.{mlp}.weight", "model/layers_{layer}/mlp/experts/{mlp}",         EXPERT),
+  ("model.layers.{layer}.mlp.shared_expert.{mlp}.weight",    "model/layers_{layer}/mlp/shared_expert/{mlp}/kernel", LINEAR),
+  ("model.layers.{layer}.mlp.shared_expert_gate.weight",     "model/layers_{layer}/mlp/shared_expert_gate/kernel", LINEAR),
+  ("model.layers.{layer}.linear_attn.{lin_proj}.weight",     "model/layers_{layer}/linear_attn/{lin_proj}/kernel", LINEAR),
+  ("model.layers.{layer}.linear_attn.conv1d.weight",         "model/layers_{layer}/linear_attn/conv1d",        CONV),
+  ("model.layers.{layer}.linear_attn.{lin_vec}",             "model/layers_{layer}/linear_attn/{lin_vec}",     COPY),
+  ("model.layers.{layer}.linear_attn.norm.weight",           "model/layers_{layer}/linear_attn/norm/scale",    COPY),
 )
 
 
@@ -112,16 +134,22 @@ def _hf_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     return (int(np.prod(shape[2:])), shape[0] * shape[1])
   if kind == EXPERT:
     return (shape[2], shape[1])
+  if kind == CONV:
+    return (shape[1], 1, shape[0])
   return tuple(shape)
 
 
 def _to_ours(w: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray:
   if kind in (LINEAR, LINEAR2, EXPERT):
     w = w.T
+  if kind == CONV:
+    w = w[:, 0, :].T
   return w.reshape(shape)
 
 
 def _to_hf(p: np.ndarray, kind: str) -> np.ndarray:
+  if kind == CONV:
+    return p.T[:, None, :]
   if kind == FLAT:
     return p.reshape(-1)
   if kind == LINEAR:
@@ -156,10 +184,37 @@ def _safetensors_files(directory: str) -> list[str]:
 
 
 def _iter_tensors(directory: str) -> Iterator[tuple[str, np.ndarray]]:
+  """(name, array) of every tensor we model, names normalised (`_PREFIX_ALIASES`); logs what is skipped."""
+  skipped: dict[str, int] = {}
   for path in _safetensors_files(directory):
     with safetensors.safe_open(path, framework="np") as f:
       for name in f.keys():
-        yield name, f.get_tensor(name)
+        prefix = next((p for p in _SKIPPED_PREFIXES if name.startswith(p)), None)
+        if prefix is not None:
+          skipped[prefix] = skipped.get(prefix, 0) + 1
+          continue
+        hf_name = name
+        for alias, canonical in _PREFIX_ALIASES:
+          if name.startswith(alias):
+            hf_name = canonical + name[len(alias):]
+        yield hf_name, f.get_tensor(name)
+  if skipped:
+    logging.info("%s: skipped %s (not part of the language model)", directory,
+                 ", ".join(f"{n} tensors {p}*" for p, n in sorted(skipped.items())))
+
+
+def _split_fused_experts(name: str, w: np.ndarray) -> list[tuple[str, np.ndarray]] | None:
+  """Fused expert tensors → per-expert HF names: gate_up_proj [X, 2I, E] = [gate | up] rows; down_proj [X, E, I]."""
+  match = _FUSED_EXPERTS.match(name)
+  if match is None:
+    return None
+  layer, kind = match.groups()
+  base = f"model.layers.{layer}.mlp.experts"
+  if kind == "down_proj":
+    return [(f"{base}.{e}.down_proj.weight", w[e]) for e in range(w.shape[0])]
+  half = w.shape[1] // 2
+  return ([(f"{base}.{e}.gate_proj.weight", w[e, :half]) for e in range(w.shape[0])]
+          + [(f"{base}.{e}.up_proj.weight", w[e, half:]) for e in range(w.shape[0])])
 
 
 def load_pretrained(directory: str, dtype: str = "float32", critic: bool = False,
@@ -178,7 +233,8 @@ def load_pretrained(directory: str, dtype: str = "float32", critic: bool = False
   params: dict[str, np.ndarray] = {}
   experts_seen: dict[str, set[int]] = {}
   unknown = []
-  for name, w in _iter_tensors(directory):
+  tensors = ((n, a) for name, w in _iter_tensors(directory) for n, a in (_split_fused_experts(name, w) or [(name, w)]))
+  for name, w in tensors:
     if name == "lm_head.weight" and config.tie_word_embeddings and not critic:
       continue  # some tied checkpoints still store the (identical) head
     found = hf_to_path(name)

@@ -1,8 +1,13 @@
 """Building blocks of the decoder (flax.linen): RMSNorm, RoPE, GQA attention with a KV cache, SwiGLU MLP, MoE.
 
+The hybrid family (qwen3_next / qwen3_5) adds: zero-centred RMSNorm (weight applied as 1 + w), partial RoPE, an
+output gate on full attention, and a sigmoid-gated shared expert in the MoE; its linear-attention block lives in
+`sao.models.gated_deltanet`.
+
 Every parameter carries logical axis names (`nn.with_logical_partitioning`); `sao.models.sharding` maps them to mesh
 axes. Logical names: `embed` (hidden), `vocab`, `heads`, `kv_heads`, `head_dim`, `mlp` (dense MLP width), `expert`,
-`expert_mlp` (expert MLP width), `norm` (norm scales, never sharded). Statistics (norm variance, softmax, router
+`expert_mlp` (expert MLP width), `linear_heads` / `linear_mix` (Gated DeltaNet heads / projection widths), `norm`
+(norm scales, never sharded). Statistics (norm variance, softmax, router
 probabilities, logits) are computed in float32 whatever the compute dtype.
 """
 from __future__ import annotations
@@ -36,27 +41,43 @@ def zeros_init(*axes: str | None):
 
 
 class RMSNorm(nn.Module):
-  """`y = scale * x / sqrt(mean(x², -1) + eps)`, statistics in float32; params: scale `[D]` (init 1)."""
+  """`y = scale * x / sqrt(mean(x², -1) + eps)`, statistics in float32; params: scale `[D]` (init 1).
+
+  `zero_centered` (qwen3_next / qwen3_5): `y = (1 + scale) * x / sqrt(...)`, scale init 0, multiplied in float32.
+  """
   eps: float
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  zero_centered: bool = False
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",)),
-                       (x.shape[-1],), self.param_dtype)
+    init = nn.initializers.zeros_init() if self.zero_centered else nn.initializers.ones_init()
+    scale = self.param("scale", nn.with_logical_partitioning(init, ("norm",)), (x.shape[-1],), self.param_dtype)
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
+    if self.zero_centered:  # HF Qwen3NextRMSNorm: (x̂ · (1 + w)) in float32, then cast
+      return (normed * (1.0 + scale.astype(jnp.float32))).astype(self.dtype)
     # HF casts the normalised activations back to the input dtype before the scale multiply.
     return (scale.astype(self.dtype) * normed.astype(self.dtype)).astype(self.dtype)
 
 
-def apply_rope(x: Array, positions: Array, theta: float) -> Array:
-  """Rotary embedding, HF "rotate_half" layout (first half / second half of head_dim paired).
+def norm(config: ModelConfig, name: str) -> RMSNorm:
+  """The config's RMSNorm (zero-centred for the hybrid family)."""
+  dtype, param_dtype = dtypes(config)
+  return RMSNorm(config.rms_norm_eps, dtype, param_dtype, zero_centered=config.zero_centered_norm, name=name)
 
-  x: [B, T, H, D]; positions: [B, T] int. With inv_freq_i = θ^(-2i/D) and a = pos · inv_freq (duplicated to D):
-  `y = x · cos(a) + rotate_half(x) · sin(a)`, rotate_half(x) = concat(-x[D/2:], x[:D/2]). Computed in float32.
+
+def apply_rope(x: Array, positions: Array, theta: float, rotary_dim: int | None = None) -> Array:
+  """Rotary embedding, HF "rotate_half" layout (first half / second half of the rotated dims paired).
+
+  x: [B, T, H, D]; positions: [B, T] int. Only the first R = rotary_dim (default D) dims rotate, the rest pass
+  through (partial RoPE). With inv_freq_i = θ^(-2i/R) and a = pos · inv_freq (duplicated to R):
+  `y = x · cos(a) + rotate_half(x) · sin(a)`, rotate_half(x) = concat(-x[R/2:], x[:R/2]). Computed in float32.
   """
+  if rotary_dim is not None and rotary_dim < x.shape[-1]:
+    rotated = apply_rope(x[..., :rotary_dim], positions, theta)
+    return jnp.concatenate([rotated, x[..., rotary_dim:]], axis=-1)
   d = x.shape[-1]
   inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))  # [D/2]
   angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
@@ -97,7 +118,8 @@ class Attention(nn.Module):
   """Full causal GQA self-attention (`self_attn`): q/k/v/o projections, optional biases, optional q/k RMSNorm, RoPE.
 
   Kernels: q_proj `[embed, heads, head_dim]`, k_proj / v_proj `[embed, kv_heads, head_dim]`,
-  o_proj `[heads, head_dim, embed]`.
+  o_proj `[heads, head_dim, embed]`. With `attn_output_gate` (qwen3_next / qwen3_5) q_proj is
+  `[embed, heads, 2·head_dim]` = [q | gate] per head (HF's layout) and `out = o_proj(attn · sigmoid(gate))`.
   """
   config: ModelConfig
 
@@ -112,20 +134,23 @@ class Attention(nn.Module):
     cfg = self.config
     dtype, param_dtype = dtypes(cfg)
 
-    def proj(name, heads, axis_name, bias):
+    def proj(name, heads, axis_name, bias, width=1):
       return nn.DenseGeneral(
-          features=(heads, cfg.head_dim), use_bias=bias, dtype=dtype, param_dtype=param_dtype,
+          features=(heads, width * cfg.head_dim), use_bias=bias, dtype=dtype, param_dtype=param_dtype,
           kernel_init=kernel_init("embed", axis_name, "head_dim"), bias_init=zeros_init(axis_name, "head_dim"),
           name=name)(x)
 
-    q = proj("q_proj", cfg.num_heads, "heads", cfg.attention_bias)
+    q = proj("q_proj", cfg.num_heads, "heads", cfg.attention_bias, 2 if cfg.attn_output_gate else 1)
+    gate = None
+    if cfg.attn_output_gate:
+      q, gate = q[..., :cfg.head_dim], q[..., cfg.head_dim:]
     k = proj("k_proj", cfg.num_kv_heads, "kv_heads", cfg.attention_bias)
     v = proj("v_proj", cfg.num_kv_heads, "kv_heads", cfg.attention_bias)
     if cfg.qk_norm:
-      q = RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="q_norm")(q)
-      k = RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="k_norm")(k)
-    q = apply_rope(q, positions, cfg.rope_theta)
-    k = apply_rope(k, positions, cfg.rope_theta)
+      q = norm(cfg, "q_norm")(q)
+      k = norm(cfg, "k_norm")(k)
+    q = apply_rope(q, positions, cfg.rope_theta, cfg.rotary_dim)
+    k = apply_rope(k, positions, cfg.rope_theta, cfg.rotary_dim)
     new_cache = None
     if cache is not None:
       k = _write_rows(cache["k"], k, write_index)
@@ -133,6 +158,8 @@ class Attention(nn.Module):
       new_cache = {"k": k, "v": v}
       k, v = k.astype(dtype), v.astype(dtype)
     out = dot_product_attention(q, k, v, mask)
+    if gate is not None:
+      out = (out * jax.nn.sigmoid(gate.astype(jnp.float32))).astype(dtype)
     out = nn.DenseGeneral(
         features=cfg.hidden_size, axis=(-2, -1), use_bias=cfg.attention_out_bias, dtype=dtype,
         param_dtype=param_dtype, kernel_init=kernel_init("heads", "head_dim", "embed"),
@@ -141,20 +168,24 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-  """SwiGLU: `down(silu(gate(x)) * up(x))`; kernels gate/up `[embed, mlp]`, down `[mlp, embed]`."""
+  """SwiGLU: `down(silu(gate(x)) * up(x))`; kernels gate/up `[embed, mlp]`, down `[mlp, embed]`.
+
+  Width `intermediate_size` (default: the config's; the shared expert passes its own)."""
   config: ModelConfig
+  intermediate_size: int | None = None
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     cfg = self.config
     dtype, param_dtype = dtypes(cfg)
+    width = self.intermediate_size or cfg.intermediate_size
 
     def dense(name, features, in_axis, out_axis, inp):
       return nn.Dense(features, use_bias=cfg.mlp_bias, dtype=dtype, param_dtype=param_dtype,
                       kernel_init=kernel_init(in_axis, out_axis), bias_init=zeros_init(out_axis), name=name)(inp)
 
-    h = nn.silu(dense("gate_proj", cfg.intermediate_size, "embed", "mlp", x))
-    h = h * dense("up_proj", cfg.intermediate_size, "embed", "mlp", x)
+    h = nn.silu(dense("gate_proj", width, "embed", "mlp", x))
+    h = h * dense("up_proj", width, "embed", "mlp", x)
     return dense("down_proj", cfg.hidden_size, "mlp", "embed", h)
 
 
@@ -167,6 +198,8 @@ class MoE(nn.Module):
   X/k times the FLOPs of a routed kernel.
   Params: gate.kernel `[embed, X]`; experts.gate_proj / up_proj `[X, embed, expert_mlp]`, down_proj
   `[X, expert_mlp, embed]` (HF's per-expert `(out, in)` weights, stacked and transposed).
+  Shared expert (qwen3_next / qwen3_5_moe, `shared_expert_intermediate_size > 0`): every token also gets
+  `sigmoid(x @ shared_expert_gate) · shared_expert(x)` (a SwiGLU MLP; shared_expert_gate.kernel `[embed, 1]`).
   """
   config: ModelConfig
 
@@ -187,7 +220,13 @@ class MoE(nn.Module):
     w_gate, w_up, w_down = ExpertWeights(cfg, name="experts")()
     h = nn.silu(jnp.einsum("bte,xei->btxi", x, w_gate.astype(dtype)))
     h = h * jnp.einsum("bte,xei->btxi", x, w_up.astype(dtype))
-    return jnp.einsum("btxi,xie,btx->bte", h, w_down.astype(dtype), combine)
+    out = jnp.einsum("btxi,xie,btx->bte", h, w_down.astype(dtype), combine)
+    if cfg.shared_expert_intermediate_size:
+      shared = MLP(cfg, cfg.shared_expert_intermediate_size, name="shared_expert")(x)
+      shared_gate = nn.Dense(1, use_bias=False, dtype=dtype, param_dtype=param_dtype,
+                             kernel_init=kernel_init("embed", None), name="shared_expert_gate")(x)
+      out = out + jax.nn.sigmoid(shared_gate.astype(jnp.float32)).astype(dtype) * shared
+    return out
 
 
 class ExpertWeights(nn.Module):
@@ -204,24 +243,3 @@ class ExpertWeights(nn.Module):
     up = self.param("up_proj", kernel_init("expert", "embed", "expert_mlp"), shape_in, param_dtype)
     down = self.param("down_proj", kernel_init("expert", "expert_mlp", "embed"), shape_out, param_dtype)
     return gate, up, down
-
-
-class DecoderLayer(nn.Module):
-  """Pre-norm block: `h = x + attn(norm(x)); y = h + mlp(norm(h))`. `layer_idx` picks block and MLP kind."""
-  config: ModelConfig
-  layer_idx: int
-
-  @nn.compact
-  def __call__(self, x: Array, positions: Array, mask: Array, write_index: Array | None,
-               cache: dict[str, Array] | None) -> tuple[Array, dict[str, Array] | None]:
-    cfg = self.config
-    dtype, param_dtype = dtypes(cfg)
-    kind = cfg.layer_types[self.layer_idx]
-    if kind != "full_attention":
-      raise ValueError(f"layer_types[{self.layer_idx}]: unsupported block type {kind!r}")
-    h = RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="input_layernorm")(x)
-    h, cache = Attention(cfg, name="self_attn")(h, positions, mask, write_index, cache)
-    x = x + h
-    h = RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="post_attention_layernorm")(x)
-    mlp = MoE(cfg, name="mlp") if cfg.is_moe_layer(self.layer_idx) else MLP(cfg, name="mlp")
-    return x + mlp(h), cache

@@ -30,6 +30,8 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("mlp",          ("tensor",)),
     ("expert",       ("expert",)),
     ("expert_mlp",   ("tensor",)),
+    ("linear_heads", ("tensor",)),  # Gated DeltaNet heads (per-head vectors, grouped qwen3_next projections)
+    ("linear_mix",   ("tensor",)),  # Gated DeltaNet projection widths ([q | k | v] conv channels, z, out_proj input)
     ("norm",         ()),
 )
 

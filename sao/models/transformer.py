@@ -1,10 +1,12 @@
 """Decoder-only LM (`CausalLM`) and value model (`Critic`) in flax.linen, with a functional KV cache.
 
-Parameter tree (mirrors HF names, so `.*self_attn.*` selects attention):
+Parameter tree (mirrors HF names, so `.*self_attn.*` / `.*linear_attn.*` select attention):
   {'model': {'embed_tokens': {'embedding': [V, E]},
              'layers_0': {'input_layernorm': {'scale'}, 'self_attn': {'q_proj': {'kernel', 'bias'?}, 'k_proj', 'v_proj',
                           'o_proj', 'q_norm'?, 'k_norm'?}, 'post_attention_layernorm': {'scale'},
-                          'mlp': {'gate_proj', 'up_proj', 'down_proj'} | {'gate': {'kernel'}, 'experts': {...}}},
+                          'mlp': {'gate_proj', 'up_proj', 'down_proj'} | {'gate': {'kernel'}, 'experts': {...},
+                                  'shared_expert'?: {...}, 'shared_expert_gate'?: {'kernel'}}},
+             'layers_j': {..., 'linear_attn': {...}, ...}   (linear_attention blocks: sao.models.gated_deltanet)
              ..., 'norm': {'scale'}},
    'lm_head': {'kernel': [E, V]}            (absent when tie_word_embeddings)
    'value_head': {'kernel': [E, 1], 'bias': [1]}   (Critic only, instead of lm_head)}
@@ -12,8 +14,8 @@ Parameter tree (mirrors HF names, so `.*self_attn.*` selects attention):
 Cache (a plain pytree passed in and returned; `init_cache` builds it):
   {'index': [B] int32  next slot to write per row,
    'mask': [B, S] bool  slot holds a real token,
-   'layers': {'layers_i': per-layer entry}}   full attention: {'k', 'v': [B, S, kv_heads, head_dim]}.
-A later linear-attention block keeps its own entry shape (conv / recurrent state) under the same 'layers_i' key.
+   'layers': {'layers_i': per-layer entry}}   full attention: {'k', 'v': [B, S, kv_heads, head_dim]};
+                                                 linear attention: {'conv': [B, K − 1, C], 'state': [B, Hv, Dk, Dv]}.
 Positions are computed from masks (count of real tokens before this one), so left padding and per-row prompt lengths
 need no separate position input.
 """
@@ -26,7 +28,8 @@ import jax
 import jax.numpy as jnp
 
 from sao.models.config import REMAT_POLICIES, ModelConfig
-from sao.models.layers import DecoderLayer, RMSNorm, dtypes, kernel_init
+from sao.models.gated_deltanet import GatedDeltaNet, linear_attention_cache
+from sao.models.layers import MLP, Attention, MoE, dtypes, kernel_init, norm
 
 Array = jax.Array
 Cache = dict[str, Any]
@@ -37,6 +40,9 @@ def init_cache(config: ModelConfig, batch_size: int, max_length: int, dtype: Any
   dtype = jnp.dtype(dtype or config.dtype)
   layers = {}
   for i, kind in enumerate(config.layer_types):
+    if kind == "linear_attention":
+      layers[f"layers_{i}"] = linear_attention_cache(config, batch_size, dtype)
+      continue
     if kind != "full_attention":
       raise ValueError(f"layer_types[{i}]: no cache layout for block type {kind!r}")
     shape = (batch_size, max_length, config.num_kv_heads, config.head_dim)
@@ -69,6 +75,32 @@ def _positions_and_mask(attention_mask: Array, cache: Cache | None) -> tuple[Arr
   return positions, mask, index, new_slot_mask
 
 
+class DecoderLayer(nn.Module):
+  """Pre-norm block: `h = x + mixer(norm(x)); y = h + mlp(norm(h))`. `layer_idx` picks the token mixer
+  (`self_attn` or `linear_attn`) and the MLP kind."""
+  config: ModelConfig
+  layer_idx: int
+
+  @nn.compact
+  def __call__(self, x: Array, positions: Array, mask: Array, token_mask: Array, write_index: Array | None,
+               cache: dict[str, Array] | None) -> tuple[Array, dict[str, Array] | None]:
+    """x: [B, T, E]; positions, token_mask: [B, T]; mask: [B, T, S] bool (full attention); cache: this layer's
+    entry or None. Returns (y [B, T, E], updated entry or None)."""
+    cfg = self.config
+    kind = cfg.layer_types[self.layer_idx]
+    h = norm(cfg, "input_layernorm")(x)
+    if kind == "full_attention":
+      h, cache = Attention(cfg, name="self_attn")(h, positions, mask, write_index, cache)
+    elif kind == "linear_attention":
+      h, cache = GatedDeltaNet(cfg, name="linear_attn")(h, token_mask, cache)
+    else:
+      raise ValueError(f"layer_types[{self.layer_idx}]: unsupported block type {kind!r}")
+    x = x + h
+    h = norm(cfg, "post_attention_layernorm")(x)
+    mlp = MoE(cfg, name="mlp") if cfg.is_moe_layer(self.layer_idx) else MLP(cfg, name="mlp")
+    return x + mlp(h), cache
+
+
 class Backbone(nn.Module):
   """Embeddings + decoder layers + final norm (`model` in the param tree)."""
   config: ModelConfig
@@ -94,9 +126,9 @@ class Backbone(nn.Module):
     for i in range(cfg.num_layers):
       name = f"layers_{i}"
       entry = None if cache is None else cache["layers"][name]
-      x, entry = layer_cls(cfg, i, name=name)(x, positions, mask, write_index, entry)
+      x, entry = layer_cls(cfg, i, name=name)(x, positions, mask, attention_mask, write_index, entry)
       new_layers[name] = entry
-    x = RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="norm")(x)
+    x = norm(cfg, "norm")(x)
     new_cache = None
     if cache is not None:
       new_cache = {"index": cache["index"] + input_ids.shape[1], "mask": new_slot_mask, "layers": new_layers}

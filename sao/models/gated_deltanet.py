@@ -1,0 +1,244 @@
+"""Gated DeltaNet linear attention (the `linear_attn` block of Qwen3-Next / Qwen3.5): kernels and the flax module.
+
+The gated delta rule, per value head, with state S: [Dk, Dv] (float32), for token t (q_t, k_t L2-normalised and
+q_t scaled by Dk^-1/2, decay g_t <= 0 in log space, write strength β_t in (0, 1)):
+  S_t = exp(g_t) · (I − β_t k_t k_tᵀ) · S_{t−1} + β_t k_t v_tᵀ,       o_t = S_tᵀ q_t.
+A token with g_t = 0 and β_t = 0 leaves S unchanged: padding tokens are given exactly that, so they are no-ops.
+
+Two forms that agree (tests/models/test_gated_deltanet.py):
+  * `recurrent_gated_delta_rule`: a `lax.scan` over tokens (decoding, and the reference).
+  * `chunked_gated_delta_rule`: the parallel form of Yang et al. (2024, "Gated Delta Networks") as in HF's
+    pure-torch fallback: inside each chunk of C tokens everything is matrix products (a unit lower-triangular solve
+    builds the WY form of the C delta updates), and a `lax.scan` over chunks carries S.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from sao.models.config import ModelConfig
+from sao.models.layers import dtypes, kernel_init
+
+Array = jax.Array
+# The state is a running sum over the whole sequence: TPU's default bf16-pass matmuls would compound their error.
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def l2_normalize(x: Array, eps: float = 1e-6) -> Array:
+  """`x / sqrt(Σ x² + eps)` over the last axis, in float32 (HF/FLA's `l2norm`)."""
+  x = x.astype(jnp.float32)
+  return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def recurrent_gated_delta_rule(q: Array, k: Array, v: Array, g: Array, beta: Array,
+                               initial_state: Array | None = None) -> tuple[Array, Array]:
+  """The gated delta rule one token at a time (see the module docstring).
+
+  Args:
+    q, k: [B, T, H, Dk] (already normalised; q already scaled). v: [B, T, H, Dv]. g, beta: [B, T, H].
+    initial_state: [B, H, Dk, Dv] or None (zeros).
+
+  Returns:
+    (o [B, T, H, Dv], final state [B, H, Dk, Dv]), float32.
+  """
+  b, _, h, dk = k.shape
+  dv = v.shape[-1]
+  state = jnp.zeros((b, h, dk, dv), jnp.float32) if initial_state is None else initial_state.astype(jnp.float32)
+
+  def step(s, inputs):
+    q_t, k_t, v_t, g_t, beta_t = inputs
+    s = s * jnp.exp(g_t)[..., None, None]
+    predicted = jnp.einsum("bhk,bhkv->bhv", k_t, s, precision=_HIGHEST)  # what S already returns for k_t
+    delta = (v_t - predicted) * beta_t[..., None]
+    s = s + k_t[..., :, None] * delta[..., None, :]
+    return s, jnp.einsum("bhk,bhkv->bhv", q_t, s, precision=_HIGHEST)
+
+  time_major = [jnp.moveaxis(x.astype(jnp.float32), 1, 0) for x in (q, k, v, g, beta)]
+  state, out = jax.lax.scan(step, state, time_major)
+  return jnp.moveaxis(out, 0, 1), state
+
+
+def chunked_gated_delta_rule(q: Array, k: Array, v: Array, g: Array, beta: Array, initial_state: Array | None = None,
+                             chunk_size: int = 64) -> tuple[Array, Array]:
+  """The gated delta rule in chunks of C = min(chunk_size, T) tokens; same arguments and results as the recurrent form.
+
+  T is padded to a multiple of C with no-op tokens (g = β = 0, q = k = v = 0). Within a chunk, with
+  γ_i = Σ_{j<=i} g_j (cumulative log decay from the chunk start), Γ_ij = exp(γ_i − γ_j) for i >= j (else 0):
+    L = strictly_lower(diag(β) K Kᵀ ⊙ Γ),   U = (I + L)⁻¹ diag(β) V,   W = (I + L)⁻¹ diag(β ⊙ e^γ) K
+  (the WY form of the C rank-one updates: a unit lower-triangular solve), then for the chunk's incoming state S:
+    V' = U − W S,   O = (Q ⊙ e^γ) S + (Q Kᵀ ⊙ Γ) V',   S ← e^{γ_C} S + (K ⊙ e^{γ_C − γ})ᵀ V'.
+  Every exponent is <= 0, so nothing overflows. All chunks' intra-chunk terms are computed at once; only the last
+  three lines run inside the `lax.scan` over chunks.
+  """
+  b, t, h, dk = k.shape
+  dv = v.shape[-1]
+  c = max(1, min(chunk_size, t))
+  n = -(-t // c)
+  pad = n * c - t
+  f32 = lambda x: x.astype(jnp.float32)
+  q, k, v, g, beta = (jnp.pad(f32(x), ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2)) for x in (q, k, v, g, beta))
+  # [B, T, H, D] → [N, B, H, C, D]: chunks first, for the scan.
+  to_chunks = lambda x: x.reshape(b, n, c, h, -1).transpose(1, 0, 3, 2, 4)
+  q, k, v = to_chunks(q), to_chunks(k), to_chunks(v)
+  g, beta = to_chunks(g[..., None])[..., 0], to_chunks(beta[..., None])[..., 0]  # [N, B, H, C]
+
+  gamma = jnp.cumsum(g, axis=-1)
+  lower = jnp.tril(jnp.ones((c, c), bool))
+  gamma_diff = gamma[..., :, None] - gamma[..., None, :]
+  decay = jnp.where(lower, jnp.exp(jnp.where(lower, gamma_diff, 0.0)), 0.0)  # Γ, zero above the diagonal
+  mm = lambda eq, x, y: jnp.einsum(eq, x, y, precision=_HIGHEST)
+  k_beta = k * beta[..., None]
+  strict = mm("...ik,...jk->...ij", k_beta, k) * decay * (1.0 - jnp.eye(c))
+  solve = lambda rhs: jax.lax.linalg.triangular_solve(strict, rhs, left_side=True, lower=True, unit_diagonal=True)
+  u = solve(v * beta[..., None])
+  w = solve(k_beta * jnp.exp(gamma)[..., None])
+  attn = mm("...ik,...jk->...ij", q, k) * decay
+  q_decayed = q * jnp.exp(gamma)[..., None]
+  k_decayed = k * jnp.exp(gamma[..., -1:] - gamma)[..., None]
+  chunk_decay = jnp.exp(gamma[..., -1])[..., None, None]  # [N, B, H, 1, 1]
+
+  def step(s, chunk):
+    u_i, w_i, attn_i, q_i, k_i, decay_i = chunk
+    v_new = u_i - mm("bhck,bhkv->bhcv", w_i, s)
+    out = mm("bhck,bhkv->bhcv", q_i, s) + mm("bhcj,bhjv->bhcv", attn_i, v_new)
+    s = decay_i * s + mm("bhck,bhcv->bhkv", k_i, v_new)
+    return s, out
+
+  state = jnp.zeros((b, h, dk, dv), jnp.float32) if initial_state is None else f32(initial_state)
+  state, out = jax.lax.scan(step, state, (u, w, attn, q_decayed, k_decayed, chunk_decay))
+  out = out.transpose(1, 0, 3, 2, 4).reshape(b, n * c, h, dv)[:, :t]
+  return out, state
+
+
+def causal_conv1d(x: Array, weight: Array, mask: Array, conv_state: Array | None = None) -> tuple[Array, Array]:
+  """Causal depthwise conv + SiLU over the real tokens of each row, continuing from `conv_state`.
+
+  `y_t = silu(Σ_{j<K} weight[j] · x̃_{t−K+1+j})` where x̃ is the row's real tokens in order, preceded by the K − 1
+  inputs in `conv_state` (zeros at the start of a sequence). Padding tokens are skipped, not convolved as zeros:
+  each row is compacted (real tokens first, stable) before the conv and scattered back after, so a padded token is
+  a no-op wherever it sits (left, right or between real tokens). For left/right padding this equals HF, which zeroes
+  padded inputs.
+
+  Args:
+    x: [B, T, C]; weight: [K, C] (HF `conv1d.weight [C, 1, K]` transposed); mask: [B, T] bool;
+    conv_state: [B, K − 1, C], the last K − 1 real inputs (oldest first), or None.
+
+  Returns:
+    (y [B, T, C], zero at padding; new conv state [B, K − 1, C] = the last K − 1 real inputs).
+  """
+  b, t, ch = x.shape
+  k = weight.shape[0]
+  order = jnp.argsort(~mask, axis=1, stable=True)  # [B, T]: real positions first, in order
+  compact = jnp.take_along_axis(x, order[..., None], axis=1)
+  if conv_state is None:
+    conv_state = jnp.zeros((b, k - 1, ch), x.dtype)
+  full = jnp.concatenate([conv_state.astype(x.dtype), compact], axis=1)  # [B, K − 1 + T, C]
+  y = sum(full[:, j:j + t] * weight[j].astype(x.dtype) for j in range(k))  # K shifted slices (K = 4)
+  y = jnp.take_along_axis(y, jnp.argsort(order, axis=1)[..., None], axis=1)  # back to the original positions
+  y = jnp.where(mask[..., None], nn.silu(y), 0).astype(x.dtype)
+  real = jnp.sum(mask, axis=1, dtype=jnp.int32)
+  last = real[:, None] + jnp.arange(k - 1)[None, :]  # in `full`, the last K − 1 real inputs
+  return y, jnp.take_along_axis(full, last[..., None], axis=1)
+
+
+class GatedRMSNorm(nn.Module):
+  """`y = scale · x / sqrt(mean(x²) + eps) · silu(gate)` over the last axis (statistics in float32); scale init 1."""
+  eps: float
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, gate: Array) -> Array:
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",)),
+                       (x.shape[-1],), self.param_dtype)
+    x32 = x.astype(jnp.float32)
+    normed = (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)).astype(self.dtype)
+    return (scale.astype(self.dtype) * normed * nn.silu(gate.astype(jnp.float32))).astype(self.dtype)
+
+
+def linear_attention_cache(config: ModelConfig, batch_size: int, dtype: Any) -> dict[str, Array]:
+  """An empty cache entry of one linear-attention layer: {'conv': [B, K − 1, C] dtype, 'state': [B, Hv, Dk, Dv]
+  float32} with C = 2·Hk·Dk + Hv·Dv."""
+  channels = 2 * config.linear_num_key_heads * config.linear_key_head_dim + (
+      config.linear_num_value_heads * config.linear_value_head_dim)
+  return {"conv": jnp.zeros((batch_size, config.linear_conv_kernel_dim - 1, channels), dtype),
+          "state": jnp.zeros((batch_size, config.linear_num_value_heads, config.linear_key_head_dim,
+                              config.linear_value_head_dim), jnp.float32)}
+
+
+class GatedDeltaNet(nn.Module):
+  """The `linear_attn` block: projections, conv, the gated delta rule, gated RMSNorm, `out_proj`.
+
+  With Hk q/k heads of Dk, Hv = r·Hk v heads of Dv (each q/k head serves r consecutive v heads):
+    [q | k | v] = silu(causal_conv1d(x W_qkv)),  z = x W_z,  β = sigmoid(x W_b),
+    g = −exp(A_log) · softplus(x W_a + dt_bias),  o = gated_delta_rule(l2n(q)/√Dk, l2n(k), v, g, β),
+    out = out_proj(GatedRMSNorm(o, z)).
+  Params (HF layout): qwen3_5: in_proj_qkv `[embed, 2·Hk·Dk + Hv·Dv]`, in_proj_z `[embed, Hv·Dv]`, in_proj_b /
+  in_proj_a `[embed, Hv]`; qwen3_next: in_proj_qkvz `[embed, Hk, 2·Dk + 2·r·Dv]` and in_proj_ba `[embed, Hk, 2·r]`
+  (grouped per key head); conv1d `[K, 2·Hk·Dk + Hv·Dv]`, A_log / dt_bias `[Hv]`, norm.scale `[Dv]`,
+  out_proj `[Hv·Dv, embed]`.
+  """
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array, token_mask: Array,
+               cache: dict[str, Array] | None) -> tuple[Array, dict[str, Array] | None]:
+    """x: [B, T, E]; token_mask: [B, T] (1 = real token); cache: {'conv', 'state'} or None → (out [B, T, E], cache)."""
+    cfg = self.config
+    dtype, param_dtype = dtypes(cfg)
+    hk, hv, dk, dv = (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                      cfg.linear_value_head_dim)
+    r = hv // hk
+    b, t, _ = x.shape
+    mask = token_mask.astype(bool)
+    x = jnp.where(mask[..., None], x, 0).astype(dtype)  # as HF: padded inputs are zeroed before the projections
+
+    def dense(name, features, *axes):
+      return nn.DenseGeneral(features, use_bias=False, dtype=dtype, param_dtype=param_dtype,
+                             kernel_init=kernel_init("embed", *axes), name=name)(x)
+
+    if cfg.linear_fused_proj:
+      qkvz = dense("in_proj_qkvz", (hk, 2 * dk + 2 * r * dv), "linear_heads", "linear_mix")
+      ba = dense("in_proj_ba", (hk, 2 * r), "linear_heads", "linear_mix")
+      q, k = qkvz[..., :dk], qkvz[..., dk:2 * dk]
+      v, z = qkvz[..., 2 * dk:2 * dk + r * dv], qkvz[..., 2 * dk + r * dv:]
+      mixed = jnp.concatenate([q.reshape(b, t, -1), k.reshape(b, t, -1), v.reshape(b, t, -1)], axis=-1)
+      z = z.reshape(b, t, hv, dv)
+      beta_logit, a = ba[..., :r].reshape(b, t, hv), ba[..., r:].reshape(b, t, hv)
+    else:
+      mixed = dense("in_proj_qkv", 2 * hk * dk + hv * dv, "linear_mix")
+      z = dense("in_proj_z", hv * dv, "linear_mix").reshape(b, t, hv, dv)
+      beta_logit = dense("in_proj_b", hv, "linear_heads")
+      a = dense("in_proj_a", hv, "linear_heads")
+
+    conv_w = self.param("conv1d", kernel_init(None, "linear_mix"), (cfg.linear_conv_kernel_dim, mixed.shape[-1]),
+                        param_dtype)
+    mixed, conv_state = causal_conv1d(mixed, conv_w, mask, None if cache is None else cache["conv"])
+    q = mixed[..., :hk * dk].reshape(b, t, hk, dk)
+    k = mixed[..., hk * dk:2 * hk * dk].reshape(b, t, hk, dk)
+    v = mixed[..., 2 * hk * dk:].reshape(b, t, hv, dv).astype(jnp.float32)
+    q = jnp.repeat(l2_normalize(q) * dk ** -0.5, r, axis=2)  # q/k head i serves v heads i·r … i·r + r − 1
+    k = jnp.repeat(l2_normalize(k), r, axis=2)
+
+    a_log = self.param("A_log", nn.with_logical_partitioning(
+        lambda key, shape, dt: jnp.log(jax.random.uniform(key, shape, dt, 1.0, 16.0)), ("linear_heads",)),
+        (hv,), param_dtype)
+    dt_bias = self.param("dt_bias", nn.with_logical_partitioning(nn.initializers.ones_init(), ("linear_heads",)),
+                         (hv,), param_dtype)
+    g = -jnp.exp(a_log.astype(jnp.float32)) * jax.nn.softplus(a.astype(jnp.float32) + dt_bias.astype(jnp.float32))
+    beta = jax.nn.sigmoid(beta_logit.astype(jnp.float32))
+    g, beta = jnp.where(mask[..., None], g, 0.0), jnp.where(mask[..., None], beta, 0.0)  # padding: exact no-op
+
+    state = None if cache is None else cache["state"]
+    if cfg.linear_attn_form == "recurrent" or (cache is not None and t == 1):
+      out, state = recurrent_gated_delta_rule(q, k, v, g, beta, state)
+    else:
+      out, state = chunked_gated_delta_rule(q, k, v, g, beta, state, cfg.linear_chunk_size)
+    out = GatedRMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="norm")(out.astype(dtype), z)
+    out = nn.DenseGeneral(cfg.hidden_size, use_bias=False, dtype=dtype, param_dtype=param_dtype,
+                          kernel_init=kernel_init("linear_mix", "embed"), name="out_proj")(out.reshape(b, t, hv * dv))
+    new_cache = None if cache is None else {"conv": conv_state.astype(cache["conv"].dtype), "state": state}
+    return out, new_cache
