@@ -159,11 +159,18 @@ class SweEnv(Env):
         self._pool = [dict(t, max_turns=self.config_max_turns) for t in generator.tasks(self.num_repos)]
     return self._pool
 
-  def tasks(self, split: str, n: int, seed: int) -> list[Task]:
-    """As `Env.tasks`, but splits by repository (`split_of(repo)`), so no repository is in two splits."""
+  def split_pool(self, split: str) -> list[Task]:
+    """The tasks of `split` (for the generated dataset, without generating the other splits' repositories)."""
     if split not in SPLITS:
       raise ValueError(f"split: {split!r} is not one of {SPLITS}")
-    pool = [t for t in self.task_pool() if split_of(t["instance"]["repo"]) == split]
+    if self.jsonl is None and self._pool is None:
+      from sao.rollout.envs.swe import generator
+      return [dict(t, max_turns=self.config_max_turns) for t in generator.tasks(self.num_repos, split)]
+    return [t for t in self.task_pool() if split_of(t["instance"]["repo"]) == split]
+
+  def tasks(self, split: str, n: int, seed: int) -> list[Task]:
+    """As `Env.tasks`, but splits by repository (`split_of(repo)`), so no repository is in two splits."""
+    pool = self.split_pool(split)
     if not pool:
       raise ValueError(f"split: {self.name} has no {split!r} tasks in this configuration")
     order = np.random.default_rng(seed).permutation(len(pool))

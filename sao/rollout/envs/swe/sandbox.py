@@ -143,7 +143,8 @@ def _git_env() -> dict[str, str]:
   return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp"),
           "GIT_AUTHOR_NAME": "sao", "GIT_AUTHOR_EMAIL": "sao@localhost", "GIT_COMMITTER_NAME": "sao",
           "GIT_COMMITTER_EMAIL": "sao@localhost", "GIT_AUTHOR_DATE": "1700000000 +0000",
-          "GIT_COMMITTER_DATE": "1700000000 +0000", "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0",
+          "GIT_COMMITTER_DATE": "1700000000 +0000", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
+          "GIT_TERMINAL_PROMPT": "0",
           "LC_ALL": "C"}
 
 
