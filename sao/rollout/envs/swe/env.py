@@ -192,7 +192,7 @@ class SweEnv(Env):
     await self.aclose()
     instance = dataset_lib.Instance.from_task(task)
     source = await asyncio.to_thread(instance.snapshot.git_source)
-    box = await asyncio.to_thread(sandbox_lib.Sandbox.create, source, instance.base_commit, self.sandbox_config)
+    box = await sandbox_lib.Sandbox.acreate(source, instance.base_commit, self.sandbox_config)
     self.task, self.instance, self.sandbox = task, instance, box
     self.turns, self.max_turns, self.done = 0, int(task["max_turns"]), False
     self.grade_result, self.submitted = None, False

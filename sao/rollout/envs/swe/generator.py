@@ -316,6 +316,11 @@ def instance(index: int) -> dataset_lib.Instance:
   return dataset_lib.parse_instance(spec(index).instance, snapshot_of(index), f"generated repo {index}")
 
 
+def bug_slot(index: int) -> tuple[int, int]:
+  """(library module, bug) planted in generated repository `index`."""
+  return _BUG_SLOTS[index % len(_BUG_SLOTS)]
+
+
 def repo_name(index: int) -> str:
   """The repository name of generated repository `index` (cheap: no generation)."""
   return _NAMES[index]

@@ -73,13 +73,17 @@ def patched_files(diff: str) -> list[str]:
   return out
 
 
-async def _apply(box: sandbox_lib.Sandbox, patch: str) -> tuple[bool, str]:
+async def _apply(box: sandbox_lib.Sandbox, patch: str, fuzzy: bool) -> tuple[bool, str]:
+  """Applies `patch` in the sandbox; with `fuzzy`, falls back to `patch --fuzz` (as SWE-bench does for model
+  patches; the dataset's own test patch must apply exactly)."""
   if not patch.strip():
     return True, "empty patch"
   data = patch.encode() if patch.endswith("\n") else (patch + "\n").encode()
   result = await box.arun("git apply --verbose -", stdin=data)
   if result.exit_code == 0:
     return True, "git apply"
+  if not fuzzy:
+    return False, (result.output.strip().splitlines() or ["git apply failed"])[-1][:300]
   fallback = await box.arun("patch --batch --fuzz=5 -p1 --forward", stdin=data)
   if fallback.exit_code == 0:
     return True, "patch --fuzz"
@@ -96,11 +100,11 @@ async def agrade(instance: Instance, model_patch: str, config: sandbox_lib.Sandb
 
   try:
     source = await asyncio.to_thread(instance.snapshot.git_source)
-    box = await asyncio.to_thread(sandbox_lib.Sandbox.create, source, instance.base_commit, config, "sao_grade_")
+    box = await sandbox_lib.Sandbox.acreate(source, instance.base_commit, config, "sao_grade_")
   except Exception as e:  # noqa: BLE001 — any setup failure voids the grade; the caller logs `detail`
     return result(Status.ENV_ERROR, detail=f"setup failed: {type(e).__name__}: {e}")
   try:
-    applied, how = await _apply(box, model_patch)
+    applied, how = await _apply(box, model_patch, fuzzy=True)
     if not applied:
       return result(Status.OK, detail=f"model patch does not apply: {how}")
     test_files = patched_files(instance.test_patch)
@@ -112,7 +116,7 @@ async def agrade(instance: Instance, model_patch: str, config: sandbox_lib.Sandb
           f"git checkout -q {shlex.quote(instance.base_commit)} -- \"$f\"; else rm -f -- \"$f\"; fi; done")
       if reset.exit_code != 0:
         return result(Status.ENV_ERROR, patch_applied=True, detail=f"cannot reset test files: {reset.output[-300:]}")
-    ok, how = await _apply(box, instance.test_patch)
+    ok, how = await _apply(box, instance.test_patch, fuzzy=False)
     if not ok:
       return result(Status.ENV_ERROR, patch_applied=True, detail=f"test_patch does not apply: {how}")
     ids = list(dict.fromkeys(instance.fail_to_pass + instance.pass_to_pass))
@@ -125,7 +129,8 @@ async def agrade(instance: Instance, model_patch: str, config: sandbox_lib.Sandb
     tests = {t: report.get(t) in _PASSING for t in ids}
     failing = [t for t, ok in tests.items() if not ok]
     reward = 0.0 if failing else 1.0
-    detail = "all tests pass" if not failing else f"{len(failing)} failing, e.g. {failing[0]} ({report.get(failing[0], 'missing')})"
+    detail = ("all tests pass" if not failing
+              else f"{len(failing)} failing, e.g. {failing[0]} ({report.get(failing[0], 'missing')})")
     return result(Status.OK, reward, tests=tests, patch_applied=True, detail=detail)
   except sandbox_lib.SandboxError as e:
     return result(Status.ENV_ERROR, detail=f"sandbox failed: {e}")

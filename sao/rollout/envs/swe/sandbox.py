@@ -189,6 +189,18 @@ class Sandbox:
       raise
     return cls(episode_dir, config)
 
+  @classmethod
+  async def acreate(cls, source_repo: pathlib.Path | str, base_commit: str, config: SandboxConfig = SandboxConfig(),
+                    prefix: str = "sao_swe_") -> Sandbox:
+    """`create` off the event loop. If the caller is cancelled meanwhile, the sandbox is closed as soon as the
+    (uninterruptible) copy finishes, so a cancelled episode never leaves its directory behind."""
+    future = asyncio.ensure_future(asyncio.to_thread(cls.create, source_repo, base_commit, config, prefix))
+    try:
+      return await asyncio.shield(future)
+    except asyncio.CancelledError:
+      future.add_done_callback(_close_orphan)
+      raise
+
   def __enter__(self) -> Sandbox:
     return self
 
@@ -239,9 +251,11 @@ class Sandbox:
     limit = self.config.max_output_bytes if max_output_bytes is None else int(max_output_bytes)
     start = time.monotonic()
     try:
+      # bwrap itself gets an empty environment too: it stays visible inside as /proc/1/environ.
       proc = await asyncio.create_subprocess_exec(
           *self._argv(command), stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+          env={"PATH": "/usr/bin:/bin"}, cwd=self.repo_dir if self._bwrap is None else "/")
     except OSError as e:
       raise SandboxError(f"cannot start the sandbox: {e}") from e
     head, tail, total = bytearray(), bytearray(), 0
@@ -289,6 +303,11 @@ class Sandbox:
     except RuntimeError:
       return asyncio.run(self.arun(command, timeout_s, stdin, max_output_bytes))
     raise RuntimeError("Sandbox.run() called from a running event loop; use `await sandbox.arun(...)`")
+
+
+def _close_orphan(future: asyncio.Future) -> None:
+  if not future.cancelled() and future.exception() is None:
+    future.result().close()
 
 
 def _kill(proc: asyncio.subprocess.Process) -> None:
