@@ -153,6 +153,29 @@ def test_number_search_expert_success_rates():
   assert 0.05 < noisy < 0.9
 
 
+def test_number_search_offsets_sizes_and_interval_hint():
+  env = envs.make("number_search", sizes=(8, 12), offsets=(0, 20), show_interval=True)
+  pool = env.task_pool()
+  assert len(pool) == 2 * (8 + 12) and len({t["key"] for t in pool}) == len(pool)
+  assert {t["max_turns"] for t in pool if t["n"] == 8} == {5} and {t["max_turns"] for t in pool if t["n"] == 12} == {5}
+  # The plain range keeps number_search's original keys, so its tasks keep their splits.
+  assert {t["key"] for t in pool if "offset" not in t and t["n"] == 8} == {
+      t["key"] for t in envs.make("number_search", n=8).task_pool()}
+  task = next(t for t in pool if t.get("offset") == 20 and t["n"] == 12 and t["target"] == 30)
+  assert env.reset(task)[1]["content"] == "Find the number in 21..32."
+  assert env.step(compare(5)) == ("error: guess must be in 21..32", False)
+  assert env.step(compare(26)) == ("higher 27..32", False)
+  assert env.step(compare(31)) == ("lower 27..30", False)
+  assert env.expert_action() == compare(28)
+  assert env.step(compare(30)) == ("equal", True) and env.score() == 1.0
+  # Held-out tasks: every split gets some.
+  assert all(env.tasks(split, 1, seed=0) for split in envs.SPLITS)
+  with pytest.raises(ValueError, match="offsets"):
+    envs.make("number_search", offsets=(-1,))
+  with pytest.raises(ValueError, match="sizes"):
+    envs.make("number_search", sizes=(8, 8))
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # code_repair.
 

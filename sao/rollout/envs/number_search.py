@@ -1,7 +1,7 @@
 """number_search: find a hidden integer in a range of N consecutive integers by asking `compare(guess)`.
 
-The range is `offset+1 .. offset+N`; `offsets` (default `(0,)`: the range 1..N) multiplies the task pool, so a
-configuration can hold many distinct tasks and its validation/test splits many held-out ones.
+The range is `offset+1 .. offset+N`, for every N in `sizes` (default: just `n`) and offset in `offsets` (default
+`(0,)`): a configuration can hold many distinct tasks, and its validation/test splits many held-out ones.
 
 The observation starts with one word: "higher" (the hidden number is higher than the guess), "lower", or "equal"
 (found; the episode ends). With `show_interval`, "higher"/"lower" are followed by the interval still consistent with
@@ -24,8 +24,9 @@ from sao.rollout.tool_format import ToolCall
 
 @register("number_search")
 class NumberSearch(Env):
-  """Config: `n` (range size), `max_turns` (default: binary search's worst case + 1), `offsets` (each gives the
-  range offset+1..offset+n; default (0,)), `show_interval` (observations carry the remaining interval)."""
+  """Config: `n` (range size), `sizes` (several range sizes instead of `n`), `max_turns` (default: binary search's
+  worst case + 1, per size), `offsets` (each gives the ranges offset+1..offset+size; default (0,)), `show_interval`
+  (observations carry the remaining interval)."""
   name = "number_search"
   system_prompt = "Find the hidden number. Call compare with a guess; it says higher, lower or equal."
   tool_schemas = [
@@ -34,35 +35,45 @@ class NumberSearch(Env):
   ]
 
   def __init__(self, n: int = 64, max_turns: int | None = None, offsets: tuple[int, ...] = (0,),
-               show_interval: bool = False):
+               show_interval: bool = False, sizes: tuple[int, ...] | None = None):
     super().__init__()
-    if n < 1:
-      raise ValueError(f"n: must be >= 1, got {n}")
+    sizes = (n,) if sizes is None else tuple(int(s) for s in sizes)
     offsets = tuple(int(o) for o in offsets)
+    if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
+      raise ValueError(f"n/sizes: need distinct range sizes >= 1, got {sizes}")
     if not offsets or min(offsets) < 0 or len(set(offsets)) != len(offsets):
       raise ValueError(f"offsets: need distinct integers >= 0, got {offsets}")
-    self.n = int(n)
+    if max_turns is not None and int(max_turns) < 1:
+      raise ValueError(f"max_turns: must be >= 1, got {max_turns}")
+    self.n = max(sizes)
+    self.sizes = sizes
     self.offsets = offsets
     self.show_interval = bool(show_interval)
-    self.config_max_turns = int(max_turns) if max_turns is not None else math.ceil(math.log2(n + 1)) + 1
-    if self.config_max_turns < 1:
-      raise ValueError(f"max_turns: must be >= 1, got {max_turns}")
+    self._max_turns_arg = max_turns
+    self.config_max_turns = self.turn_budget(self.n)
     self._lo = self._hi = self._target = self._first = self._last = 0
     self._show_interval = False
     self._found = False
 
+  def turn_budget(self, size: int) -> int:
+    """The configured `max_turns`, or binary search's worst case on `size` numbers + 1."""
+    if self._max_turns_arg is not None:
+      return int(self._max_turns_arg)
+    return math.ceil(math.log2(size + 1)) + 1
+
   def task_pool(self) -> list[Task]:
     pool = []
-    for offset in self.offsets:
-      for target in range(offset + 1, offset + self.n + 1):
-        # The plain range keeps its original keys (and so its split); offset ranges are new, distinct tasks.
-        key = f"number_search/n{self.n}/t{target}" if offset == 0 else f"number_search/n{self.n}/o{offset}/t{target}"
-        task = {"env": self.name, "key": key, "n": self.n, "max_turns": self.config_max_turns, "target": target}
-        if offset:
-          task["offset"] = offset
-        if self.show_interval:
-          task["show_interval"] = True
-        pool.append(task)
+    for size in self.sizes:
+      for offset in self.offsets:
+        for target in range(offset + 1, offset + size + 1):
+          # The plain range keeps its original keys (and so its split); offset ranges are new, distinct tasks.
+          key = f"number_search/n{size}/t{target}" if offset == 0 else f"number_search/n{size}/o{offset}/t{target}"
+          task = {"env": self.name, "key": key, "n": size, "max_turns": self.turn_budget(size), "target": target}
+          if offset:
+            task["offset"] = offset
+          if self.show_interval:
+            task["show_interval"] = True
+          pool.append(task)
     return pool
 
   def _reset(self, task: Task) -> str:
