@@ -91,7 +91,8 @@ def test_generated_dataset_size_kinds_and_splits():
     assert all(split_of(t["instance"]["repo"]) == split for t in generator.tasks(240, split))
   for t in tasks[:20]:
     instance = dataset.Instance.from_task(t)
-    assert instance.fail_to_pass and instance.pass_to_pass and not set(instance.fail_to_pass) & set(instance.pass_to_pass)
+    assert instance.fail_to_pass and instance.pass_to_pass
+    assert not set(instance.fail_to_pass) & set(instance.pass_to_pass)
     assert instance.problem_statement.startswith("### ") and "```python" in instance.problem_statement
 
 

@@ -11,7 +11,7 @@ from sao.rollout.envs.swe import dataset, generator, grader
 from sao.rollout.envs.swe.sandbox import SandboxConfig
 from sao.transport.trajectory import Status
 
-from conftest import OPS_BASE, OPS_FIXED, TESTS_BASE
+from swe_fixtures import OPS_BASE, OPS_FIXED, TESTS_BASE
 
 CONFIG = SandboxConfig(timeout_s=30)
 
@@ -74,7 +74,7 @@ def test_test_timeout_and_setup_failure_void_the_grade(calc):
   missing = dataclasses.replace(calc, snapshot=dataset.Snapshot("dir", "/nonexistent/repo"))
   result = grader.grade(missing, calc.patch, CONFIG)
   assert result.status == Status.ENV_ERROR and "setup failed" in result.detail
-  bad_test_patch = dataclasses.replace(calc, test_patch=calc.test_patch.replace("clamp(5, 0, 10) == 5", "zzz"))
+  bad_test_patch = dataclasses.replace(calc, test_patch=calc.test_patch.replace("double(4) == 8", "zzz"))
   assert grader.grade(bad_test_patch, calc.patch, CONFIG).status == Status.ENV_ERROR
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import threading
 
@@ -31,8 +32,12 @@ def alive(box):
 
 
 def test_bwrap_is_obtained_by_setup():
+  """`ensure_bwrap` returns a working bwrap: from PATH, or installed by it into the project cache (on a clean
+  machine, as in CI, it downloads Debian's package there; this run may find it cached)."""
   path = bwrap.ensure_bwrap()
   assert os.access(path, os.X_OK)
+  if not shutil.which("bwrap") and not os.environ.get("SAO_BWRAP"):
+    assert path == str(bwrap.cache_dir() / "bwrap" / "usr" / "bin" / "bwrap")
 
 
 def test_writes_outside_the_episode_fail(pair, tmp_path):

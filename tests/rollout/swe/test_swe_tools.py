@@ -171,3 +171,21 @@ def test_async_api_and_close(calc_dataset):
 
   episode_dir = asyncio.run(play())
   assert not os.path.exists(episode_dir)
+
+
+def test_sync_api_from_a_worker_thread(calc_dataset):
+  """The agent loop calls reset/step/score through `asyncio.to_thread` from its event loop."""
+  jsonl, root, _ = calc_dataset
+  env = envs.make("swe", jsonl=str(jsonl), snapshot_root=str(root))
+
+  async def play():
+    await asyncio.to_thread(env.reset, env.task_pool()[0])
+    obs, _ = await asyncio.to_thread(env.step, ToolCall("bash", {"command": "echo from-thread"}))
+    with pytest.raises(RuntimeError, match="running event loop"):
+      env.step(ToolCall("bash", {"command": "true"}))  # on the loop itself: a clear error, not a deadlock
+    return obs
+
+  try:
+    assert asyncio.run(play()) == "from-thread\n"
+  finally:
+    env.close()

@@ -10,3 +10,6 @@ from sao.rollout.envs.swe.dataset import DatasetError, Instance, Snapshot, load_
 from sao.rollout.envs.swe.env import GradeVoidError, SweEnv
 from sao.rollout.envs.swe.grader import GradeResult, agrade, grade
 from sao.rollout.envs.swe.sandbox import CommandResult, Sandbox, SandboxConfig, SandboxError
+
+__all__ = ["CommandResult", "DatasetError", "GradeResult", "GradeVoidError", "Instance", "Sandbox", "SandboxConfig",
+           "SandboxError", "Snapshot", "SweEnv", "agrade", "grade", "load_jsonl"]

@@ -185,6 +185,11 @@ class SweEnv(Env):
   # ----------------------------------------------------------------------------------------------------------------
   # Episode (async core; the synchronous Env methods wrap it).
 
+  @staticmethod
+  def snapshot_source(task: Task) -> str:
+    """The local git source of `task`'s repository (materializing a generated one into the cache, once)."""
+    return dataset_lib.Instance.from_task(task).snapshot.git_source()
+
   async def areset(self, task: Task) -> list[dict[str, str]]:
     """Async `reset`: closes any previous episode, clones a fresh sandbox."""
     if task.get("env") != self.name:

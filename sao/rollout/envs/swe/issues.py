@@ -13,9 +13,11 @@ from typing import Any
 from sao.rollout.envs.swe.generator_library import Case
 
 _CLOSINGS = ("", "Thanks!", "Happy to open a PR if someone confirms this is a bug.",
-             "This breaks one of our scripts, so a fix would be much appreciated.", "Let me know if you need more details.",
+             "This breaks one of our scripts, so a fix would be much appreciated.",
+             "Let me know if you need more details.",
              "I think this started after the last refactoring, but I have not bisected it.")
-_ENVIRONMENTS = ("Python 3.11 on Ubuntu 22.04", "Python 3.12, macOS 14", "Python 3.10 on Debian", "Python 3.11, Windows 11")
+_ENVIRONMENTS = ("Python 3.11 on Ubuntu 22.04", "Python 3.12, macOS 14", "Python 3.10 on Debian",
+                 "Python 3.11, Windows 11")
 
 
 def _shown(kind: str, value: Any) -> str:
@@ -48,9 +50,11 @@ def problem_statement(rng: random.Random, project: str, package: str, module: st
                f"Wrong exception type from {package}.{module}.{symbol}"])
   else:
     want = f"`{expected!r}`"
-    titles = ([f"`{symbol}` crashes with {type(value).__name__}", f"{type(value).__name__} in {package}.{module}.{symbol}"]
+    titles = ([f"`{symbol}` crashes with {type(value).__name__}",
+               f"{type(value).__name__} in {package}.{module}.{symbol}"]
               if kind == "raises" else
-              [f"`{symbol}` returns {value!r} instead of {expected!r}", f"Wrong result from {package}.{module}.{symbol}",
+              [f"`{symbol}` returns {value!r} instead of {expected!r}",
+               f"Wrong result from {package}.{module}.{symbol}",
                f"{symbol}() gives an incorrect value"])
   title = rng.choice(titles)
   intro = rng.choice((

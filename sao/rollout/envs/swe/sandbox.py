@@ -262,7 +262,7 @@ class Sandbox:
     half = limit // 2
 
     async def pump():
-      nonlocal total, tail
+      nonlocal total
       if stdin is not None:
         proc.stdin.write(stdin)
         try:

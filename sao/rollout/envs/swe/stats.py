@@ -24,7 +24,8 @@ from sao.transport.trajectory import Status
 
 
 def _summary(values: Sequence[float]) -> str:
-  return f"mean {statistics.fmean(values):.1f}, median {statistics.median(values):g}, range {min(values):g}-{max(values):g}"
+  return (f"mean {statistics.fmean(values):.1f}, median {statistics.median(values):g}, "
+          f"range {min(values):g}-{max(values):g}")
 
 
 def dataset_stats(tasks: Sequence[dict[str, Any]]) -> dict[str, Any]:
