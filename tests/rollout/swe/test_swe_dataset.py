@@ -11,7 +11,7 @@ import pytest
 from sao.rollout.envs import split_of
 from sao.rollout.envs.swe import dataset, generator
 from sao.rollout.envs.swe.dataset import DatasetError
-from sao.rollout.envs.swe.generator_library import BUG_KINDS
+from sao.rollout.envs.swe.library import BUG_KINDS
 from sao.rollout.envs.swe.sandbox import Sandbox
 
 

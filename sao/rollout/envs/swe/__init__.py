@@ -1,10 +1,10 @@
 """SWE-style coding tasks: SWE-bench instances in bubblewrap sandboxes, graded like SWE-bench.
 
 Modules: `dataset` (the SWE-bench JSONL format and repository snapshots), `generator` (the generated dataset of
-small Python repositories with planted bugs), `sandbox` (episode directories and isolated commands), `bwrap`
-(finding/installing bubblewrap), `tools.editor` (OpenHands' `str_replace_editor`), `grader` (SWE-bench grading),
-`expert` (scripted demonstrations), `pool` (bounded concurrent episodes), `env` (the "swe" `Env`; its docstring
-shows the tool API), `stats` (dataset statistics).
+small Python repositories with planted bugs; `library` holds its module templates, `issues` writes its reports),
+`sandbox` (episode directories and isolated commands), `bwrap` (finding/installing bubblewrap), `tools.editor`
+(OpenHands' `str_replace_editor`), `grader` (SWE-bench grading), `expert` (scripted demonstrations), `pool` (bounded
+concurrent episodes), `env` (the "swe" `Env`; its docstring shows the tool API), `stats` (dataset statistics).
 """
 from sao.rollout.envs.swe.dataset import DatasetError, Instance, Snapshot, load_jsonl
 from sao.rollout.envs.swe.env import GradeVoidError, SweEnv

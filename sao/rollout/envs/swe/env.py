@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pathlib
 import shlex
 from typing import Any
 
@@ -54,7 +55,8 @@ from sao.rollout.envs.swe.tools import editor as editor_lib
 from sao.rollout.tool_format import ToolCall, ToolCallError
 from sao.transport.trajectory import Status
 
-_EDITOR_SOURCE = open(editor_lib.__file__, encoding="utf-8").read()
+# The editor runs inside the sandbox as `python -c <source>` (see tools/editor.py).
+_EDITOR_SOURCE = pathlib.Path(editor_lib.__file__).read_text(encoding="utf-8")
 _DIFF_BYTES = 8 << 20
 
 SYSTEM_PROMPT = ("You are a software engineer working in a Linux sandbox. The repository is at /testbed. Use the "

@@ -1,7 +1,7 @@
 """The generated SWE dataset: small Python repositories, each with one planted bug, as SWE-bench instances.
 
 Repository `i` (0 <= i < `MAX_REPOS`) is a pure function of `i` and `VERSION`: a package of three modules from
-`generator_library` with per-repository constants, a pytest suite, and one planted bug in one module. The tests the
+`library` with per-repository constants, a pytest suite, and one planted bug in one module. The tests the
 bug breaks are found by running every test case in-process on the correct and on the buggy module (trusted code:
 the library's own) — they become FAIL_TO_PASS and go into `test_patch` (so the bug went unnoticed at
 `base_commit`, as in a real repository), every other test is PASS_TO_PASS. The problem statement is an issue report
@@ -36,7 +36,7 @@ from sao.rollout.envs.swe import bwrap
 from sao.rollout.envs.swe import dataset as dataset_lib
 from sao.rollout.envs.swe import issues
 from sao.rollout.envs.swe import sandbox as sandbox_lib
-from sao.rollout.envs.swe.generator_library import LIBRARY, Bug, Case, ModuleTemplate
+from sao.rollout.envs.swe.library import LIBRARY, Bug, Case, ModuleTemplate
 
 VERSION = 1
 MODULES_PER_REPO = 3

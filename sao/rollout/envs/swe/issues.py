@@ -10,7 +10,7 @@ import re
 import shlex
 from typing import Any
 
-from sao.rollout.envs.swe.generator_library import Case
+from sao.rollout.envs.swe.library import Case
 
 _CLOSINGS = ("", "Thanks!", "Happy to open a PR if someone confirms this is a bug.",
              "This breaks one of our scripts, so a fix would be much appreciated.",
