@@ -21,6 +21,7 @@ INSTALL_REQUIRES = [
     "aiohttp>=3.10,<4",
     "gguf>=0.17,<1",
     "tensorboard>=2.20,<3",
+    "openai>=1.50,<3",  # the scaffold harnesses talk to the token-capturing proxy as external scaffolds do
 ]
 
 EXTRAS_REQUIRE = {
@@ -34,7 +35,6 @@ EXTRAS_REQUIRE = {
         "torch==2.13.0",
         "transformers>=5.0,<6",
         "grpcio-tools>=1.85.1,<2",
-        "openai>=1.50,<3",
     ],
     # GPU hosts only: SGLang hard-pins a CUDA torch and does not install on CPU machines.
     # Nothing importable on CPU imports it.

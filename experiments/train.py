@@ -14,6 +14,7 @@ Re-running the same command with the same `--workdir` resumes from the latest ch
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -45,6 +46,12 @@ def _harness_flags(config) -> list[str]:
   weights = tuple(r.get("harness_weights", ()) or ())
   return [f"--harnesses={','.join(names)}", f"--harness_weights={','.join(str(w) for w in weights)}",
           f"--eval_harness={r.get('eval_harness', '') or ''}", f"--harness_seed={config.seed}"]
+
+
+def _env_flags(config) -> list[str]:
+  """The rollout worker's environment constructor kwargs (sandbox limits etc.; tasks carry the rest)."""
+  kwargs = config.env.kwargs.to_dict() if hasattr(config.env.kwargs, "to_dict") else dict(config.env.kwargs)
+  return [f"--env_kwargs={json.dumps({config.env.name: kwargs})}"] if kwargs else []
 
 
 def _tokenizer(config):
@@ -95,7 +102,7 @@ class EmbeddedProcesses:
     cmd = [sys.executable, "-m", "sao.rollout.worker", f"--trainer={self.trainer_address}",
            f"--concurrency={c.rollout.concurrency}", f"--max_new_tokens={c.rollout.max_new_tokens}",
            f"--max_turns={c.rollout.max_turns}", f"--max_total_tokens={c.rollout.max_total_tokens}",
-           *_harness_flags(c)]
+           *_harness_flags(c), *_env_flags(c)]
     if c.model.tokenizer_path or c.model.init == "hf":
       cmd.append(f"--tokenizer_path={c.model.tokenizer_path or c.model.hf_path}")
     with open(log_path, "ab") as log_file:
@@ -201,7 +208,7 @@ def main(argv):
     cmd = [sys.executable, "-m", "sao.rollout.worker", f"--trainer={_TRAINER.value}",
            f"--concurrency={config.rollout.concurrency}", f"--max_new_tokens={config.rollout.max_new_tokens}",
            f"--max_turns={config.rollout.max_turns}", f"--max_total_tokens={config.rollout.max_total_tokens}",
-           *_harness_flags(config)]
+           *_harness_flags(config), *_env_flags(config)]
     if config.engine_urls:
       cmd.append(f"--engine_urls={','.join(config.engine_urls)}")
     os.execv(sys.executable, cmd)

@@ -5,6 +5,12 @@ Toy (CPU, a few minutes; supervised warm start → value pretraining → SAO on 
 
     python experiments/train.py --config=experiments/configs/sao_openswe.py:toy --workdir=/tmp/sao_toy
 
+SWE toy (CPU, slow: a tiny model on the generated SWE-style repositories in bubblewrap sandboxes, driven through the
+token-capturing proxy by the OpenHands-style `openai_tools` scaffold and the mini-swe-agent-style `bash_only`
+scaffold at equal weights; pick one with `rollout.harnesses=bash_only,rollout.harness_weights=1`):
+
+    python experiments/train.py --config=experiments/configs/sao_openswe.py:swe_toy --workdir=/tmp/sao_swe_toy
+
 Full (the paper's setting; needs an SGLang GPU fleet and a TPU/GPU trainer):
 
     python experiments/train.py --config=experiments/configs/sao_openswe.py:full --workdir=gs://.../sao_openswe \
@@ -12,7 +18,8 @@ Full (the paper's setting; needs an SGLang GPU fleet and a TPU/GPU trainer):
 """
 from experiments.configs import common
 
-VARIANTS = ("toy", "full")
+VARIANTS = ("toy", "full", "swe_toy")
+SWE_SCAFFOLDS = ("openai_tools", "bash_only")  # `sao.rollout.harnesses`: both drive the policy through the proxy
 
 
 def get_config(arg: str | None = None):
@@ -52,4 +59,35 @@ def get_config(arg: str | None = None):
     config.rollout.concurrency = 64
     config.server.host = "0.0.0.0"
     config.server.max_staleness = 8
+  if variant == "swe_toy":
+    _swe_toy(config)
   return common.finalize(config, overrides)
+
+
+def _swe_toy(config) -> None:
+  """The SWE-style environment at CPU scale: the toy model with a long context, few short episodes."""
+  config.env.name = "swe"
+  # Generated repositories (a planted bug each); short sandboxed commands and observations: toy contexts are a few
+  # thousand byte-level tokens.
+  config.env.kwargs = dict(num_repos=240, max_turns=8, command_timeout_s=10.0, max_output_bytes=800,
+                           test_timeout_s=60.0)
+  config.env.num_train_tasks = 1024
+  config.env.num_validation_tasks = 8
+  config.model.toy.max_position_embeddings = 8192
+  config.recipe.num_demonstrations = 32
+  config.recipe.demonstration_noise = 0.2
+  config.recipe.sft_steps = 60
+  config.recipe.sft_batch_size = 4
+  config.recipe.value_pretrain_steps = 5
+  config.total_steps = 30
+  config.rollout.batch_size = 8
+  config.rollout.concurrency = 8
+  config.rollout.max_new_tokens = 384  # an expert edit written as a python heredoc (bash_only) is ~300 tokens
+  config.rollout.max_turns = 8
+  config.rollout.max_total_tokens = 6144
+  config.rollout.eval_every = 10
+  config.rollout.harnesses = SWE_SCAFFOLDS
+  config.rollout.harness_weights = (1.0, 1.0)
+  config.rollout.eval_harness = SWE_SCAFFOLDS[0]
+  config.learner.batching.bucket_lengths = (1536, 2048, 3072, 4096, 6144)
+  config.learner.batching.micro_batch_size = 1  # [T, T] attention scores of thousands of tokens: one row at a time

@@ -106,6 +106,7 @@ class RolloutWorker:
   async def _episode(self, leased, sample_index: int, engine: SGLangEngine) -> None:
     env_kwargs = (self.config.env_kwargs or {}).get(leased.env_name, {})
     queued = False
+    env = None
     try:
       env = envs.make(leased.env_name, **env_kwargs)
       task = json.loads(leased.task_json)
@@ -126,6 +127,8 @@ class RolloutWorker:
       self._active_episodes -= 1
       if not queued:
         self._release(leased.lease_id)
+      if env is not None and hasattr(env, "close"):  # sandboxed environments free their episode directory
+        await asyncio.to_thread(env.close)
 
   def _release(self, lease_id: str) -> None:
     """One sample of `lease_id` needs no more heartbeats (its episode failed, or the trainer acknowledged it)."""
@@ -249,6 +252,8 @@ _HARNESSES = flags.DEFINE_list("harnesses", ["xml_json"], "Harnesses training ep
 _HARNESS_WEIGHTS = flags.DEFINE_list("harness_weights", [], "Their relative weights (empty = equal).")
 _EVAL_HARNESS = flags.DEFINE_string("eval_harness", "", "The harness validation runs through ('' = the first).")
 _HARNESS_SEED = flags.DEFINE_integer("harness_seed", 0, "Seeds the per-episode harness choice.")
+_ENV_KWARGS = flags.DEFINE_string("env_kwargs", "", 'Environment constructor kwargs per env name, as JSON: '
+                                   '{"swe": {"command_timeout_s": 10}}.')
 _TOKEN_ENV = flags.DEFINE_string("token_env", "SAO_TRAINER_TOKEN", "Environment variable holding the shared secret.")
 
 
@@ -257,6 +262,18 @@ def _harness_weights(values: Sequence[str]) -> tuple[float, ...]:
     return tuple(float(v) for v in values)
   except ValueError as e:
     raise app.UsageError(f"--harness_weights: not numbers: {list(values)}") from e
+
+
+def _env_kwargs(text: str) -> dict | None:
+  if not text:
+    return None
+  try:
+    value = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise app.UsageError(f"--env_kwargs: not JSON ({e.msg} at char {e.pos}): {text!r}") from e
+  if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+    raise app.UsageError(f"--env_kwargs: expected {{env name: {{kwarg: value}}}}, got {text!r}")
+  return value
 
 
 def main(argv: list[str]) -> None:
@@ -268,7 +285,8 @@ def main(argv: list[str]) -> None:
                         concurrency=_CONCURRENCY.value, max_new_tokens=_MAX_NEW.value, max_turns=_MAX_TURNS.value,
                         max_total_tokens=_MAX_TOKENS.value, idle_exit_s=_IDLE_EXIT.value,
                         harnesses=tuple(_HARNESSES.value), harness_weights=_harness_weights(_HARNESS_WEIGHTS.value),
-                        eval_harness=_EVAL_HARNESS.value, harness_seed=_HARNESS_SEED.value)
+                        eval_harness=_EVAL_HARNESS.value, harness_seed=_HARNESS_SEED.value,
+                        env_kwargs=_env_kwargs(_ENV_KWARGS.value))
   worker = RolloutWorker(config)
 
   async def run():

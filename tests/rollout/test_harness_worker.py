@@ -77,3 +77,41 @@ def test_worker_samples_harnesses_at_the_weights_and_validates_through_eval_harn
     assert t.harness == mixture.pick(t.group_id, t.sample_index)
     assert "error:" not in tokenizer.decode(t.token_ids.tolist()), t.harness  # spoke the harness's syntax
   assert set(evals[0].by_harness) == {"json_block"}
+
+
+def test_worker_runs_scaffold_episodes_through_the_proxy(tmp_path):
+  """A mixture of an in-loop syntax and a proxied scaffold: both kinds of episodes reach the trainer intact."""
+  tokenizer = toy_tokenizer()
+  env = envs.make("number_search", n=16)
+  n = 24
+  dispenser = TaskDispenser(env.tasks("train", n, seed=0),
+                            DispenserConfig(mode="sao", lease_ttl_s=30.0, id_key="task_id", env_name="number_search",
+                                            num_epochs=1))
+  server = TrajectoryServer(ServerConfig(log_dir=str(tmp_path / "log"), vocab_size=tokenizer.vocab_size,
+                                         buffer_capacity=n, no_work_retry_ms=50), dispenser)
+  port = server.start()
+  worker = RolloutWorker(WorkerConfig(trainer_address=f"127.0.0.1:{port}", concurrency=8, max_turns=8,
+                                      max_total_tokens=512, submit_interval_s=0.05,
+                                      harnesses=("xml_json", "openai_tools")), tokenizer)
+  engine = SyntaxAwareEngine(tokenizer)
+  worker._engine = lambda urls: engine  # pylint: disable=protected-access
+  thread = threading.Thread(target=lambda: asyncio.run(worker.run()), daemon=True)
+  thread.start()
+  trajs = []
+  try:
+    deadline = time.monotonic() + 60
+    while len(trajs) < n and time.monotonic() < deadline:
+      batch = server.take_batch(n - len(trajs), timeout_s=0.2)
+      server.mark_consumed(batch, 0)
+      trajs += batch
+  finally:
+    worker.stop()
+    thread.join(timeout=30)
+    server.stop()
+  assert len(trajs) == n
+  by_harness = collections.Counter(t.harness for t in trajs)
+  assert set(by_harness) == {"xml_json", "openai_tools"}, by_harness
+  for t in trajs:
+    t.validate(tokenizer.vocab_size)
+    assert t.status in ("ok", "truncated") and t.num_turns >= 1, t.metadata
+    assert "error:" not in tokenizer.decode(t.token_ids.tolist())

@@ -152,3 +152,17 @@ def test_mixture_picks_at_the_weights():
 def test_mixture_errors_name_the_problem(kw, match):
   with pytest.raises(ValueError, match=match):
     harnesses.HarnessMixture(**kw)
+
+
+def test_openai_tools_scaffold_records_the_agent_loop_stream(tokenizer):
+  """Through the proxy, the function-calling scaffold's expert episode is token for token the xml_json agent loop's
+  (same template, same calls), up to the final observation the scaffold never sends back."""
+  env = envs.make("number_search", n=16)
+  for task in env.tasks("train", 2, seed=2):
+    loop = asyncio.run(expert.demonstrate(harnesses.get("xml_json"), env, task, tokenizer))
+    proxied = asyncio.run(expert.demonstrate(harnesses.get("openai_tools"), env, task, tokenizer))
+    assert proxied.harness == "openai_tools" and proxied.reward == 1.0 and proxied.num_turns == loop.num_turns
+    n = proxied.num_tokens
+    assert 0 < n < loop.num_tokens
+    np.testing.assert_array_equal(proxied.token_ids, loop.token_ids[:n])
+    np.testing.assert_array_equal(proxied.action_mask, loop.action_mask[:n])

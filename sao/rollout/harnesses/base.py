@@ -38,3 +38,13 @@ class Harness(abc.ABC):
   @abc.abstractmethod
   def format_call(self, call: ToolCall, env: Env) -> str:
     """The assistant text that makes this harness perform `call` in `env` (whose tools it uses)."""
+
+  def expert_call(self, env: Env, num_expert_calls: int) -> ToolCall:
+    """The scripted expert's next call, after `num_expert_calls` expert calls of this episode ran.
+
+    By default the environment's own expert (`env.expert_action()`, which tracks its progress from the calls it
+    executes). A harness that executes the expert's calls as different tool calls (bash_only's edits as shell
+    commands) overrides this to follow the expert's plan by count instead.
+    """
+    del num_expert_calls
+    return env.expert_action()

@@ -38,11 +38,16 @@ class ExpertEngine:
       raise ValueError("noise > 0 needs an rng")
     self.env, self.harness, self.tokenizer, self.rng, self.noise = env, harness, tokenizer, rng, noise
     self.calls = []
+    self.num_expert_calls = 0
 
   async def generate(self, input_ids: Sequence[int], sampling_params: SamplingParams) -> GenerateResult:
     del sampling_params
     noisy = bool(self.noise) and self.rng.random() < self.noise
-    call = self.env.noisy_action(self.rng) if noisy else self.env.expert_action()
+    if noisy:
+      call = self.env.noisy_action(self.rng)
+    else:
+      call = self.harness.expert_call(self.env, self.num_expert_calls)
+      self.num_expert_calls += 1
     self.calls.append(call)
     ids = self.tokenizer.encode(self.harness.format_call(call, self.env)) + [self.tokenizer.eos_token_ids[0]]
     return GenerateResult(token_ids=tuple(ids), logprobs=tuple(0.0 for _ in ids), finish_reason="stop",
