@@ -88,6 +88,10 @@ def test_network_is_unreachable(pair):
     result = a.run(f"python -c \"{probe}\"")
     assert "connected" not in result.output and result.output.count("refused") == 3, result.output
     assert not accepted  # the host's listener never saw the sandbox
+    # Creating an IP socket at all is refused (seccomp); Unix sockets, which asyncio needs, still work.
+    result = a.run("python -c 'import socket; socket.socket()'")
+    assert result.exit_code != 0 and "PermissionError" in result.output
+    assert a.run("python -c 'import asyncio; asyncio.run(asyncio.sleep(0)); print(1)'").output == "1\n"
   finally:
     server.close()
   alive(a)

@@ -131,6 +131,24 @@ def test_submit_grades_and_ends(env):
   assert done and env.score() == 1.0 and env.grade_result.status == Status.OK
 
 
+def test_commits_count_and_a_destroyed_repository_scores_zero(env, calc_dataset):
+  edit(env, command="str_replace", path="/testbed/calc/ops.py", old_str="        return lo\n    return x",
+       new_str="        return hi\n    return x")
+  obs, _ = env.step(ToolCall("bash", {"command": "git commit -qam fix && git log --oneline | wc -l"}))
+  assert obs == "2\n"  # the diff against base_commit still holds the committed fix
+  env.step(ToolCall("submit", {}))
+  assert env.score() == 1.0
+  jsonl, root, _ = calc_dataset
+  other = envs.make("swe", jsonl=str(jsonl), snapshot_root=str(root))
+  other.reset(other.task_pool()[0])
+  try:
+    other.step(ToolCall("bash", {"command": "rm -rf .git"}))
+    other.step(ToolCall("submit", {}))
+    assert other.score() == 0.0 and other.grade_result.status == Status.OK
+  finally:
+    other.close()
+
+
 def test_unsubmitted_episode_is_autosubmitted_at_max_turns(calc_dataset):
   jsonl, root, _ = calc_dataset
   env = envs.make("swe", jsonl=str(jsonl), snapshot_root=str(root), max_turns=1)

@@ -14,6 +14,7 @@ import pathlib
 import shutil
 import subprocess
 import tempfile
+import struct
 import threading
 
 _LOCK = threading.Lock()
@@ -96,3 +97,51 @@ def ensure_bwrap() -> str:
     raise BwrapUnavailableError(
         "no working bwrap (are unprivileged user namespaces enabled? try `unshare -Ur true`); tried: "
         + "; ".join(tried))
+
+
+# seccomp: refuse to create IP and packet sockets (EACCES) — on top of the empty network namespace, so "opening a
+# socket" fails outright rather than only connecting. A classic-BPF program over `struct seccomp_data`
+# (nr at offset 0, arch at 4, args[0] at 16), assembled here because bwrap takes it pre-compiled (`--seccomp FD`).
+_AUDIT_ARCH_X86_64, _AUDIT_ARCH_AARCH64 = 0xC000003E, 0xC00000B7
+_SYS_SOCKET = {_AUDIT_ARCH_X86_64: (41, 0x40000000 | 41), _AUDIT_ARCH_AARCH64: (198,)}  # x86_64 also via x32
+_BLOCKED_DOMAINS = (2, 10, 17)  # AF_INET, AF_INET6, AF_PACKET (AF_UNIX stays: asyncio, multiprocessing use it)
+_RET_ALLOW, _RET_EACCES = 0x7FFF0000, 0x00050000 | 13
+
+
+def seccomp_program() -> bytes:
+  """The filter as bwrap reads it: an array of `struct sock_filter {u16 code; u8 jt, jf; u32 k;}`."""
+  ld, jeq, ret = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
+  prog: list[tuple] = [("ld", 4)]  # symbolic: jumps name labels, resolved below
+  archs = list(_SYS_SOCKET)
+  for i, arch in enumerate(archs):
+    prog.append(("jeq", arch, f"arch{i}", "allow" if i == len(archs) - 1 else None))
+  for i, arch in enumerate(archs):
+    prog += [("label", f"arch{i}"), ("ld", 0)]
+    numbers = _SYS_SOCKET[arch]
+    for j, nr in enumerate(numbers):
+      prog.append(("jeq", nr, "domain", "allow" if j == len(numbers) - 1 else None))
+  prog += [("label", "domain"), ("ld", 16)]
+  for j, domain in enumerate(_BLOCKED_DOMAINS):
+    prog.append(("jeq", domain, "deny", "allow" if j == len(_BLOCKED_DOMAINS) - 1 else None))
+  prog += [("label", "allow"), ("ret", _RET_ALLOW), ("label", "deny"), ("ret", _RET_EACCES)]
+  labels, pc = {}, 0
+  for ins in prog:
+    if ins[0] == "label":
+      labels[ins[1]] = pc
+    else:
+      pc += 1
+  out, pc = [], 0
+  for ins in prog:
+    if ins[0] == "label":
+      continue
+    if ins[0] == "ld":
+      out.append(struct.pack("<HBBI", ld, 0, 0, ins[1]))
+    elif ins[0] == "ret":
+      out.append(struct.pack("<HBBI", ret, 0, 0, ins[1]))
+    else:
+      _, k, yes, no = ins
+      jt = labels[yes] - pc - 1
+      jf = 0 if no is None else labels[no] - pc - 1
+      out.append(struct.pack("<HBBI", jeq, jt, jf, k))
+    pc += 1
+  return b"".join(out)

@@ -1,13 +1,15 @@
 """One episode's private working copy of a repository, and the sandboxed command runner over it.
 
 Every command (the agent's `bash` calls, the editor, the grader's test runs) is a fresh `bash -c` inside
-bubblewrap: new user, PID, network, IPC and UTS namespaces, no capabilities, a read-only view of the system's
-`/usr`, `/etc` and the Python installation, a private `/tmp`, and exactly one writable directory — the episode's
-repository, mounted at `/testbed` (SWE-bench's path). Other episodes' directories, the project checkout and the
-home directory are simply not mounted; the network namespace has no route out. Each command also gets a
-wall-clock timeout (the whole PID namespace is killed), `ulimit` CPU-seconds / address-space / file-size limits
-(set hard, so the command cannot raise them), and its merged stdout+stderr is cut to `max_output_bytes` (head and
-tail kept, a marker in between).
+bubblewrap: new user, PID, network, IPC and UTS namespaces, no capabilities, a seccomp filter that refuses IP
+sockets, a read-only view of the system's `/usr`, `/etc` and the Python installation, a private `/tmp`, and
+exactly one writable directory — the episode's repository, mounted at `/testbed` (SWE-bench's path). Other
+episodes' directories, the project checkout and the home directory are simply not mounted; the network namespace
+has no route out. Each command also gets a wall-clock timeout (the whole PID namespace is killed), `ulimit`
+CPU-seconds / address-space / file-size limits (set hard, so the command cannot raise them), and its merged
+stdout+stderr is cut to `max_output_bytes` (head and tail kept, a marker in between). There is no limit on the
+number of processes (RLIMIT_NPROC does not bind root and counts a user's processes host-wide otherwise): a fork
+bomb lives until the timeout kills its PID namespace.
 
 Commands do not share a shell: each starts in `/testbed` with a clean environment, as in mini-swe-agent, and
 background processes die with the command (the PID namespace goes away).
@@ -157,6 +159,9 @@ class Sandbox:
     self.repo_dir = episode_dir / "repo"
     self.closed = False
     self._bwrap = bwrap.ensure_bwrap() if config.isolation == "bwrap" else None
+    self._seccomp_path = episode_dir / "seccomp.bpf"  # outside the repository: not visible in the sandbox
+    if self._bwrap is not None:
+      self._seccomp_path.write_bytes(bwrap.seccomp_program())
     # Cleanup even when the owner forgets close() or is cancelled mid-episode: runs at GC or interpreter exit.
     self._finalizer = weakref.finalize(self, _rmtree, episode_dir)
 
@@ -215,18 +220,22 @@ class Sandbox:
   # ----------------------------------------------------------------------------------------------------------------
   # Commands.
 
-  def _argv(self, command: str) -> list[str]:
+  def _argv(self, command: str, seccomp_fd: int | None = None) -> list[str]:
     c = self.config
     # `ulimit` without -S/-H sets both limits, so the command cannot raise them again.
     script = (f"ulimit -t {c.cpu_s} -v {c.memory_mb * 1024} -f {c.file_mb * 1024} -c 0 2>/dev/null || "
               f"{{ echo 'sandbox: cannot set limits' >&2; exit 125; }}; exec bash -c {shlex.quote(command)}")
     env = {"PATH": f"{_python_prefix()}/bin:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "TERM": "dumb", "PAGER": "cat",
-           "GIT_PAGER": "cat", "GIT_CONFIG_NOSYSTEM": "1", **dict(c.env)}
+           "GIT_PAGER": "cat", "GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "agent",
+           "GIT_AUTHOR_EMAIL": "agent@sandbox", "GIT_COMMITTER_NAME": "agent", "GIT_COMMITTER_EMAIL": "agent@sandbox",
+           **dict(c.env)}
     if self._bwrap is None:
       return ["env", "-i", *(f"{k}={v}" for k, v in env.items()), "bash", "-c", script]
     argv = [self._bwrap, "--unshare-all", "--unshare-user", "--uid", "1000", "--gid", "1000", "--cap-drop", "ALL",
             "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    if seccomp_fd is not None:
+      argv += ["--seccomp", str(seccomp_fd)]
     for top in ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/opt"):
       if os.path.islink(top):
         argv += ["--symlink", os.readlink(top), top]
@@ -250,14 +259,19 @@ class Sandbox:
     timeout = self.config.timeout_s if timeout_s is None else float(timeout_s)
     limit = self.config.max_output_bytes if max_output_bytes is None else int(max_output_bytes)
     start = time.monotonic()
+    seccomp_fd = os.open(self._seccomp_path, os.O_RDONLY) if self._bwrap is not None else None
     try:
       # bwrap itself gets an empty environment too: it stays visible inside as /proc/1/environ.
       proc = await asyncio.create_subprocess_exec(
-          *self._argv(command), stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+          *self._argv(command, seccomp_fd), stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-          env={"PATH": "/usr/bin:/bin"}, cwd=self.repo_dir if self._bwrap is None else "/")
+          env={"PATH": "/usr/bin:/bin"}, cwd=self.repo_dir if self._bwrap is None else "/",
+          pass_fds=() if seccomp_fd is None else (seccomp_fd,))
     except OSError as e:
       raise SandboxError(f"cannot start the sandbox: {e}") from e
+    finally:
+      if seccomp_fd is not None:
+        os.close(seccomp_fd)  # the child has its own copy
     head, tail, total = bytearray(), bytearray(), 0
     half = limit // 2
 
