@@ -209,6 +209,8 @@ def main(argv):
            f"--concurrency={config.rollout.concurrency}", f"--max_new_tokens={config.rollout.max_new_tokens}",
            f"--max_turns={config.rollout.max_turns}", f"--max_total_tokens={config.rollout.max_total_tokens}",
            *_harness_flags(config), *_env_flags(config)]
+    if config.model.tokenizer_path or config.model.init == "hf":
+      cmd.append(f"--tokenizer_path={config.model.tokenizer_path or config.model.hf_path}")
     if config.engine_urls:
       cmd.append(f"--engine_urls={','.join(config.engine_urls)}")
     os.execv(sys.executable, cmd)

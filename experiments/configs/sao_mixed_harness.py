@@ -4,11 +4,17 @@ advantages, validated through OpenHands SDK on the 300 SWE-bench Multilingual ta
 61.67 % (final 57.0 %, last five evaluations 57.6 %).
 
 The mixture is `rollout.harnesses` (names) with `rollout.harness_weights` (relative sampling weights, normalised by
-the worker); `rollout.eval_harness` is the one validation runs through. On the toy scale a "harness" is an agent-loop
-format / tool-call syntax for the same number-search tasks:
-- `xml_json`: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen style, what the worker speaks today);
+the worker); `rollout.eval_harness` is the one validation runs through. The worker picks each training episode's
+harness at the weights, deterministically per (seed, lease group, sample); demonstrations for the warm start are
+played through the same mixture; metrics carry `reward/harness/<name>` and `validation/harness/<name>`. On the toy
+scale a "harness" is an agent-loop format / tool-call syntax for the same number-search tasks
+(`sao.rollout.harnesses.syntaxes`):
+- `xml_json`: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen style, the chat template's own);
 - `json_block`: a fenced ```json {"name": ..., "arguments": {...}}``` block;
 - `function_call`: a Python-style call `compare(guess=32)`.
+The proxied SWE scaffolds (`openai_tools`, `bash_only`) are harnesses too (`sao_openswe.py:swe_toy` mixes them). The
+full variant's names are the paper's external scaffolds, which this repository does not ship: a worker refuses them
+with an error naming the registered harnesses until each is registered (`sao.rollout.harnesses.register`).
 
 Toy (CPU):
 

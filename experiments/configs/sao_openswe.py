@@ -7,7 +7,8 @@ Toy (CPU, a few minutes; supervised warm start → value pretraining → SAO on 
 
 SWE toy (CPU, slow: a tiny model on the generated SWE-style repositories in bubblewrap sandboxes, driven through the
 token-capturing proxy by the OpenHands-style `openai_tools` scaffold and the mini-swe-agent-style `bash_only`
-scaffold at equal weights; pick one with `rollout.harnesses=bash_only,rollout.harness_weights=1`):
+scaffold at equal weights, validated through `openai_tools`; one scaffold only:
+`swe_toy,rollout.harnesses=bash_only,rollout.harness_weights=1,rollout.eval_harness=bash_only`):
 
     python experiments/train.py --config=experiments/configs/sao_openswe.py:swe_toy --workdir=/tmp/sao_swe_toy
 

@@ -124,3 +124,23 @@ def test_mixed_harness_is_an_equal_weight_mixture(variant):
   assert config.rollout.eval_harness in names
   if variant == "full":
     assert set(names) == {"openhands_sdk", "claude_code", "opencode"}
+
+
+@pytest.mark.parametrize("name,variant", [c for c in CASES if c[1] != "full"])
+def test_runnable_variants_name_registered_harnesses(name, variant):
+  """What a worker would refuse at start: harness names must be registered (`sao.rollout.harnesses`)."""
+  from sao.rollout import harnesses  # pylint: disable=g-import-not-at-top
+  config = _load(name).get_config(variant)
+  names = tuple(config.rollout.get("harnesses", ()) or ())
+  if names:
+    mixture = harnesses.HarnessMixture(names, tuple(config.rollout.harness_weights), config.rollout.eval_harness)
+    assert mixture.eval_harness in names
+
+
+def test_swe_toy_trains_through_the_proxied_scaffolds():
+  config = _load("sao_openswe").get_config("swe_toy")
+  assert config.env.name == "swe" and set(config.rollout.harnesses) == {"openai_tools", "bash_only"}
+  assert config.model.toy.max_position_embeddings >= config.rollout.max_total_tokens
+  assert max(config.learner.batching.bucket_lengths) >= config.rollout.max_total_tokens
+  single = _load("sao_openswe").get_config("swe_toy,rollout.harnesses=bash_only,rollout.harness_weights=1")
+  assert single.rollout.harnesses == ("bash_only",)

@@ -22,6 +22,7 @@ import openai
 
 from sao.rollout import tool_format
 from sao.rollout.envs.base import Env
+from sao.rollout.envs.swe import expert as swe_expert
 from sao.rollout.harnesses.proxied import ProxiedHarness, ScaffoldError, ScaffoldSettings
 from sao.rollout.harnesses.registry import register
 from sao.rollout.tool_format import ToolCall, ToolCallError, ToolCallErrorCode
@@ -100,7 +101,6 @@ class BashOnly(ProxiedHarness):
     # its plan by count (the "swe" expert's plan is fixed per task and each planned call succeeds).
     if env.name != "swe":
       return super().expert_call(env, num_expert_calls)
-    from sao.rollout.envs.swe import expert as swe_expert  # pylint: disable=g-import-not-at-top
     plan = swe_expert.Expert(env.task, env.instance).plan
     return plan[min(num_expert_calls, len(plan) - 1)]
 
