@@ -49,6 +49,7 @@ from sao.rollout import tool_format
 from sao.rollout.envs.base import SPLITS, Env, Task, split_of
 from sao.rollout.envs.registry import register
 from sao.rollout.envs.swe import dataset as dataset_lib
+from sao.rollout.envs.swe import expert as expert_lib
 from sao.rollout.envs.swe import grader as grader_lib
 from sao.rollout.envs.swe import sandbox as sandbox_lib
 from sao.rollout.envs.swe.tools import editor as editor_lib
@@ -308,11 +309,10 @@ class SweEnv(Env):
   # Scripted expert.
 
   def expert_action(self) -> ToolCall:
-    from sao.rollout.envs.swe import expert  # the expert module imports this one
+    """The scripted expert's next call (see `expert.py`); it follows the episode's calls, noisy ones included."""
     if self._expert is None:
-      self._expert = expert.Expert(self.task, self.instance)
+      self._expert = expert_lib.Expert(self.task, self.instance)
     return self._expert.next_call()
 
   def noisy_action(self, rng: np.random.Generator) -> ToolCall:
-    from sao.rollout.envs.swe import expert
-    return expert.noisy_call(rng, self.instance)
+    return expert_lib.noisy_call(rng, self.instance)
