@@ -76,4 +76,8 @@ def demonstrate_all(harness_names: Sequence[str], env: Env, tasks: Sequence[dict
     return [await demonstrate(get(name), env, task, tokenizer, rng, noise)
             for name, task in zip(harness_names, tasks)]
 
-  return asyncio.run(run())
+  try:
+    return asyncio.run(run())
+  finally:
+    if hasattr(env, "close"):  # sandboxed environments free the last episode's directory
+      env.close()
