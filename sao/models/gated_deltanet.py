@@ -92,9 +92,10 @@ def chunked_gated_delta_rule(q: Array, k: Array, v: Array, g: Array, beta: Array
   mm = lambda eq, x, y: jnp.einsum(eq, x, y, precision=_HIGHEST)
   k_beta = k * beta[..., None]
   strict = mm("...ik,...jk->...ij", k_beta, k) * decay * (1.0 - jnp.eye(c))
-  solve = lambda rhs: jax.lax.linalg.triangular_solve(strict, rhs, left_side=True, lower=True, unit_diagonal=True)
-  u = solve(v * beta[..., None])
-  w = solve(k_beta * jnp.exp(gamma)[..., None])
+  # One solve for both right-hand sides: [U | W] = (I + L)⁻¹ [βV | β e^γ K].
+  rhs = jnp.concatenate([v * beta[..., None], k_beta * jnp.exp(gamma)[..., None]], axis=-1)
+  uw = jax.lax.linalg.triangular_solve(strict, rhs, left_side=True, lower=True, unit_diagonal=True)
+  u, w = uw[..., :dv], uw[..., dv:]
   attn = mm("...ik,...jk->...ij", q, k) * decay
   q_decayed = q * jnp.exp(gamma)[..., None]
   k_decayed = k * jnp.exp(gamma[..., -1:] - gamma)[..., None]
@@ -131,15 +132,17 @@ def causal_conv1d(x: Array, weight: Array, mask: Array, conv_state: Array | None
   """
   b, t, ch = x.shape
   k = weight.shape[0]
-  order = jnp.argsort(~mask, axis=1, stable=True)  # [B, T]: real positions first, in order
-  compact = jnp.take_along_axis(x, order[..., None], axis=1)
+  m = mask.astype(jnp.int32)
+  real = jnp.sum(m, axis=1, dtype=jnp.int32)
+  # Compacted slot of every token: real tokens first in order, padding after them (a permutation of [0, T)).
+  slot = jnp.where(mask, jnp.cumsum(m, axis=1) - 1, real[:, None] + jnp.cumsum(1 - m, axis=1) - 1)
+  compact = jax.vmap(lambda row, s: jnp.zeros_like(row).at[s].set(row))(x, slot)
   if conv_state is None:
     conv_state = jnp.zeros((b, k - 1, ch), x.dtype)
   full = jnp.concatenate([conv_state.astype(x.dtype), compact], axis=1)  # [B, K − 1 + T, C]
   y = sum(full[:, j:j + t] * weight[j].astype(x.dtype) for j in range(k))  # K shifted slices (K = 4)
-  y = jnp.take_along_axis(y, jnp.argsort(order, axis=1)[..., None], axis=1)  # back to the original positions
+  y = jnp.take_along_axis(y, slot[..., None], axis=1)  # back to the original positions
   y = jnp.where(mask[..., None], nn.silu(y), 0).astype(x.dtype)
-  real = jnp.sum(mask, axis=1, dtype=jnp.int32)
   last = real[:, None] + jnp.arange(k - 1)[None, :]  # in `full`, the last K − 1 real inputs
   return y, jnp.take_along_axis(full, last[..., None], axis=1)
 
