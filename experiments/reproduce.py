@@ -2,7 +2,7 @@ r"""Prints the write-up's tables (markdown) for a set of runs, side by side with
 each run's training curves.
 
     python experiments/reproduce.py --runs=sao=/tmp/sao_toy,gspo=/tmp/gspo_toy,sao_initial=/tmp/sao_initial_toy \
-        --out_dir=/tmp/paper [--threshold=60] [--ev_steps=40,100] [--turns_steps=120,139]
+        --out_dir=/tmp/paper [--table=1,2] [--threshold=60] [--ev_steps=40,100] [--turns_steps=120,139]
 
 Run names select the reported column: `sao`, `gspo` (SWE-bench Verified, sampling cost), `sao_initial` (with `sao`:
 the recipe table), `sao_multilingual`, `sao_mixed_harness` (SWE-bench Multilingual). Other names get tables without
@@ -22,6 +22,8 @@ from sao.analysis import curves, tables  # noqa: E402
 
 _RUNS = flags.DEFINE_list("runs", None, "name=workdir pairs.")
 _OUT_DIR = flags.DEFINE_string("out_dir", "", "Where to write tables.md and <name>_curves.png ('' = print only).")
+_TABLE = flags.DEFINE_list("table", [], "Table numbers to print (1 validation, 2 sampling cost, 3 behaviour, "
+                           "4 applications + recipe, 5 critic); empty = all.")
 _THRESHOLD = flags.DEFINE_float("threshold", None, "Validation threshold in % (default: the write-up's 68).")
 _WINDOW = flags.DEFINE_integer("window", 20, "First/last steps averaged in the behaviour table.")
 _EV_STEPS = flags.DEFINE_list("ev_steps", [], "lo,hi RL steps for the critic EV mean (default 40,100).")
@@ -52,7 +54,8 @@ def main(argv):
   runs = [tables.load_run(name, workdir) for name, workdir in parse_runs(_RUNS.value)]
   text = tables.paper_tables(runs, reported.ALL, threshold=_THRESHOLD.value, window=_WINDOW.value,
                              ev_steps=_range(_EV_STEPS.value, "ev_steps"),
-                             turns_steps=_range(_TURNS_STEPS.value, "turns_steps"))
+                             turns_steps=_range(_TURNS_STEPS.value, "turns_steps"),
+                             tables=[int(t) for t in _TABLE.value] or None)
   print(text)
   if _OUT_DIR.value:
     os.makedirs(_OUT_DIR.value, exist_ok=True)

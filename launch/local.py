@@ -1,6 +1,6 @@
 r"""Runs a sweep's runs on this machine, a bounded number at a time.
 
-    python -m launch.local --sweep=launch/sweeps/sao_vs_gspo_toy.py --workdir=/tmp/sao_vs_gspo --max_parallel=1
+    python -m launch.local --sweep=launch/sweeps/toy_sao_vs_gspo.py --workdir=/tmp/sao_vs_gspo --max_parallel=1
 
 Each run is a subprocess of `experiments/train.py` (from the repo root) in `<workdir>/<run name>`, its stdout and
 stderr appended to `<that dir>/launch.log`. On success the runner writes `<that dir>/DONE`; a later invocation

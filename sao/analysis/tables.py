@@ -217,23 +217,45 @@ def critic_reported_table(reported: Mapping[str, Any]) -> str:
                         rows)
 
 
+TABLES = (1, 2, 3, 4, 5)  # the write-up's numbering: validation, sampling cost, behaviour, applications, critic
+APPLICATIONS = ("sao_multilingual", "sao_mixed_harness")
+
+
 def paper_tables(runs: Sequence[RunLog], reported: Mapping[str, Any], threshold: float | None = None,
                  window: int = 20, ev_steps: tuple[int, int] | None = None,
-                 turns_steps: tuple[int, int] | None = None) -> str:
-  """Every table that the given runs support, as one markdown document."""
+                 turns_steps: tuple[int, int] | None = None, tables: Sequence[int] | None = None) -> str:
+  """The selected tables (`tables`, numbered as `TABLES`; None = every table the runs support) as one markdown
+  document. Table 4 holds the additional applications' runs and, given `sao` and `sao_initial`, the recipe table."""
   if not runs:
     raise ValueError("paper_tables: no runs")
   names = [r.name for r in runs]
   if len(set(names)) != len(names):
     raise ValueError(f"paper_tables: duplicate run names {names}")
+  selected = TABLES if tables is None else tuple(tables)
+  unknown = [t for t in selected if t not in TABLES]
+  if unknown:
+    raise ValueError(f"paper_tables: unknown table(s) {unknown}; expected some of {TABLES}")
   threshold = reported.get("sampling", {}).get("threshold_pct", 68.0) if threshold is None else threshold
   by_name = {r.name: r for r in runs}
-  parts = ["## Validation (success %)", validation_table(runs, reported),
-           "## Sampling cost and time to quality", sampling_table(runs, reported, threshold),
-           f"## Behaviour: first and last {window} RL steps", behaviour_table(runs, window)]
-  if "sao" in by_name and "sao_initial" in by_name:
-    parts += ["## Initial vs stabilized critic recipe", recipe_table(by_name, reported, ev_steps, turns_steps)]
-  critic = critic_reported_table(reported)
-  if critic:
-    parts += ["## Critic per-token inspection", critic]
+  parts = []
+  if 1 in selected:
+    parts += ["## Table 1 — validation (success %)", validation_table(runs, reported)]
+  if 2 in selected:
+    parts += ["## Table 2 — sampling cost and time to quality", sampling_table(runs, reported, threshold)]
+  if 3 in selected:
+    parts += [f"## Table 3 — behaviour: first and last {window} RL steps", behaviour_table(runs, window)]
+  if 4 in selected:
+    apps = [r for r in runs if r.name in APPLICATIONS]
+    if apps:
+      parts += ["## Table 4 — additional applications (validation %)", validation_table(apps, reported)]
+    if "sao" in by_name and "sao_initial" in by_name:
+      parts += ["## Table 4b — initial vs stabilized critic recipe",
+                recipe_table(by_name, reported, ev_steps, turns_steps)]
+    if tables is not None and len(parts) == 0:
+      parts += ["## Table 4 — additional applications",
+                f"(no runs named {' or '.join(APPLICATIONS)}, and not both sao and sao_initial)"]
+  if 5 in selected:
+    critic = critic_reported_table(reported)
+    if critic:
+      parts += ["## Table 5 — critic per-token inspection (reported)", critic]
   return "\n\n".join(parts) + "\n"

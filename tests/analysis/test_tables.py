@@ -75,6 +75,18 @@ def test_paper_tables_side_by_side(tmp_path):
   assert "1.86 % of 3,450" in text and "19 of 20" in text
 
 
+def test_table_selection(tmp_path):
+  sao, gspo = _sao_log(tmp_path), _gspo_log(tmp_path)
+  only_two = tables.paper_tables([sao, gspo], reported.ALL, threshold=65.0, tables=[2])
+  assert "## Table 2" in only_two and "## Table 1" not in only_two and "## Table 3" not in only_two
+  assert "| sao | 20 | 169 | 12,800 | 20 | 169 |" in only_two
+  mixed = _sao_log(tmp_path, "sao_mixed_harness")
+  four = tables.paper_tables([sao, mixed], reported.ALL, tables=[4])
+  assert "## Table 4 — additional applications" in four and "| sao_mixed_harness |" in four and "| sao |" not in four
+  with pytest.raises(ValueError, match="unknown table"):
+    tables.paper_tables([sao], reported.ALL, tables=[7])
+
+
 def test_applications_reported_columns(tmp_path):
   run = _sao_log(tmp_path, "sao_mixed_harness")
   text = tables.validation_table([run], reported.ALL)
@@ -110,7 +122,7 @@ def test_reproduce_cli(tmp_path):
                            f"--runs=sao={tmp_path / 'sao'},gspo={tmp_path / 'gspo'}", f"--out_dir={out}",
                            "--threshold=65"], cwd=repo, capture_output=True, text=True, timeout=120)
   assert result.returncode == 0, result.stderr
-  assert "## Sampling cost" in result.stdout and "12,800" in result.stdout
+  assert "## Table 2 — sampling cost" in result.stdout and "12,800" in result.stdout
   assert (out / "tables.md").is_file() and (out / "sao_curves.png").is_file() and (out / "gspo_curves.png").is_file()
   bad = subprocess.run([sys.executable, "experiments/reproduce.py", f"--runs=x={tmp_path / 'nothing'}"], cwd=repo,
                        capture_output=True, text=True, timeout=120)

@@ -46,8 +46,8 @@ def test_validate_run_names_unknown_keys_and_bad_types():
     s.validate_run(s.Run("t", "experiments/configs/no_such.py:toy", {}))
 
 
-@pytest.mark.parametrize("sweep_file,prefixes", [("sao_vs_gspo_toy.py", ("sao", "gspo")),
-                                                 ("recipe_ablation_toy.py", ("initial", "stabilized"))])
+@pytest.mark.parametrize("sweep_file,prefixes", [("toy_sao_vs_gspo.py", ("sao", "gspo")),
+                                                 ("toy_recipe_ablation.py", ("initial", "stabilized"))])
 def test_shipped_sweeps(sweep_file, prefixes):
   runs = s.load_sweep(os.path.join(SWEEPS, sweep_file))
   assert len(runs) == 6 and {r.name.split("-")[0] for r in runs} == set(prefixes)

@@ -1,7 +1,7 @@
 r"""The critic-recipe ablation on the toy: initial (no warm start, warmup 10, clip 1, no whitening) vs stabilized
 (value pretraining warm start, warmup 20, clip 10, whitening), 3 seeds each.
 
-    python -m launch.local --sweep=launch/sweeps/recipe_ablation_toy.py --workdir=/tmp/recipe_ablation
+    python -m launch.local --sweep=launch/sweeps/toy_recipe_ablation.py --workdir=/tmp/recipe_ablation
     python experiments/reproduce.py \
         --runs=sao_initial=/tmp/recipe_ablation/initial-seed0,sao=/tmp/recipe_ablation/stabilized-seed0
 """

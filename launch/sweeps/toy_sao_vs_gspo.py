@@ -1,6 +1,6 @@
 r"""SAO (1 rollout per task, learned critic) vs GSPO (groups of G, no critic) on the toy, 3 seeds each.
 
-    python -m launch.local --sweep=launch/sweeps/sao_vs_gspo_toy.py --workdir=/tmp/sao_vs_gspo --max_parallel=1
+    python -m launch.local --sweep=launch/sweeps/toy_sao_vs_gspo.py --workdir=/tmp/sao_vs_gspo --max_parallel=1
     python experiments/reproduce.py --runs=sao=/tmp/sao_vs_gspo/sao-seed0,gspo=/tmp/sao_vs_gspo/gspo-seed0
 """
 from launch import sweep as s
