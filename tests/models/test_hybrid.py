@@ -5,6 +5,7 @@ cache decoding (chunked prefill, chunked continuation, recurrent steps), sampler
 (Chunked = recurrent on the kernels: tests/models/test_gated_deltanet.py.)"""
 import logging
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from sao.models.config import ModelConfig
 from sao.models.logprobs import token_logprobs
 from sao.models.sampling import Sampler, SamplingParams
 from sao.models.sharding import batch_sharding, param_partition_specs, param_shardings
-from sao.models.transformer import CausalLM, init_cache
+from sao.models.transformer import CausalLM, abstract_params, init_cache
 from tests.models.helpers import hf_positions, padded_batch, random_params, random_torch_model
 
 TOL = 1e-4
@@ -188,3 +189,30 @@ def test_partition_specs_and_sharded_forward():
   got, _ = jax.jit(lambda p, i, m: CausalLM(config).apply({"params": p}, i, m))(
       jax.device_put(params, param_shardings(config, mesh)), jax.device_put(ids, data), jax.device_put(mask, data))
   assert _max_err(got, want, mask) <= 5e-5  # reduction order differs across shards; a layout bug gives O(1)
+
+
+def test_seed_config_shapes_and_config_errors():
+  """Qwen3.5-35B-A3B's config (REFERENCE.md facts) read through its multimodal wrapper: 30 Gated DeltaNet + 10 full
+  attention layers, rotary dim 64 of 256, ~35 B parameters (abstract shapes only, nothing allocated)."""
+  text = dict(
+      model_type="qwen3_5_moe_text", vocab_size=248320, hidden_size=2048, num_hidden_layers=40, num_attention_heads=16,
+      num_key_value_heads=2, head_dim=256, num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
+      shared_expert_intermediate_size=512, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+      linear_value_head_dim=128, linear_conv_kernel_dim=4, full_attention_interval=4, rms_norm_eps=1e-6,
+      rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                       "mrope_section": [11, 11, 10], "mrope_interleaved": True})
+  config = ModelConfig.from_hf({"model_type": "qwen3_5_moe", "tie_word_embeddings": False, "text_config": text},
+                               dtype="bfloat16", param_dtype="bfloat16")
+  assert config.layer_types == ("linear_attention",) * 3 + ("full_attention",) + config.layer_types[4:]
+  assert config.layer_types.count("linear_attention") == 30 and config.rotary_dim == 64
+  assert config.norm_topk_prob and config.zero_centered_norm and config.attn_output_gate
+  total = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nn.meta.unbox(abstract_params(config))))
+  assert 34.5e9 < total < 35.5e9, total
+  with pytest.raises(ValueError, match="linear_num_key_heads"):
+    ModelConfig.tiny("qwen3_5_text", linear_num_key_heads=3)
+  with pytest.raises(ValueError, match="text_config"):
+    ModelConfig.from_hf({"model_type": "qwen3_5"})
+  with pytest.raises(ValueError, match="partial_rotary_factor"):
+    ModelConfig.from_hf({**ModelConfig.tiny("qwen3").to_hf(), "partial_rotary_factor": 0.5})
+  with pytest.raises(ValueError, match="linear_attn_form"):
+    ModelConfig.tiny("qwen3_next", linear_attn_form="parallel")
