@@ -24,6 +24,8 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # `experiments.configs` imports
 
+from sao.engines import lifetime  # noqa: E402  (no JAX import: safe before the config is read)
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (get_config(arg)).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, logs, exported policies).")
 _TRAINER = flags.DEFINE_string("trainer", "", "worker role: the trainer's gRPC address.")
@@ -106,7 +108,8 @@ class EmbeddedProcesses:
     if c.model.tokenizer_path or c.model.init == "hf":
       cmd.append(f"--tokenizer_path={c.model.tokenizer_path or c.model.hf_path}")
     with open(log_path, "ab") as log_file:
-      process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+      process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 env=lifetime.child_env())  # the worker exits when this process dies
     return process, log_path
 
   def start_workers(self, trainer_address: str) -> None:

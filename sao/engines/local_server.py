@@ -36,6 +36,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from aiohttp import web
 
+from sao.engines import lifetime
 from sao.models.config import ModelConfig
 from sao.models.hf import load_pretrained
 from sao.models.sampling import (BATCH_BUCKETS, NEW_TOKEN_BUCKETS, PROMPT_BUCKETS, Completion, Sampler,
@@ -417,7 +418,7 @@ def start_local_engine(model_path: str, port: int = 0, host: str = "127.0.0.1", 
          *engine_args]
   with open(log_path, "wb") as log_file:
     process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               env=dict(os.environ if env is None else env))
+                               env=lifetime.child_env(env))
   handle = LocalEngineProcess(process, "", log_path)
   deadline = time.monotonic() + startup_timeout_s
   try:

@@ -14,6 +14,7 @@ import signal
 from absl import app, flags
 from aiohttp import web
 
+from sao.engines import lifetime
 from sao.engines import local_server
 
 _MODEL_PATH = flags.DEFINE_string("model_path", None, "HF checkpoint directory (config.json + safetensors; a "
@@ -55,6 +56,7 @@ async def _serve(engine_config: local_server.EngineConfig) -> None:
 def main(argv: list[str]) -> None:
   del argv
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  lifetime.exit_with_parent()  # started by a launcher: end with it
   if _COMPILATION_CACHE_DIR.value:
     import jax
     jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE_DIR.value)

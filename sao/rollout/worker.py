@@ -22,6 +22,7 @@ from typing import Sequence
 
 from absl import app, flags
 
+from sao.engines import lifetime
 from sao.engines.sglang_client import SGLangEngine
 from sao.models.sampling import SamplingParams
 from sao.models.tokenizer import Tokenizer, toy_tokenizer
@@ -280,6 +281,7 @@ def main(argv: list[str]) -> None:
   del argv
   import os  # pylint: disable=g-import-not-at-top
   logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
+  lifetime.exit_with_parent()  # started by a launcher: end with it
   config = WorkerConfig(trainer_address=_TRAINER.value, tokenizer_path=_TOKENIZER.value,
                         engine_urls=tuple(_ENGINES.value), token=os.environ.get(_TOKEN_ENV.value) or None,
                         concurrency=_CONCURRENCY.value, max_new_tokens=_MAX_NEW.value, max_turns=_MAX_TURNS.value,
