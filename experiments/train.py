@@ -194,8 +194,9 @@ def run_trainer(config, workdir: str):
   trainer = trainer_lib.Trainer(config, workdir, tokenizer, train_tasks, validation_tasks)
   summary = trainer.run(launcher, demonstrations if config.recipe.sft_steps else None)
   png = curves.plot_training_curves(os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, "curves.png"))
-  base, best = trainer.validation_summary()
-  print(f"[done] {config.name}: validation {base:.3f} (base policy) → {best:.3f} (best); last step {summary}; "
+  base, final, best = trainer.validation_summary()
+  print(f"[done] {config.name}: validation {base:.3f} (base policy) → {final:.3f} (mean of the last 3 evaluations; "
+        f"best {best:.3f}); last step {summary}; "
         f"curves: {png}", flush=True)
 
 

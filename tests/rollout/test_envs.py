@@ -168,6 +168,7 @@ def test_number_search_offsets_sizes_and_interval_hint():
   assert env.step(compare(31)) == ("lower 27..30", False)
   assert env.expert_action() == compare(28)
   assert env.step(compare(30)) == ("equal", True) and env.score() == 1.0
+  assert {t["max_turns"] for t in envs.make("number_search", sizes=(8, 16), spare_turns=0).task_pool()} == {4, 5}
   # Held-out tasks: every split gets some.
   assert all(env.tasks(split, 1, seed=0) for split in envs.SPLITS)
   with pytest.raises(ValueError, match="offsets"):

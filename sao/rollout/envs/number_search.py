@@ -25,7 +25,7 @@ from sao.rollout.tool_format import ToolCall
 @register("number_search")
 class NumberSearch(Env):
   """Config: `n` (range size), `sizes` (several range sizes instead of `n`), `max_turns` (default: binary search's
-  worst case + 1, per size), `offsets` (each gives the ranges offset+1..offset+size; default (0,)), `show_interval`
+  worst case + `spare_turns` (default 1), per size), `offsets` (each gives the ranges offset+1..offset+size; default (0,)), `show_interval`
   (observations carry the remaining interval)."""
   name = "number_search"
   system_prompt = "Find the hidden number. Call compare with a guess; it says higher, lower or equal."
@@ -35,7 +35,7 @@ class NumberSearch(Env):
   ]
 
   def __init__(self, n: int = 64, max_turns: int | None = None, offsets: tuple[int, ...] = (0,),
-               show_interval: bool = False, sizes: tuple[int, ...] | None = None):
+               show_interval: bool = False, sizes: tuple[int, ...] | None = None, spare_turns: int = 1):
     super().__init__()
     sizes = (n,) if sizes is None else tuple(int(s) for s in sizes)
     offsets = tuple(int(o) for o in offsets)
@@ -45,6 +45,9 @@ class NumberSearch(Env):
       raise ValueError(f"offsets: need distinct integers >= 0, got {offsets}")
     if max_turns is not None and int(max_turns) < 1:
       raise ValueError(f"max_turns: must be >= 1, got {max_turns}")
+    if spare_turns < 0:
+      raise ValueError(f"spare_turns: must be >= 0, got {spare_turns}")
+    self.spare_turns = int(spare_turns)
     self.n = max(sizes)
     self.sizes = sizes
     self.offsets = offsets
@@ -56,10 +59,10 @@ class NumberSearch(Env):
     self._found = False
 
   def turn_budget(self, size: int) -> int:
-    """The configured `max_turns`, or binary search's worst case on `size` numbers + 1."""
+    """The configured `max_turns`, or binary search's worst case on `size` numbers + `spare_turns`."""
     if self._max_turns_arg is not None:
       return int(self._max_turns_arg)
-    return math.ceil(math.log2(size + 1)) + 1
+    return math.ceil(math.log2(size + 1)) + self.spare_turns
 
   def task_pool(self) -> list[Task]:
     pool = []
