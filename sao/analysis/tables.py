@@ -36,10 +36,10 @@ class RunLog:
   records: list[dict]
   step_offset: int = 0
 
-  def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
-    """(RL steps, values) of the records with a finite `key`."""
+  def series(self, key: str, require: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(RL steps, values) of the records with a finite `key` (and, if given, a `require` key)."""
     points = [(r["step"] - self.step_offset, float(r[key])) for r in self.records
-              if r.get(key) is not None and math.isfinite(float(r[key]))]
+              if r.get(key) is not None and math.isfinite(float(r[key])) and (require is None or require in r)]
     if not points:
       return np.zeros(0, np.int64), np.zeros(0)
     steps, values = zip(*points)
@@ -87,8 +87,16 @@ class ValidationSummary:
   count: int
 
 
+# The trainer writes each evaluation once with this key; its per-step progress rows repeat the latest `validation`,
+# which must not count as new evaluations (a "last five" mean would then be the last value five times).
+EVAL_RECORD_KEY = "validation/num_tasks"
+
+
 def validation_summary(run: RunLog) -> ValidationSummary | None:
-  steps, values = run.series("validation")
+  """Summary over the run's evaluations (the evaluation records when the log has them, else every `validation`)."""
+  steps, values = run.series("validation", require=EVAL_RECORD_KEY)
+  if not values.size:
+    steps, values = run.series("validation")
   if not values.size:
     return None
   pct = 100.0 * values

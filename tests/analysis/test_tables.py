@@ -127,3 +127,14 @@ def test_reproduce_cli(tmp_path):
   bad = subprocess.run([sys.executable, "experiments/reproduce.py", f"--runs=x={tmp_path / 'nothing'}"], cwd=repo,
                        capture_output=True, text=True, timeout=120)
   assert bad.returncode != 0 and "has no metrics.jsonl" in bad.stderr
+
+
+def test_progress_rows_repeating_validation_are_not_evaluations(tmp_path):
+  # Evaluations at steps 0, 10, 20 (with their record key); progress rows in between repeat the latest value.
+  records = []
+  for step, value in ((0, 0.2), (10, 0.6), (20, 0.4)):
+    records.append({"step": step, "validation": value, tables.EVAL_RECORD_KEY: 64.0})
+    records += [{"step": step + i, "validation": value, "reward": 0.5} for i in range(10)]
+  v = tables.validation_summary(tables.load_run("r", _write(tmp_path / "r", records)))
+  assert v.count == 3 and v.best == 60.0 and v.best_step == 10 and v.final == 40.0
+  assert v.last_five_mean == pytest.approx(40.0)  # mean of the three evaluations, not the last value five times
