@@ -83,7 +83,7 @@ class Env(abc.ABC):
     """
     if split not in SPLITS:
       raise ValueError(f"split: {split!r} is not one of {SPLITS}")
-    pool = [t for t in self.task_pool() if split_of(t["key"]) == split]
+    pool = self.split_pool(split)
     if not pool:
       raise ValueError(f"split: {self.name} has no {split!r} tasks in this configuration")
     order = np.random.default_rng(seed).permutation(len(pool))
@@ -94,6 +94,10 @@ class Env(abc.ABC):
       task["task_id"] = task["key"] if repeat == 0 else f"{task['key']}#{repeat}"
       out.append(task)
     return out
+
+  def split_pool(self, split: str) -> list[Task]:
+    """Every task of `split` in `task_pool` order; by default a task's split is `split_of(task["key"])`."""
+    return [t for t in self.task_pool() if split_of(t["key"]) == split]
 
   # ----------------------------------------------------------------------------------------------------------------
   # Episode.

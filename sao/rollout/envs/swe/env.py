@@ -163,27 +163,14 @@ class SweEnv(Env):
     return self._pool
 
   def split_pool(self, split: str) -> list[Task]:
-    """The tasks of `split` (for the generated dataset, without generating the other splits' repositories)."""
+    """The tasks of `split`, split by repository (`split_of(repo)`: no repository is in two splits); for the generated
+    dataset, without generating the other splits' repositories."""
     if split not in SPLITS:
       raise ValueError(f"split: {split!r} is not one of {SPLITS}")
     if self.jsonl is None and self._pool is None:
       from sao.rollout.envs.swe import generator
       return [dict(t, max_turns=self.config_max_turns) for t in generator.tasks(self.num_repos, split)]
     return [t for t in self.task_pool() if split_of(t["instance"]["repo"]) == split]
-
-  def tasks(self, split: str, n: int, seed: int) -> list[Task]:
-    """As `Env.tasks`, but splits by repository (`split_of(repo)`), so no repository is in two splits."""
-    pool = self.split_pool(split)
-    if not pool:
-      raise ValueError(f"split: {self.name} has no {split!r} tasks in this configuration")
-    order = np.random.default_rng(seed).permutation(len(pool))
-    out = []
-    for i in range(n):
-      task = dict(pool[order[i % len(pool)]])
-      repeat = i // len(pool)
-      task["task_id"] = task["key"] if repeat == 0 else f"{task['key']}#{repeat}"
-      out.append(task)
-    return out
 
   # ----------------------------------------------------------------------------------------------------------------
   # Episode (async core; the synchronous Env methods wrap it).
