@@ -64,6 +64,10 @@ def plot_training_curves(metrics_path: str, out_path: str) -> str:
   for ax, (key, title) in zip(axes.ravel(), PANELS):
     steps, values = series(records, key)
     if key == "validation":
+      # One point per evaluation (progress rows repeat the latest value), when the log marks evaluations.
+      evaluations = [r for r in records if "validation/num_tasks" in r]
+      if evaluations:
+        steps, values = series(evaluations, key)
       ax.plot(steps, values, "o-", ms=3)
     elif steps.size:
       ax.plot(steps, values, alpha=0.3)
