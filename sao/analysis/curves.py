@@ -35,6 +35,11 @@ def read_metrics(path: str) -> list[dict]:
   return records
 
 
+# The trainer writes each evaluation once with this key; its per-step progress rows repeat the latest `validation`,
+# which must not count as new evaluations.
+EVAL_RECORD_KEY = "validation/num_tasks"
+
+
 def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
   """(steps, values) of the records that have a non-null `key`."""
   points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
@@ -65,7 +70,7 @@ def plot_training_curves(metrics_path: str, out_path: str) -> str:
     steps, values = series(records, key)
     if key == "validation":
       # One point per evaluation (progress rows repeat the latest value), when the log marks evaluations.
-      evaluations = [r for r in records if "validation/num_tasks" in r]
+      evaluations = [r for r in records if EVAL_RECORD_KEY in r]
       if evaluations:
         steps, values = series(evaluations, key)
       ax.plot(steps, values, "o-", ms=3)

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from sao.analysis.curves import read_metrics
+from sao.analysis.curves import EVAL_RECORD_KEY, read_metrics
 
 METRICS_FILE = "metrics.jsonl"
 EV_KEY = "critic/explained_variance"
@@ -87,9 +87,6 @@ class ValidationSummary:
   count: int
 
 
-# The trainer writes each evaluation once with this key; its per-step progress rows repeat the latest `validation`,
-# which must not count as new evaluations (a "last five" mean would then be the last value five times).
-EVAL_RECORD_KEY = "validation/num_tasks"
 
 
 def validation_summary(run: RunLog) -> ValidationSummary | None:
