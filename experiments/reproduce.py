@@ -1,5 +1,5 @@
 r"""Prints the write-up's tables (markdown) for a set of runs, side by side with its reported numbers, and writes
-each run's training curves.
+the figures (`sao.analysis.figures.write_all`: Figures 1–5 and 7 as far as the runs support them).
 
     python experiments/reproduce.py --runs=sao=/tmp/sao_toy,gspo=/tmp/gspo_toy,sao_initial=/tmp/sao_initial_toy \
         --out_dir=/tmp/paper [--table=1,2] [--threshold=60] [--ev_steps=40,100] [--turns_steps=120,139]
@@ -18,10 +18,10 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # `experiments.paper` imports
 
 from experiments.paper import reported  # noqa: E402
-from sao.analysis import curves, tables  # noqa: E402
+from sao.analysis import figures, tables  # noqa: E402
 
 _RUNS = flags.DEFINE_list("runs", None, "name=workdir pairs.")
-_OUT_DIR = flags.DEFINE_string("out_dir", "", "Where to write tables.md and <name>_curves.png ('' = print only).")
+_OUT_DIR = flags.DEFINE_string("out_dir", "", "Where to write tables.md and the figures ('' = print only).")
 _TABLE = flags.DEFINE_list("table", [], "Table numbers to print (1 validation, 2 sampling cost, 3 behaviour, "
                            "4 applications + recipe, 5 critic); empty = all.")
 _THRESHOLD = flags.DEFINE_float("threshold", None, "Validation threshold in % (default: the write-up's 68).")
@@ -61,10 +61,8 @@ def main(argv):
     os.makedirs(_OUT_DIR.value, exist_ok=True)
     with open(os.path.join(_OUT_DIR.value, "tables.md"), "w", encoding="utf-8") as f:
       f.write(text)
-    for run in runs:
-      png = curves.plot_training_curves(os.path.join(run.workdir, tables.METRICS_FILE),
-                                        os.path.join(_OUT_DIR.value, f"{run.name}_curves.png"))
-      print(f"[reproduce] {run.name}: {png}")
+    for png in figures.write_all(runs, reported.ALL, _OUT_DIR.value):
+      print(f"[reproduce] {png}")
 
 
 if __name__ == "__main__":

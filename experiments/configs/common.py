@@ -66,6 +66,7 @@ def base_config() -> ml_collections.ConfigDict:
       total_steps=160,  # RL steps (after value pretraining)
       log_every=1,  # a progress line per step
       checkpoint_every=50,
+      critic_trace_every=10,  # SAO: dump one success + one failure with per-token critic values (0 = off)
       keep_policy_exports=3,
       model=dict(
           init="toy",  # toy: a fresh tiny model warm-started on demonstrations | hf: load hf_path

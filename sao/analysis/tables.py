@@ -21,6 +21,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from sao.analysis import critic_diagnostics as diag
+from sao.analysis import critic_traces as traces_lib
 from sao.analysis.curves import EVAL_RECORD_KEY, read_metrics
 
 METRICS_FILE = "metrics.jsonl"
@@ -35,6 +37,7 @@ class RunLog:
   workdir: str
   records: list[dict]
   step_offset: int = 0
+  traces: list[traces_lib.CriticTrace] = dataclasses.field(default_factory=list)  # <workdir>/critic_traces.jsonl
 
   def series(self, key: str, require: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(RL steps, values) of the records with a finite `key` (and, if given, a `require` key)."""
@@ -55,7 +58,37 @@ def load_run(name: str, workdir: str) -> RunLog:
   if not records:
     raise ValueError(f"run {name!r}: {path} holds no metric records")
   rl_steps = [r["step"] for r in records if r.get("phase/rl")]
-  return RunLog(name, workdir, records, step_offset=min(rl_steps) if rl_steps else 0)
+  offset = min(rl_steps) if rl_steps else 0
+  traces_path = os.path.join(workdir, traces_lib.TRACES_FILE)
+  traces = traces_lib.read_traces(traces_path) if os.path.isfile(traces_path) else []
+  for t in traces:
+    t.step -= offset  # RL steps, like the metrics
+  return RunLog(name, workdir, records, step_offset=offset, traces=traces)
+
+
+def normalized_hours(run: RunLog, scale: float = 1.0) -> dict[int, float]:
+  """RL step (≥ 0) → wall-clock hours since the first RL step's record, × `scale`.
+
+  The write-up normalises time by assuming linear concurrency scaling; toy runs compared on one machine share
+  their resources, so `scale` is 1 unless runs used different hardware (pass resources / reference resources)."""
+  times: dict[int, float] = {}
+  for r in run.records:
+    step = r["step"] - run.step_offset
+    if step >= 0 and r.get("time") is not None and step not in times:
+      times[step] = float(r["time"])
+  if not times:
+    return {}
+  start = times[min(times)]
+  return {s: scale * (t - start) / 3600.0 for s, t in sorted(times.items())}
+
+
+def step_seconds(run: RunLog) -> float:
+  """Mean wall-clock seconds per RL step (NaN with fewer than two timed steps)."""
+  hours = normalized_hours(run)
+  if len(hours) < 2:
+    return float("nan")
+  steps = sorted(hours)
+  return 3600.0 * (hours[steps[-1]] - hours[steps[0]]) / (steps[-1] - steps[0])
 
 
 def trajectories_per_step(run: RunLog) -> tuple[np.ndarray, np.ndarray]:
@@ -164,10 +197,12 @@ def sampling_table(runs: Sequence[RunLog], reported: Mapping[str, Any], threshol
     traj = trajectories_through(run, v.best_step) if v else float("nan")
     to_best[run.name] = traj
     hit = first_step_reaching(run, threshold)
+    hours = normalized_hours(run)
     rows.append([run.name, fmt(v and v.best_step), fmt(traj, 0), fmt(paper_traj.get(run.name)), fmt(hit),
-                 fmt(trajectories_through(run, hit) if hit is not None else None, 0)])
+                 fmt(trajectories_through(run, hit) if hit is not None else None, 0),
+                 fmt(60.0 * hours[hit] if hit is not None and hit in hours else None)])
   text = markdown_table(["run", "step to best", "trajectories to best", "reported", f"first step ≥ {threshold:g} %",
-                         "trajectories to it"], rows)
+                         "trajectories to it", "minutes to it"], rows)
   if "sao" in to_best and "gspo" in to_best and to_best["gspo"] > 0:
     reduction = 100.0 * (1.0 - to_best["sao"] / to_best["gspo"])
     text += (f"\n\nSAO vs GSPO trajectories to each one's best: {fmt(reduction)} % fewer "
@@ -204,22 +239,87 @@ def recipe_table(runs: Mapping[str, RunLog], reported: Mapping[str, Any], ev_ste
                          "reported", f"mean turns steps {turns_steps[0]}–{turns_steps[1]}", "reported"], rows)
 
 
-def critic_reported_table(reported: Mapping[str, Any]) -> str:
+def selected_examples(traces: Sequence[traces_lib.CriticTrace]
+                      ) -> tuple[traces_lib.CriticTrace | None, traces_lib.CriticTrace | None]:
+  """Table 5's / Figure 7's examples: the last step's (success, failure) pair — the most-trained critic's view —
+  or, when no step dumped both, the last success and the last failure (None where a kind is absent)."""
+  pairs = traces_lib.pairs_by_step(traces)
+  if pairs:
+    return pairs[-1]
+  last = {t.kind: t for t in sorted(traces, key=lambda t: t.step)}
+  return last.get("success"), last.get("failure")
+
+
+def _pct(count: int, total: int) -> str:
+  return f"{100.0 * count / total:.2f} % of {total:,}" if total else "—"
+
+
+def critic_table(run: RunLog, reported: Mapping[str, Any]) -> str:
+  """Table 5 for one run's critic traces beside the write-up's: the selected examples' V first/last, ΔV and half
+  means, success-vs-failure mean values per step, and |ΔV| > 0.1 rates at message boundaries vs within turns."""
   c = reported.get("critic", {})
-  if not c:
-    return ""
-  s, f = c["success_example"], c["failure_example"]
-  rows = [["success example V first → last", f"{s['first']:.3f} → {s['last']:.3f}"],
-          ["failure example V first → last", f"{f['first']:.3f} → {f['last']:.3f}"],
-          ["success mean > paired failure mean", f"{c['success_beats_failure'][0]} of {c['success_beats_failure'][1]}"],
-          # `\|` keeps the absolute-value bars from splitting the markdown cell.
-          [f"\\|ΔV\\| > {c['jump_threshold']} at boundaries",
-           f"{c['boundary_jump_rate_pct']:.2f} % of {c['boundary_transitions']:,}"],
-          [f"\\|ΔV\\| > {c['jump_threshold']} within turns",
-           f"{c['within_jump_rate_pct']:.2f} % of {c['within_transitions']:,}"],
-          ["boundary / within ratio", f"{c['jump_rate_ratio']}×"]]
-  return markdown_table(["critic inspection (reported; reproduce with sao.analysis.critic_diagnostics)", "value"],
-                        rows)
+  success, failure = selected_examples(run.traces)
+  rows = []
+  for kind, trace in (("success", success), ("failure", failure)):
+    paper = c.get(f"{kind}_example", {})
+    paper_text = f"{paper['first']:.3f} → {paper['last']:.3f}" if paper else "—"
+    if trace is None:
+      rows.append([f"{kind} example", "—", paper_text])
+      continue
+    s = diag.trace_summary(trace.values, trace.action_mask)
+    rows.append([f"{kind} example (step {trace.step}) V first → last", f"{s.first_value:.3f} → {s.last_value:.3f}",
+                 paper_text])
+    rows.append([f"{kind} example ΔV; first-half / second-half mean",
+                 f"{s.delta_v:+.3f}; {s.first_half_mean:.3f} / {s.second_half_mean:.3f}", "—"])
+  pairs = traces_lib.pairs_by_step(run.traces)
+  wins, total = diag.success_beats_failure([((a.values, a.action_mask), (b.values, b.action_mask)) for a, b in pairs])
+  paper_wins = c.get("success_beats_failure")
+  rows.append(["success mean > paired failure mean", f"{wins} of {total}",
+               f"{paper_wins[0]} of {paper_wins[1]}" if paper_wins else "—"])
+  threshold = c.get("jump_threshold", diag.JUMP_THRESHOLD)
+  jumps = diag.total_jumps(diag.value_jumps(t.values, t.action_mask, t.turn_boundaries, threshold)
+                           for t in run.traces)
+  # `\|` keeps the absolute-value bars from splitting the markdown cell.
+  rows.append([f"\\|ΔV\\| > {threshold:g} at message boundaries",
+               _pct(jumps.boundary_jumps, jumps.boundary_transitions),
+               f"{c['boundary_jump_rate_pct']:.2f} % of {c['boundary_transitions']:,}" if c else "—"])
+  rows.append([f"\\|ΔV\\| > {threshold:g} within turns", _pct(jumps.within_jumps, jumps.within_transitions),
+               f"{c['within_jump_rate_pct']:.2f} % of {c['within_transitions']:,}" if c else "—"])
+  rows.append(["boundary / within-turn jump rate", f"{fmt(jumps.ratio)}×", f"{c['jump_rate_ratio']}×" if c else "—"])
+  return markdown_table([f"{run.name}: {len(run.traces)} traces, "
+                         f"{sum(int(t.action_mask.sum()) for t in run.traces):,} action tokens", "this run",
+                         "reported"], rows)
+
+
+def cost_ratios(sao: RunLog, gspo: RunLog, reported: Mapping[str, Any]) -> dict[str, tuple[float, float | None]]:
+  """Figure 1: SAO's costs relative to GSPO = 100 as {measure: (this pair of runs, the write-up's)}."""
+  sampling = reported.get("sampling", {})
+  paper_traj, paper_rollouts = sampling.get("trajectories_to_best", {}), sampling.get("rollouts_per_step", {})
+
+  def ratio(a: float, b: float) -> float:
+    return 100.0 * a / b if b and math.isfinite(a) and math.isfinite(b) else float("nan")
+
+  def to_best(run: RunLog) -> float:
+    v = validation_summary(run)
+    return trajectories_through(run, max(v.best_step, 0)) if v else float("nan")
+
+  def per_step(run: RunLog) -> float:
+    _, counts = trajectories_per_step(run)
+    return float(np.median(counts)) if counts.size else float("nan")
+
+  duration = sampling.get("step_duration_ratio")
+  return {
+      "trajectories to best": (ratio(to_best(sao), to_best(gspo)),
+                               ratio(paper_traj["sao"], paper_traj["gspo"]) if paper_traj else None),
+      "step duration": (ratio(step_seconds(sao), step_seconds(gspo)), 100.0 / duration if duration else None),
+      "rollouts per step": (ratio(per_step(sao), per_step(gspo)),
+                            ratio(paper_rollouts["sao"], paper_rollouts["gspo"]) if paper_rollouts else None),
+  }
+
+
+def cost_table(costs: Mapping[str, tuple[float, float | None]]) -> str:
+  return markdown_table(["SAO cost (GSPO = 100)", "this run", "reported"],
+                        [[name, fmt(ours), fmt(paper)] for name, (ours, paper) in costs.items()])
 
 
 TABLES = (1, 2, 3, 4, 5)  # the write-up's numbering: validation, sampling cost, behaviour, applications, critic
@@ -247,6 +347,9 @@ def paper_tables(runs: Sequence[RunLog], reported: Mapping[str, Any], threshold:
     parts += ["## Table 1 — validation (success %)", validation_table(runs, reported)]
   if 2 in selected:
     parts += ["## Table 2 — sampling cost and time to quality", sampling_table(runs, reported, threshold)]
+    if "sao" in by_name and "gspo" in by_name:
+      parts += ["## Figure 1 — costs relative to GSPO", cost_table(cost_ratios(by_name["sao"], by_name["gspo"],
+                                                                              reported))]
   if 3 in selected:
     parts += [f"## Table 3 — behaviour: first and last {window} RL steps", behaviour_table(runs, window)]
   if 4 in selected:
@@ -260,7 +363,8 @@ def paper_tables(runs: Sequence[RunLog], reported: Mapping[str, Any], threshold:
       parts += ["## Table 4 — additional applications",
                 f"(no runs named {' or '.join(APPLICATIONS)}, and not both sao and sao_initial)"]
   if 5 in selected:
-    critic = critic_reported_table(reported)
-    if critic:
-      parts += ["## Table 5 — critic per-token inspection (reported)", critic]
+    traced = [r for r in runs if r.traces]
+    parts += ["## Table 5 — critic per-token inspection (pre-update values of sampled successes and failures)"]
+    parts += [critic_table(r, reported) for r in traced] or [
+        "(no run has critic traces: SAO runs write `critic_traces.jsonl` every `critic_trace_every` steps)"]
   return "\n\n".join(parts) + "\n"

@@ -35,6 +35,7 @@ class BatchStats:
   num_padding_rows: int
   max_length: int  # longest kept trajectory, tokens
   padded_shape: tuple[int, int]
+  source_indices: tuple[int, ...] = ()  # row i of the batch is trajectories[source_indices[i]]
 
 
 def bucket_length(length: int, buckets: Sequence[int]) -> int:
@@ -67,14 +68,15 @@ class Batcher:
 
   def __call__(self, trajectories: Sequence[Trajectory]) -> tuple[dict[str, np.ndarray], BatchStats]:
     """Returns `(batch, stats)`; raises ValueError when no trajectory is trainable."""
-    kept, dropped_status, dropped_empty = [], 0, 0
-    for traj in trajectories:
+    kept, source, dropped_status, dropped_empty = [], [], 0, 0
+    for index, traj in enumerate(trajectories):
       if not traj.is_trainable:
         dropped_status += 1
       elif traj.num_action_tokens == 0:
         dropped_empty += 1
       else:
         kept.append(traj)
+        source.append(index)
     if dropped_status or dropped_empty:
       logging.info("batching: dropped %d trajectories (timeout/env_error) and %d without action tokens",
                    dropped_status, dropped_empty)
@@ -112,7 +114,7 @@ class Batcher:
     if shape not in self.seen_shapes:
       self.seen_shapes.add(shape)
       logging.info("batching: new padded shape [B, T] = %s (the learner's steps compile for it)", shape)
-    stats = BatchStats(len(kept), dropped_status, dropped_empty, rows - len(kept), max_length, shape)
+    stats = BatchStats(len(kept), dropped_status, dropped_empty, rows - len(kept), max_length, shape, tuple(source))
     return batch, stats
 
 

@@ -139,20 +139,31 @@ class Learner:
 
   def update(self, batch: dict | Sequence[Trajectory]) -> dict[str, float]:
     """One training step on a host batch (`make_batch` output) or a list of trajectories. Returns float metrics."""
+    return self.update_traced(batch, rows=())[0]
+
+  def update_traced(self, batch: dict | Sequence[Trajectory], rows: Sequence[int]
+                    ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """`update`, also returning the critic's view of the batch `rows` *before* the update (SAO only; empty for
+    GSPO/GRPO or no rows): `values` (V⁰, aligned as in `sao.train.steps`), `returns` (the critic targets R) and
+    `advantages` (the actor's, after whitening when on), each `[len(rows), T]` float32."""
     if not isinstance(batch, dict):
       batch, _ = self.make_batch(batch)
     batching.check_batch(batch)
     self._check_rows(batch)
     batch_metrics = self._batch_metrics(batch)  # staleness against the version that is about to be trained
-    update = self._update_sao if self.config.algorithm == "sao" else self._update_group
-    metrics = update(self._device(batch, batching.FIELDS))
+    if self.config.algorithm == "sao":
+      metrics, per_token = self._update_sao(self._device(batch, batching.FIELDS))
+    else:
+      metrics, per_token = self._update_group(self._device(batch, batching.FIELDS)), {}
+    rows = np.asarray(rows, np.int64)
+    traces = {k: np.asarray(jax.device_get(v), np.float32)[rows] for k, v in per_token.items()} if rows.size else {}
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     self._guard(metrics)
     self.num_updates += 1
     metrics.update(batch_metrics)
     metrics["learner/num_updates"] = float(self.num_updates)
     metrics["learner/version"] = float(self.version)
-    return metrics
+    return metrics, traces
 
   def sft_update(self, batch: dict | Sequence[Trajectory]) -> dict[str, float]:
     """One supervised step: masked token NLL `−(1/N) Σ m·logp` on the action tokens (toy warm start)."""
@@ -170,10 +181,12 @@ class Learner:
     ckpt_lib.save_params(path, self.critic_params)
 
   # ---------------------------------------------------------------------------------------------- the algorithms
-  def _update_sao(self, batch: dict) -> dict[str, jax.Array]:
+  def _update_sao(self, batch: dict) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+    """Returns (metrics, per-token `[B, T]` arrays: pre-update values, returns, advantages)."""
     c = self.config.sao
     metrics: dict[str, jax.Array] = {}
     values = self._critic_values(self.critic.state.params, batch)
+    values_before = values
     returns, critic_diag = _critic_targets(batch, values, c.gamma, c.lambda_critic)  # before any whitening
     metrics.update(critic_diag)
     critic_batch = dict(steps.select(batch, ("input_ids", "attention_mask", "action_mask"), "critic"),
@@ -192,7 +205,7 @@ class Learner:
       self.actor.state, m = self._actor_steps["dis"](self.actor.state, actor_batch, self._next_rng())
       metrics.update({f"actor/{k}": v for k, v in m.items()})
     metrics["actor/warmup"] = jnp.asarray(self.num_updates < c.critic_warmup_steps, jnp.float32)
-    return metrics
+    return metrics, {"values": values_before, "returns": returns, "advantages": advantages}
 
   def _update_group(self, batch: dict) -> dict[str, jax.Array]:
     seq_advantages, metrics = _group_advantages(batch, self.config.group.normalize_std)

@@ -27,6 +27,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from sao.analysis import critic_traces
 from sao.engines.sglang_client import SGLangEngine
 from sao.models import hf, transformer
 from sao.models.config import ModelConfig
@@ -100,6 +101,7 @@ class Trainer:
     self.validation_tasks = list(validation_tasks)
     os.makedirs(self.workdir, exist_ok=True)
     self.writer = writers_lib.create_default_writer(self.workdir)
+    self.trace_writer = critic_traces.TraceWriter(self.workdir)
     self.history: list[dict[str, float]] = []
     self.validations: list[tuple[int, float]] = []  # (policy version, success rate)
 
@@ -248,6 +250,26 @@ class Trainer:
         return batch
       self.launcher.check_alive()
 
+  def _update(self, learner: Learner, trainable: list[Trajectory], step: int, phase: str) -> dict[str, float]:
+    """`learner.update`; every `critic_trace_every` SAO steps it also dumps one success and one failure trajectory
+    with the critic's pre-update per-token values (`sao.analysis.critic_traces`)."""
+    every = self.config.critic_trace_every
+    if self.config.learner.algorithm != "sao" or not every or step % every:
+      return learner.update(trainable)
+    batch, stats = learner.make_batch(trainable)
+    rows = [trainable[i] for i in stats.source_indices]
+    picks = critic_traces.pick_rows([t.reward for t in rows], seed=self.config.seed * 1_000_003 + step)
+    metrics, per_token = learner.update_traced(batch, list(picks.values()))
+    traces = []
+    for i, (kind, row) in enumerate(picks.items()):
+      traj, length = rows[row], rows[row].num_tokens
+      traces.append(critic_traces.CriticTrace(
+          step=step, phase=phase, kind=kind, reward=traj.reward, policy_version=traj.policy_version,
+          task_id=traj.task_id, num_turns=traj.num_turns, turn_boundaries=traj.turn_boundaries,
+          action_mask=traj.action_mask, **{k: v[i, :length] for k, v in per_token.items()}))
+    self.trace_writer.write(traces)
+    return metrics
+
   def _train(self, learner: Learner, model_config, server, checkpointer, start_step: int,
              end_step: int, phase: str = "rl") -> dict[str, float]:
     c = self.config
@@ -261,7 +283,7 @@ class Trainer:
       trainable = [t for t, ok in zip(trajectories, fresh) if t.is_trainable and ok]
       stale = sum(1 for t, ok in zip(trajectories, fresh) if t.is_trainable and not ok)
       version_before = learner.version
-      metrics = learner.update(trainable) if trainable else {}
+      metrics = self._update(learner, trainable, step, phase) if trainable else {}
       server.mark_consumed(trajectories, step)
       if learner.version != version_before:
         self._publish(model_config, learner, server)

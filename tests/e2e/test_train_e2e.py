@@ -22,8 +22,10 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
+from sao.analysis import critic_traces
 from sao.transport import log as log_lib
 
 pytestmark = pytest.mark.slow
@@ -39,7 +41,7 @@ COMMON = ("recipe.sft_steps=5,recipe.num_demonstrations=50,log_every=1,rollout.e
           f"keep_policy_exports=100,server.buffer_capacity={BATCH}")
 SAO_STEPS = 6  # RL steps, after 1 value-pretraining step
 SAO_ARG = (f"sao_openswe.py:toy,total_steps={SAO_STEPS},recipe.value_pretrain_steps=1,"
-           f"learner.sao.critic_warmup_steps=1,{COMMON}")
+           f"learner.sao.critic_warmup_steps=1,critic_trace_every=2,{COMMON}")
 GSPO_STEPS = 4  # step 0 publishes v1; the later steps' groups are sampled from it
 GSPO_ARG = f"gspo_openswe.py:toy,total_steps={GSPO_STEPS},rollout.group_size=4,{COMMON}"
 
@@ -296,6 +298,14 @@ def test_sao_end_to_end_with_worker_and_trainer_kills(tmp_path, runs, cache_dir)
   assert sum(g in logged for g in order) >= len(order) - 2 * BATCH, "most early tasks should be done by the end"
   keys = collections.Counter(r.key for r in records)
   assert max(keys.values()) == 1
+  # Critic traces every 2 steps (value pretraining's step 0 included), at most one success and one failure each,
+  # whose task ids and rewards are logged trajectories' and whose return targets equal the reward (γ = λ = 1).
+  traces = critic_traces.read_traces(workdir)
+  assert traces and {t.step for t in traces} <= set(range(0, end_step, 2)) and 0 in {t.step for t in traces}
+  rewards = {r.trajectory.task_id: r.trajectory.reward for r in records}
+  for t in traces:
+    assert t.reward == rewards[t.task_id] and (t.kind == "success") == (t.reward > 0)
+    np.testing.assert_allclose(t.returns[t.action_mask], t.reward, atol=1e-5)
 
 
 def test_gspo_end_to_end(tmp_path, runs, cache_dir):
@@ -317,3 +327,4 @@ def test_gspo_end_to_end(tmp_path, runs, cache_dir):
       trained[r.trajectory.group_id].add(r.trajectory.sample_index)
   assert trained and all(idx == {0, 1, 2, 3} for idx in trained.values()), dict(trained)
   assert len(consumed) == GSPO_STEPS * BATCH
+  assert not os.path.exists(os.path.join(workdir, critic_traces.TRACES_FILE)), "GSPO has no critic to trace"

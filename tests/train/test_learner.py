@@ -122,3 +122,22 @@ def test_sharded_update_equals_single_device():
       resolved = np.abs(m) > 1e-4 * np.max(np.abs(m))
       assert resolved.any()
       np.testing.assert_allclose(x[resolved], y[resolved], atol=1e-5)
+
+
+def test_update_traced_returns_pre_update_critic_view_of_the_rows():
+  learner = helpers.make_learner()
+  batch, stats = learner.make_batch(helpers.trajectories(seed=5))
+  values_before = np.asarray(jax.device_get(learner.critic_values(batch)))
+  metrics, traces = learner.update_traced(batch, [3, 0])
+  assert set(traces) == {"values", "returns", "advantages"} and learner.num_updates == 1
+  for array in traces.values():
+    assert array.shape == (2, batch["input_ids"].shape[1]) and array.dtype == np.float32
+  np.testing.assert_allclose(traces["values"], values_before[[3, 0]], rtol=1e-6)
+  # The critic moved: the traced values are the pre-update ones.
+  assert not np.allclose(np.asarray(jax.device_get(learner.critic_values(batch)))[[3, 0]], traces["values"])
+  # γ = λ_critic = 1: the return target on every action token is the trajectory's reward (terminal reward only).
+  for row, i in enumerate([3, 0]):
+    mask = batch["action_mask"][i]
+    np.testing.assert_allclose(traces["returns"][row][mask], batch["rewards"][i], rtol=1e-5, atol=1e-6)
+  assert stats.source_indices == tuple(range(8))
+  assert learner.update_traced(batch, [])[1] == {}
