@@ -20,6 +20,7 @@ import signal
 import time
 from typing import Sequence
 
+import grpc
 from absl import app, flags
 
 from sao.engines import lifetime
@@ -92,7 +93,10 @@ class RolloutWorker:
     self._lease_ttl_s = 0.0  # the TTL of the leases the trainer hands out (0 until the first lease)
 
   def stop(self) -> None:
+    """Finishes running episodes and submits what the trainer still takes; RPCs no longer retry (a worker stopped
+    because its trainer is gone would otherwise wait out every call's retry budget)."""
     self._stop.set()
+    self.client.cancel()
 
   def _engine(self, urls: Sequence[str]) -> SGLangEngine:
     urls = list(self.config.engine_urls) or list(urls)
@@ -182,7 +186,13 @@ class RolloutWorker:
         except TimeoutError:
           pass
       if self._running:
-        response = await asyncio.to_thread(self.client.heartbeat, list(self._running))
+        try:
+          response = await asyncio.to_thread(self.client.heartbeat, list(self._running))
+        except grpc.RpcError as e:
+          if self._stop.is_set():
+            log.info("stopping; heartbeat ended with %s", e.code().name)
+            return
+          raise
         if response.expired_lease_ids:
           log.warning("leases expired while running: %s", list(response.expired_lease_ids))
 
@@ -208,7 +218,13 @@ class RolloutWorker:
             await asyncio.sleep(self.config.submit_interval_s)  # waiting for acknowledgements
           episodes = {t for t in episodes if not t.done()}
           continue
-        response = await asyncio.to_thread(self.client.lease, free)
+        try:
+          response = await asyncio.to_thread(self.client.lease, free)
+        except grpc.RpcError as e:
+          if self._stop.is_set():  # cancelled while stopping: nothing more to lease
+            log.info("stopping; lease call ended with %s", e.code().name)
+            break
+          raise
         if not response.tasks:
           if self.config.idle_exit_s and not episodes and time.monotonic() - idle_since > self.config.idle_exit_s:
             log.info("no work for %.0fs; exiting", self.config.idle_exit_s)

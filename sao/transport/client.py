@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import os
 import random
+import threading
 import time
 import uuid
 from typing import Sequence
@@ -85,6 +86,7 @@ class TrajectoryClient:
     self._options = [("grpc.max_send_message_length", max_message_bytes),
                      ("grpc.max_receive_message_length", max_message_bytes)]
     self._rng = random.Random()
+    self._cancelled = threading.Event()
     self._unacked: dict[tuple[str, int], sao_pb2.Trajectory] = {}
     self._late: list[SubmitOutcome] = []
     self._channel: grpc.Channel | None = None
@@ -100,6 +102,11 @@ class TrajectoryClient:
     else:
       self._channel = grpc.insecure_channel(self.address, options=self._options)
     self._stub = sao_pb2_grpc.TrajectoryServiceStub(self._channel)
+
+  def cancel(self) -> None:
+    """Stops retrying: from now on a transient failure is raised at once, and a call waiting out its backoff raises
+    the last error (a stopping worker must not spend its retry budget on a trainer that is gone)."""
+    self._cancelled.set()
 
   def close(self) -> None:
     if self._channel is not None:
@@ -121,11 +128,12 @@ class TrajectoryClient:
         return getattr(self._stub, method)(request, timeout=max(0.01, min(self.rpc_timeout_s, remaining)),
                                            metadata=self._metadata)
       except grpc.RpcError as e:
-        if e.code() not in _TRANSIENT or time.monotonic() + backoff >= deadline:
+        if e.code() not in _TRANSIENT or time.monotonic() + backoff >= deadline or self._cancelled.is_set():
           raise
         logger.info("%s to %s failed (%s: %s); reconnecting in %.2fs", method, self.address, e.code().name,
                     e.details(), backoff)
-        time.sleep(backoff * self._rng.uniform(0.8, 1.2))
+        if self._cancelled.wait(backoff * self._rng.uniform(0.8, 1.2)):
+          raise
         backoff = min(2 * backoff, self.max_backoff_s)
         self._connect()
 

@@ -80,3 +80,26 @@ def test_pushed_back_trajectories_keep_their_leases_and_stop_leasing(tmp_path):
   assert worker.stats["rejected"] == 0, worker.stats
   assert max_leased <= CONCURRENCY, max_leased  # finished-but-unacknowledged samples hold their slots
   assert stats["duplicates"] == 0
+
+
+def test_stop_does_not_wait_out_the_retry_budget_when_the_trainer_is_gone():
+  # Nothing listens on this port: every lease is UNAVAILABLE and the client would retry for 60 s.
+  import socket  # pylint: disable=g-import-not-at-top
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  worker = RolloutWorker(WorkerConfig(trainer_address=f"127.0.0.1:{port}", concurrency=2))
+  assert worker.client.retry_budget_s >= 60
+
+  async def run():
+    task = asyncio.create_task(worker.run())
+    await asyncio.sleep(1.0)  # inside the lease call's retry loop
+    assert not task.done()
+    start = time.monotonic()
+    worker.stop()
+    stats = await asyncio.wait_for(task, timeout=10)
+    return time.monotonic() - start, stats
+
+  elapsed, stats = asyncio.run(run())
+  assert elapsed < 5, elapsed
+  assert stats["submitted"] == 0
