@@ -126,8 +126,9 @@ def _finish(state: RunState, returncode: int, out: TextIO) -> None:
 
 def run_sweep(runs: Sequence[sweep_lib.Run], workdir: str, max_parallel: int = 1,
               command_fn: Callable[[sweep_lib.Run, str], list[str]] | None = None, cwd: str = sweep_lib.REPO_ROOT,
-              poll_s: float = 0.5, out: TextIO = sys.stdout) -> list[RunState]:
-  """Runs `runs` (at most `max_parallel` at once) under `workdir`; returns each run's final state."""
+              poll_s: float = 0.5, out: TextIO = sys.stdout, report_s: float = 60.0) -> list[RunState]:
+  """Runs `runs` (at most `max_parallel` at once) under `workdir`; returns each run's final state. The progress
+  table is printed when a run starts or ends, and every `report_s` seconds while runs are going."""
   if max_parallel < 1:
     raise ValueError(f"max_parallel: must be >= 1, got {max_parallel}")
   sweep_lib.check_unique(runs)
@@ -138,9 +139,10 @@ def run_sweep(runs: Sequence[sweep_lib.Run], workdir: str, max_parallel: int = 1
   queue = [s for s in states if s.status in (PENDING, RESUME)]
   print(progress_table(states), file=out, flush=True)
   running: list[RunState] = []
+  last_report = time.monotonic()
   try:
     while queue or running:
-      changed = False
+      changed = time.monotonic() - last_report >= report_s
       while queue and len(running) < max_parallel:
         state = queue.pop(0)
         _start(state, command_fn(state.run, state.workdir), cwd)
@@ -154,6 +156,7 @@ def run_sweep(runs: Sequence[sweep_lib.Run], workdir: str, max_parallel: int = 1
           changed = True
       if changed:
         print(progress_table(states), file=out, flush=True)
+        last_report = time.monotonic()
       if running:
         time.sleep(poll_s)
   except KeyboardInterrupt:

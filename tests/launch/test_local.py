@@ -89,3 +89,17 @@ def test_cli_dry_run_and_unknown_key(tmp_path):
                            f"--workdir={tmp_path / 'w'}", "--dry_run"], cwd=repo, capture_output=True, text=True,
                           timeout=120)
   assert result.returncode != 0 and "unknown sweep key 'rollout.batchsize'" in result.stderr
+
+
+def test_progress_table_is_reprinted_while_a_run_goes(tmp_path, monkeypatch):
+  # Two fake runs that each take ~0.4 s (FAKE_TRAIN_SHARED), one at a time, with a report every 0.1 s: besides the
+  # tables at start/end of each run, several periodic ones appear.
+  monkeypatch.setenv("FAKE_TRAIN_SHARED", str(tmp_path / "shared"))
+  runs = s.runs("fake", CONFIG, s.sweep("seed", [0, 3]))
+  out = io.StringIO()
+  local.run_sweep(runs, str(tmp_path / "runs"), command_fn=_fake_command, poll_s=0.02, out=out, report_s=0.1)
+  quiet = io.StringIO()
+  local.run_sweep(runs, str(tmp_path / "again"), command_fn=_fake_command, poll_s=0.02, out=quiet, report_s=1e9)
+  tables, event_tables = out.getvalue().count("run  "), quiet.getvalue().count("run  ")
+  assert event_tables == 5, quiet.getvalue()  # the tables printed on events only
+  assert tables > event_tables + 2, out.getvalue()
