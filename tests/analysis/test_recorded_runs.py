@@ -43,3 +43,12 @@ def test_recorded_runs_figures(sao, tmp_path):
                                                         "fig7_critic_sao.png", "sao_curves.png"]
   for path in paths:
     assert os.path.getsize(path) > 10_000, path
+
+
+def test_recorded_sao_vs_gspo(sao):
+  gspo = tables.load_run("gspo", os.path.join(DATA, "gspo_toy"))
+  text = tables.paper_tables([sao, gspo], reported.ALL, threshold=50.0, tables=[1, 2])
+  assert "| gspo | 37.5 | 64.0 | 47.7 | 70.40 | 111 | 45.3 | — | 44.1 | — |" in text
+  assert "| sao | 141 | 9,088 | 12,800 | 81 | 5,248 | 7.8 |" in text
+  assert "| gspo | 111 | 7,168 | 48,600 | — | — | — |" in text
+  assert "| trajectories to best | 126.8 | 26.3 |" in text and "| rollouts per step | 100.0 | 12.5 |" in text
