@@ -39,7 +39,13 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]
       raise ValueError(f"config arg: unknown key {dotted!r}")
     current = node[leaf]
     if isinstance(current, (tuple, list)):
-      value = tuple(v for v in text.split("+") if v)  # `engine_urls=http://a:1+http://b:2`
+      items = [v for v in text.split("+") if v]  # `engine_urls=http://a:1+http://b:2`
+      # Items take the type of the current items (`sizes=8+9+10` gives ints); an empty default stays strings.
+      kind = type(current[0]) if current and isinstance(current[0], (int, float)) else str
+      try:
+        value = tuple(kind(v) for v in items)
+      except ValueError as e:
+        raise ValueError(f"config arg: {dotted}={text!r}: items must be {kind.__name__}s") from e
     elif isinstance(current, bool):
       value = text.lower() in ("1", "true", "yes")
     elif isinstance(current, int):
@@ -83,7 +89,8 @@ def base_config() -> ml_collections.ConfigDict:
           # Ranges 1..8 to 1..16 with exactly binary search's worst-case number of turns (no spare: a wasted guess
           # usually fails the episode): 108 tasks, 9 held out for validation; observations carry the remaining
           # interval (a Markov state for the tiny policy).
-          kwargs=dict(n=16, sizes=tuple(range(8, 17)), offsets=(0,), show_interval=True, spare_turns=0),
+          kwargs=dict(n=16, sizes=tuple(range(8, 17)), offsets=(0,), show_interval=True, spare_turns=0,
+                      split_fractions=(0.8, 0.1, 0.1)),
           num_train_tasks=4096,  # the training task list (the split's pool, cycled)
           num_validation_tasks=128,  # episodes per evaluation (9 held-out tasks, cycled): SE ≈ 0.04
       ),

@@ -144,3 +144,13 @@ def test_swe_toy_trains_through_the_proxied_scaffolds():
   assert max(config.learner.batching.bucket_lengths) >= config.rollout.max_total_tokens
   single = _load("sao_openswe").get_config("swe_toy,rollout.harnesses=bash_only,rollout.harness_weights=1")
   assert single.rollout.harnesses == ("bash_only",)
+
+
+def test_tuple_overrides_take_the_items_type():
+  module = _load("sao_openswe")
+  config = module.get_config("toy,env.kwargs.sizes=8+9,env.kwargs.split_fractions=0.5+0.3+0.2,"
+                             "learner.critic.frozen_params=,engine_urls=http://a:1+http://b:2")
+  assert config.env.kwargs.sizes == (8, 9) and config.env.kwargs.split_fractions == (0.5, 0.3, 0.2)
+  assert config.learner.critic.frozen_params == () and config.engine_urls == ("http://a:1", "http://b:2")
+  with pytest.raises(ValueError, match="env.kwargs.sizes.*must be ints"):
+    module.get_config("toy,env.kwargs.sizes=8+x")

@@ -307,3 +307,18 @@ def test_sandbox_runs_in_a_scratch_directory():
   program = "import os\nCWD = os.getcwd()\ndef f(x):\n  return 2 * x\n"
   report = sandbox.run_tests(program, [("CWD.startswith('/')", True), ("'sao_sandbox_' in CWD", True)])
   assert report.all_passed, report.summary()
+
+
+def test_number_search_split_fractions():
+  kwargs = dict(n=16, sizes=tuple(range(8, 17)), show_interval=True, spare_turns=0)
+  default = envs.make("number_search", **kwargs)
+  wide = envs.make("number_search", split_fractions=(0.5, 0.3, 0.2), **kwargs)
+  sizes = {s: len(wide.split_pool(s)) for s in envs.SPLITS}
+  assert sum(sizes.values()) == 108 and sizes["validation"] > 2 * len(default.split_pool("validation"))
+  keys = {s: {t["key"] for t in wide.split_pool(s)} for s in envs.SPLITS}
+  assert not (keys["train"] & keys["validation"]) and not (keys["validation"] & keys["test"])
+  assert {t["key"] for t in wide.tasks("validation", 64, seed=0)} == keys["validation"]
+  assert all(envs.split_of(k, (0.5, 0.3, 0.2)) == "validation" for k in keys["validation"])
+  for bad in ((0.5, 0.5), (0.5, 0.6, -0.1), (0.5, 0.3, 0.3)):
+    with pytest.raises(ValueError, match="split_fractions"):
+      envs.make("number_search", split_fractions=bad, **kwargs)

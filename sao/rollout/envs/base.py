@@ -32,11 +32,21 @@ SPLITS = ("train", "validation", "test")
 SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
 
 
-def split_of(key: str) -> str:
-  """The split a task key belongs to: a stable hash (not Python's salted `hash`) mapped to [0, 1)."""
+def check_split_fractions(fractions) -> tuple[float, float, float]:
+  """`fractions` as 3 floats (train, validation, test), each > 0, summing to 1; ValueError naming the problem."""
+  values = tuple(float(f) for f in fractions)
+  if len(values) != len(SPLITS) or min(values) <= 0 or abs(sum(values) - 1.0) > 1e-6:
+    raise ValueError(f"split_fractions: need {len(SPLITS)} positive fractions (train, validation, test) summing to 1, "
+                     f"got {tuple(fractions)}")
+  return values  # type: ignore[return-value]
+
+
+def split_of(key: str, fractions: tuple[float, float, float] = SPLIT_FRACTIONS) -> str:
+  """The split a task key belongs to: a stable hash (not Python's salted `hash`) mapped to [0, 1), cut at the
+  cumulative `fractions` (train, validation, test)."""
   u = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2.0**64
   edge = 0.0
-  for split, fraction in zip(SPLITS, SPLIT_FRACTIONS):
+  for split, fraction in zip(SPLITS, fractions):
     edge += fraction
     if u < edge:
       return split

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from sao.rollout import tool_format
-from sao.rollout.envs.base import Env, Task
+from sao.rollout.envs.base import Env, Task, check_split_fractions, split_of
 from sao.rollout.envs.registry import register
 from sao.rollout.tool_format import ToolCall
 
@@ -26,7 +26,9 @@ from sao.rollout.tool_format import ToolCall
 class NumberSearch(Env):
   """Config: `n` (range size), `sizes` (several range sizes instead of `n`), `max_turns` (default: binary search's
   worst case + `spare_turns` (default 1), per size), `offsets` (each gives the ranges offset+1..offset+size; default (0,)), `show_interval`
-  (observations carry the remaining interval)."""
+  (observations carry the remaining interval), `split_fractions` (train, validation, test shares of the task keys;
+  default `base.SPLIT_FRACTIONS`: a small pool holds out more so that its validation set is not a handful of
+  targets)."""
   name = "number_search"
   system_prompt = "Find the hidden number. Call compare with a guess; it says higher, lower or equal."
   tool_schemas = [
@@ -35,8 +37,10 @@ class NumberSearch(Env):
   ]
 
   def __init__(self, n: int = 64, max_turns: int | None = None, offsets: tuple[int, ...] = (0,),
-               show_interval: bool = False, sizes: tuple[int, ...] | None = None, spare_turns: int = 1):
+               show_interval: bool = False, sizes: tuple[int, ...] | None = None, spare_turns: int = 1,
+               split_fractions: tuple[float, float, float] | None = None):
     super().__init__()
+    self.split_fractions = None if split_fractions is None else check_split_fractions(split_fractions)
     sizes = (n,) if sizes is None else tuple(int(s) for s in sizes)
     offsets = tuple(int(o) for o in offsets)
     if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
@@ -63,6 +67,11 @@ class NumberSearch(Env):
     if self._max_turns_arg is not None:
       return int(self._max_turns_arg)
     return math.ceil(math.log2(size + 1)) + self.spare_turns
+
+  def split_pool(self, split: str) -> list[Task]:
+    if self.split_fractions is None:
+      return super().split_pool(split)
+    return [t for t in self.task_pool() if split_of(t["key"], self.split_fractions) == split]
 
   def task_pool(self) -> list[Task]:
     pool = []
