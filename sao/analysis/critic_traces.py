@@ -100,8 +100,8 @@ class TraceWriter:
 
 
 def read_traces(path: str) -> list[CriticTrace]:
-  """The traces of a file or a workdir; a torn final line (crash mid-write) is ignored, other bad lines raise
-  ValueError naming the line."""
+  """The traces of a file or a workdir, one per (step, kind) — the last written — in step order; a torn final line
+  (crash mid-write) is ignored, other bad lines raise ValueError naming the line."""
   if os.path.isdir(path):
     path = os.path.join(path, TRACES_FILE)
   with open(path, encoding="utf-8") as f:
@@ -116,7 +116,9 @@ def read_traces(path: str) -> list[CriticTrace]:
       if i == len(lines) - 1 and isinstance(e, json.JSONDecodeError):
         break
       raise ValueError(f"{path}:{i + 1}: bad critic trace: {e}") from e
-  return traces
+  # A run resumed from a checkpoint redoes the steps after it and dumps them again: the later dump wins.
+  latest = {(t.step, t.kind): t for t in traces}
+  return sorted(latest.values(), key=lambda t: (t.step, KINDS.index(t.kind)))
 
 
 def pairs_by_step(traces: Sequence[CriticTrace]) -> list[tuple[CriticTrace, CriticTrace]]:

@@ -90,6 +90,16 @@ def test_trace_round_trip_and_errors(tmp_path):
     critic_traces.CriticTrace(0, "win", 1.0, 0, "t", 1, (0,), np.ones(2, bool), np.ones(2), np.ones(2), np.ones(2))
 
 
+def test_a_resumed_runs_later_dump_of_a_step_wins(tmp_path):
+  writer = critic_traces.TraceWriter(str(tmp_path))
+  writer.write(_traces())
+  writer.write([_trace(10, "success", [0.1, 0.2], set())])  # the resumed run redoes step 10
+  traces = critic_traces.read_traces(str(tmp_path))
+  assert [(t.step, t.kind) for t in traces] == [(0, "success"), (0, "failure"), (10, "success"), (10, "failure"),
+                                                (20, "failure")]
+  np.testing.assert_allclose(traces[2].values[traces[2].action_mask], [0.1, 0.2])
+
+
 def test_pick_rows():
   picks = critic_traces.pick_rows([0.0, 1.0, 0.0, 1.0, 1.0], seed=3)
   assert set(picks) == {"success", "failure"} and picks["success"] in (1, 3, 4) and picks["failure"] in (0, 2)
