@@ -161,15 +161,12 @@ def load_config(config: str, repo_root: str = REPO_ROOT):
 def validate_run(run: Run, repo_root: str = REPO_ROOT) -> None:
   """Raises ValueError naming the run and key for an override the config does not have or a value of the wrong type."""
   config = load_config(run.config, repo_root)
+  from experiments.configs.common import resolve_key  # pylint: disable=g-import-not-at-top  (importable now)
   for dotted, value in run.overrides.items():
-    node = config
-    *path, leaf = dotted.split(".")
-    for key in path:
-      if key not in node:
-        raise ValueError(f"run {run.name}: unknown sweep key {dotted!r} (not in {run.config})")
-      node = node[key]
-    if leaf not in node:
-      raise ValueError(f"run {run.name}: unknown sweep key {dotted!r} (not in {run.config})")
+    try:
+      node, leaf = resolve_key(config, dotted)
+    except KeyError:
+      raise ValueError(f"run {run.name}: unknown sweep key {dotted!r} (not in {run.config})") from None
     current = node[leaf]
     ok = (isinstance(value, bool) == isinstance(current, bool) and
           (isinstance(value, type(current)) or (isinstance(current, float) and isinstance(value, int)) or

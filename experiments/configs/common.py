@@ -26,17 +26,26 @@ def parse_arg(arg: str | None, variants: tuple[str, ...], default: str = "toy") 
   return variant, overrides
 
 
+def resolve_key(config: ml_collections.ConfigDict, dotted: str) -> tuple[ml_collections.ConfigDict, str]:
+  """(the node holding `dotted`'s last part, that part); KeyError naming `dotted` if any part is missing."""
+  node = config
+  *path, leaf = dotted.split(".")
+  for key in path:
+    if key not in node or not isinstance(node[key], (ml_collections.ConfigDict, dict)):
+      raise KeyError(dotted)
+    node = node[key]
+  if leaf not in node:
+    raise KeyError(dotted)
+  return node, leaf
+
+
 def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> None:
   """Sets dotted keys from strings, converting to the existing value's type; unknown keys are errors."""
   for dotted, text in overrides.items():
-    node = config
-    *path, leaf = dotted.split(".")
-    for key in path:
-      if key not in node:
-        raise ValueError(f"config arg: unknown key {dotted!r}")
-      node = node[key]
-    if leaf not in node:
-      raise ValueError(f"config arg: unknown key {dotted!r}")
+    try:
+      node, leaf = resolve_key(config, dotted)
+    except KeyError:
+      raise ValueError(f"config arg: unknown key {dotted!r}") from None
     current = node[leaf]
     if isinstance(current, (tuple, list)):
       items = [v for v in text.split("+") if v]  # `engine_urls=http://a:1+http://b:2`
