@@ -122,6 +122,9 @@ def base_config() -> ml_collections.ConfigDict:
           lease_ttl_s=120.0,
           eval_every=10,  # validate every this many policy versions
           eval_temperature=1.0,  # validation samples at the training temperature
+          # The base policy's validation (the reference every later one is compared with) runs the validation list
+          # this many times: 4 × 128 episodes, SE ≈ 0.02 instead of 0.04.
+          base_eval_repeats=4,
       ),
       server=dict(host="127.0.0.1", port=0, token_env="SAO_TRAINER_TOKEN", buffer_capacity=512, max_staleness=4,
                   max_outstanding=0),  # leased + buffered samples; 0 = 2 batches, so staleness stays ~1

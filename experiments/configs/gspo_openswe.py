@@ -47,6 +47,7 @@ def get_config(arg: str | None = None):
     config.rollout.max_turns = 200
     config.rollout.max_total_tokens = 131072
     config.rollout.eval_every = 20
+    config.rollout.base_eval_repeats = 1  # the validation split is 500 SWE-bench Verified tasks
     config.rollout.lease_ttl_s = 7200.0
     config.rollout.concurrency = 64
     config.server.host = "0.0.0.0"

@@ -56,6 +56,7 @@ def get_config(arg: str | None = None):
     config.rollout.max_turns = 200
     config.rollout.max_total_tokens = 131072
     config.rollout.eval_every = 20
+    config.rollout.base_eval_repeats = 1  # the validation split is 500 SWE-bench Verified tasks
     config.rollout.lease_ttl_s = 7200.0
     config.rollout.concurrency = 64
     config.server.host = "0.0.0.0"
@@ -87,6 +88,7 @@ def _swe_toy(config) -> None:
   config.rollout.max_turns = 8
   config.rollout.max_total_tokens = 6144
   config.rollout.eval_every = 10
+  config.rollout.base_eval_repeats = 1  # sandboxed episodes with test runs are the slow part
   config.rollout.harnesses = SWE_SCAFFOLDS
   config.rollout.harness_weights = (1.0, 1.0)
   config.rollout.eval_harness = SWE_SCAFFOLDS[0]

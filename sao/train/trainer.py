@@ -185,7 +185,7 @@ class Trainer:
       if resume:
         self._publish(model_config, learner, server)
       else:
-        server.dispenser.schedule_eval(0)
+        server.dispenser.schedule_eval(0, repeats=c.rollout.base_eval_repeats)
         if c.learner.algorithm == "sao" and c.recipe.value_pretrain_steps > 0 and not os.path.isdir(value_init):
           step = self._value_pretraining(model_config, params, server, value_init)
         learner = self._rl_learner(model_config, params, value_init)

@@ -369,17 +369,22 @@ class TaskDispenser:
       if self.config.eval_every and version % self.config.eval_every == 0:
         self.schedule_eval(version)
 
-  def schedule_eval(self, version: int) -> bool:
-    """Queues the whole validation split for `version` (once per version); False if nothing was queued."""
+  def schedule_eval(self, version: int, repeats: int = 1) -> bool:
+    """Queues the whole validation split for `version` (once per version), each task `repeats` times (more episodes,
+    a more precise success rate: the base policy's is the reference every later one is compared with); False if
+    nothing was queued."""
+    if repeats < 1:
+      raise ValueError(f"repeats: must be >= 1, got {repeats}")
     with self._lock:
       val = self._splits[True]
       if not val or version in self._eval_runs or version in self._eval_done:
         return False
-      self._eval_runs[version] = _EvalRun(len(val))
-      for index, (task_id, _) in enumerate(val):
-        group_id = f"eval{version}:{task_id}"
-        self._groups[group_id] = _Group(1)
-        self._eval_queue.append(_Work(index, True, group_id, (0,), version))
+      self._eval_runs[version] = _EvalRun(len(val) * repeats)
+      for repeat in range(repeats):
+        for index, (task_id, _) in enumerate(val):
+          group_id = f"eval{version}:{task_id}" + (f"#r{repeat}" if repeat else "")
+          self._groups[group_id] = _Group(1)
+          self._eval_queue.append(_Work(index, True, group_id, (0,), version))
       return True
 
   def pop_eval_results(self) -> list[EvalResult]:

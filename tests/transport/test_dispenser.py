@@ -185,3 +185,23 @@ def test_config_and_task_errors_name_the_problem():
     TaskDispenser([{"name": "a"}])
   with pytest.raises(ValueError, match="not JSON-serialisable"):
     TaskDispenser([{"id": "a", "x": np.zeros(2)}])
+
+
+def test_repeated_eval_runs_every_validation_task_that_many_times():
+  d = TaskDispenser(TASKS, DispenserConfig(eval_every=0, success_threshold=1.0), validation_tasks=VAL)
+  with pytest.raises(ValueError, match="repeats"):
+    d.schedule_eval(0, repeats=0)
+  assert d.schedule_eval(0, repeats=3) and not d.schedule_eval(0, repeats=3)
+  evals = [l for l in d.lease("w", 20) if l.is_validation]
+  assert collections.Counter(l.task_id for l in evals) == {"val0": 3, "val1": 3, "val2": 3}
+  assert len({l.group_id for l in evals}) == 9
+  state = d.state_dict()  # a checkpoint mid-evaluation keeps its size
+  for i, lease in enumerate(evals[:-1]):
+    submit(d, lease, reward=float(i % 3 == 0))  # 3 of the first 8 succeed
+  assert d.pop_eval_results() == []
+  submit(d, evals[-1], reward=1.0)
+  (result,) = d.pop_eval_results()
+  assert (result.policy_version, result.num_tasks, result.num_success) == (0, 9, 4)
+  restored = TaskDispenser(TASKS, DispenserConfig(eval_every=0), validation_tasks=VAL)
+  restored.load_state_dict(json.loads(json.dumps(state)))
+  assert restored.state_dict()["eval_runs"]["0"]["num_tasks"] == 9
