@@ -22,7 +22,7 @@ import numpy as np
 
 from sao.analysis import critic_diagnostics as diag
 from sao.analysis.critic_traces import CriticTrace
-from sao.analysis.curves import EVAL_RECORD_KEY, plot_training_curves, running_mean
+from sao.analysis.curves import plot_training_curves, running_mean
 from sao.analysis.tables import EV_KEY, METRICS_FILE, RunLog, cost_ratios, normalized_hours, selected_examples
 
 BEHAVIOUR_PANELS = (("reward", "reward"), ("validation", "validation success"),
@@ -47,9 +47,10 @@ def _save(fig, out_path: str) -> str:
 
 def _xy(run: RunLog, key: str, axis: str) -> tuple[np.ndarray, np.ndarray]:
   """(x, values) of `key` over RL steps ≥ 0, x = the step or normalised hours; validation: evaluations only."""
-  require = EVAL_RECORD_KEY if key == "validation" and any(EVAL_RECORD_KEY in r for r in run.records) else None
-  steps, values = run.series(key, require=require)
-  if key != "validation":
+  if key == "validation":
+    steps, values = run.evaluations()
+  else:
+    steps, values = run.series(key)
     keep = steps >= 0
     steps, values = steps[keep], values[keep]
   if axis == "step":

@@ -48,6 +48,12 @@ class RunLog:
     steps, values = zip(*points)
     return np.asarray(steps, np.int64), np.asarray(values, np.float64)
 
+  def evaluations(self) -> tuple[np.ndarray, np.ndarray]:
+    """(RL steps, success rates) of the evaluations: the records marked with `EVAL_RECORD_KEY` when the log has
+    them (progress rows repeat the latest value), else every `validation` (older logs)."""
+    steps, values = self.series("validation", require=EVAL_RECORD_KEY)
+    return (steps, values) if values.size else self.series("validation")
+
 
 def load_run(name: str, workdir: str) -> RunLog:
   """Reads `<workdir>/metrics.jsonl`; raises FileNotFoundError / ValueError naming the run when it has no metrics."""
@@ -124,9 +130,7 @@ class ValidationSummary:
 
 def validation_summary(run: RunLog) -> ValidationSummary | None:
   """Summary over the run's evaluations (the evaluation records when the log has them, else every `validation`)."""
-  steps, values = run.series("validation", require=EVAL_RECORD_KEY)
-  if not values.size:
-    steps, values = run.series("validation")
+  steps, values = run.evaluations()
   if not values.size:
     return None
   pct = 100.0 * values

@@ -71,6 +71,7 @@ class Env(abc.ABC):
   name: ClassVar[str]
   system_prompt: ClassVar[str]
   tool_schemas: ClassVar[list[dict[str, Any]]]
+  split_fractions: tuple[float, float, float] = SPLIT_FRACTIONS  # an env may hold out more (`check_split_fractions`)
 
   def __init__(self):
     self.task: Task | None = None
@@ -106,8 +107,9 @@ class Env(abc.ABC):
     return out
 
   def split_pool(self, split: str) -> list[Task]:
-    """Every task of `split` in `task_pool` order; by default a task's split is `split_of(task["key"])`."""
-    return [t for t in self.task_pool() if split_of(t["key"]) == split]
+    """Every task of `split` in `task_pool` order; by default a task's split is
+    `split_of(task["key"], self.split_fractions)`."""
+    return [t for t in self.task_pool() if split_of(t["key"], self.split_fractions) == split]
 
   # ----------------------------------------------------------------------------------------------------------------
   # Episode.

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from sao.rollout import tool_format
-from sao.rollout.envs.base import Env, Task, check_split_fractions, split_of
+from sao.rollout.envs.base import SPLIT_FRACTIONS, Env, Task, check_split_fractions
 from sao.rollout.envs.registry import register
 from sao.rollout.tool_format import ToolCall
 
@@ -40,7 +40,7 @@ class NumberSearch(Env):
                show_interval: bool = False, sizes: tuple[int, ...] | None = None, spare_turns: int = 1,
                split_fractions: tuple[float, float, float] | None = None):
     super().__init__()
-    self.split_fractions = None if split_fractions is None else check_split_fractions(split_fractions)
+    self.split_fractions = check_split_fractions(SPLIT_FRACTIONS if split_fractions is None else split_fractions)
     sizes = (n,) if sizes is None else tuple(int(s) for s in sizes)
     offsets = tuple(int(o) for o in offsets)
     if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
@@ -67,11 +67,6 @@ class NumberSearch(Env):
     if self._max_turns_arg is not None:
       return int(self._max_turns_arg)
     return math.ceil(math.log2(size + 1)) + self.spare_turns
-
-  def split_pool(self, split: str) -> list[Task]:
-    if self.split_fractions is None:
-      return super().split_pool(split)
-    return [t for t in self.task_pool() if split_of(t["key"], self.split_fractions) == split]
 
   def task_pool(self) -> list[Task]:
     pool = []
