@@ -7,6 +7,7 @@ import pathlib
 import ml_collections
 import pytest
 
+from sao.rollout import envs
 from sao.train.config import validate_learner_config
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "configs"
@@ -154,3 +155,11 @@ def test_tuple_overrides_take_the_items_type():
   assert config.learner.critic.frozen_params == () and config.engine_urls == ("http://a:1", "http://b:2")
   with pytest.raises(ValueError, match="env.kwargs.sizes.*must be ints"):
     module.get_config("toy,env.kwargs.sizes=8+x")
+
+
+def test_toy_holds_out_whole_ranges():
+  """The toy's validation and test ranges are never trained on (no training target shares a prompt with them)."""
+  config = _load("sao_openswe").get_config("toy")
+  env = envs.make(config.env.name, **config.env.kwargs)
+  ranges = {s: {t["n"] for t in env.split_pool(s)} for s in envs.SPLITS}
+  assert ranges == {"train": {9, 10, 11, 15, 16}, "validation": {8, 13}, "test": {12, 14}}

@@ -9,6 +9,7 @@ import pytest
 from sao.rollout import envs
 from sao.rollout import tool_format
 from sao.rollout.envs import code_repair_tasks
+from sao.rollout.envs import number_search
 from sao.rollout.envs import sandbox
 from sao.rollout.tool_format import ToolCall
 
@@ -322,3 +323,26 @@ def test_number_search_split_fractions():
   for bad in ((0.5, 0.5), (0.5, 0.6, -0.1), (0.5, 0.3, 0.3)):
     with pytest.raises(ValueError, match="split_fractions"):
       envs.make("number_search", split_fractions=bad, **kwargs)
+
+
+def test_number_search_split_by_range_holds_out_whole_ranges():
+  kwargs = dict(n=16, sizes=tuple(range(8, 17)), offsets=(0, 20), show_interval=True, spare_turns=0,
+                split_fractions=(0.5, 0.3, 0.2))
+  by_target = envs.make("number_search", **kwargs)
+  by_range = envs.make("number_search", split_by="range", **kwargs)
+  ranges = {s: {(t["n"], t.get("offset", 0)) for t in by_range.split_pool(s)} for s in envs.SPLITS}
+  # Every split has ranges, no range is in two splits, and each range brings all of its targets.
+  assert all(ranges.values())
+  assert not (ranges["train"] & ranges["validation"]) and not (ranges["train"] & ranges["test"])
+  assert not (ranges["validation"] & ranges["test"])
+  for split in envs.SPLITS:
+    pool = by_range.split_pool(split)
+    assert len(pool) == sum(size for size, _ in ranges[split])
+    assert all(envs.split_of(number_search.range_key(t["n"], t.get("offset", 0)), (0.5, 0.3, 0.2)) == split
+               for t in pool)
+  # Same task pool and keys as the default split: only the held-out choice differs.
+  assert by_range.task_pool() == by_target.task_pool()
+  target_split = {(t["n"], t.get("offset", 0)) for t in by_target.split_pool("validation")}
+  assert target_split & ranges["train"]  # holding out targets leaves their ranges in training
+  with pytest.raises(ValueError, match="split_by"):
+    envs.make("number_search", split_by="size", **kwargs)

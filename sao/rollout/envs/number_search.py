@@ -17,9 +17,17 @@ import math
 import numpy as np
 
 from sao.rollout import tool_format
-from sao.rollout.envs.base import SPLIT_FRACTIONS, Env, Task, check_split_fractions
+from sao.rollout.envs.base import SPLIT_FRACTIONS, Env, Task, check_split_fractions, split_of
 from sao.rollout.envs.registry import register
 from sao.rollout.tool_format import ToolCall
+
+
+SPLIT_BY = ("target", "range")
+
+
+def range_key(size: int, offset: int) -> str:
+  """The key of the range offset+1..offset+size: the prefix of its tasks' keys."""
+  return f"number_search/n{size}" if offset == 0 else f"number_search/n{size}/o{offset}"
 
 
 @register("number_search")
@@ -28,7 +36,15 @@ class NumberSearch(Env):
   worst case + `spare_turns` (default 1), per size), `offsets` (each gives the ranges offset+1..offset+size; default (0,)), `show_interval`
   (observations carry the remaining interval), `split_fractions` (train, validation, test shares of the task keys;
   default `base.SPLIT_FRACTIONS`: a small pool holds out more so that its validation set is not a handful of
-  targets)."""
+  targets), `split_by` ("target": each task's key decides its split; "range": the range's key
+  `number_search/n{size}[/o{offset}]` does, so a held-out range holds out all of its targets).
+
+  Why "range": the policy never sees the target, only the range and the answers. Holding out targets of ranges it
+  trains on makes the training distribution over targets differ from validation's on the same prompts, and the best
+  policy for the training targets is then not binary search but a search biased towards them (RL finds that, and
+  validation pays for it). Holding out whole ranges keeps every training range's targets uniform, so binary search is
+  optimal on training and held-out tasks alike, and validation measures whether the rule carries over to unseen
+  ranges."""
   name = "number_search"
   system_prompt = "Find the hidden number. Call compare with a guess; it says higher, lower or equal."
   tool_schemas = [
@@ -38,8 +54,11 @@ class NumberSearch(Env):
 
   def __init__(self, n: int = 64, max_turns: int | None = None, offsets: tuple[int, ...] = (0,),
                show_interval: bool = False, sizes: tuple[int, ...] | None = None, spare_turns: int = 1,
-               split_fractions: tuple[float, float, float] | None = None):
+               split_fractions: tuple[float, float, float] | None = None, split_by: str = "target"):
     super().__init__()
+    if split_by not in SPLIT_BY:
+      raise ValueError(f"split_by: {split_by!r} is not one of {SPLIT_BY}")
+    self.split_by = split_by
     self.split_fractions = check_split_fractions(SPLIT_FRACTIONS if split_fractions is None else split_fractions)
     sizes = (n,) if sizes is None else tuple(int(s) for s in sizes)
     offsets = tuple(int(o) for o in offsets)
@@ -74,7 +93,7 @@ class NumberSearch(Env):
       for offset in self.offsets:
         for target in range(offset + 1, offset + size + 1):
           # The plain range keeps its original keys (and so its split); offset ranges are new, distinct tasks.
-          key = f"number_search/n{size}/t{target}" if offset == 0 else f"number_search/n{size}/o{offset}/t{target}"
+          key = f"{range_key(size, offset)}/t{target}"
           task = {"env": self.name, "key": key, "n": size, "max_turns": self.turn_budget(size), "target": target}
           if offset:
             task["offset"] = offset
@@ -82,6 +101,12 @@ class NumberSearch(Env):
             task["show_interval"] = True
           pool.append(task)
     return pool
+
+  def split_pool(self, split: str) -> list[Task]:
+    if self.split_by == "target":
+      return super().split_pool(split)
+    return [t for t in self.task_pool()
+            if split_of(range_key(int(t["n"]), int(t.get("offset", 0))), self.split_fractions) == split]
 
   def _reset(self, task: Task) -> str:
     self._target = int(task["target"])
