@@ -47,6 +47,7 @@ def get_config(arg: str | None = None):
     c.critic.init_path = "value_checkpoint"  # an earlier run's `value_init` or final critic
     c.critic.frozen_params = (".*self_attn.*", ".*linear_attn.*", ".*visual.*")
     c.actor.optimizer.learning_rate = 1e-6
+    c.actor.optimizer.schedule = "constant"  # REFERENCE.md: 10 warmup steps, then constant (the toy decays)
     c.critic.optimizer.learning_rate = 5e-6
     c.batching.bucket_lengths = (32768, 65536, 131072)
     c.batching.micro_batch_size = 8

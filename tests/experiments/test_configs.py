@@ -75,6 +75,9 @@ def test_full_variant_is_fully_specified(name):
   assert all(url.startswith("http") for url in config.engine_urls)
   assert config.server.host == "0.0.0.0", "remote workers must reach the trainer"
   assert max(config.learner.batching.bucket_lengths) >= config.rollout.max_total_tokens
+  # The paper's optimiser: actor 1e-6 after 10 warmup steps, constant (only the toy decays its rate).
+  actor = config.learner.actor.optimizer
+  assert (actor.learning_rate, actor.warmup_steps, actor.schedule) == (1e-6, 10, "constant")
   if config.learner.critic.init == "checkpoint":
     assert config.learner.critic.init_path
 
