@@ -1,0 +1,70 @@
+r"""Evaluates one exported policy on every task of an experiment's splits, the way the rollout worker plays them.
+
+    python experiments/evaluate.py --config=experiments/configs/sao_openswe.py:toy \
+        --policy=/tmp/sao_toy/policy/v140 --samples=12            # or --policy=/tmp/sao_toy/base_model
+
+Starts a local JAX engine on the policy, plays each task of `--splits` `--samples` times at the config's
+validation temperature (`--temperature` overrides) with the worker's sampling parameters, harness
+(`rollout.eval_harness`) and episode limits, and prints each split's success rate with its standard error. The
+in-run validation is a sample of this; use it to compare final policies precisely (README, "The toy run").
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # `experiments.configs` imports
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (get_config(arg)).", lock_config=True)
+_POLICY = flags.DEFINE_string("policy", None, "An exported policy directory (HF layout: `<workdir>/policy/vN`, "
+                              "`<workdir>/base_model`).")
+_SAMPLES = flags.DEFINE_integer("samples", 12, "Episodes per task.")
+_SPLITS = flags.DEFINE_list("splits", ["train", "validation", "test"], "Splits to evaluate.")
+_TEMPERATURE = flags.DEFINE_float("temperature", None, "Sampling temperature (default: rollout.eval_temperature).")
+_CONCURRENCY = flags.DEFINE_integer("concurrency", 64, "Concurrent episodes.")
+_OUTPUT = flags.DEFINE_string("output", "", "Also write the results as JSON here.")
+flags.mark_flags_as_required(["config", "policy"])
+
+
+def main(argv):
+  del argv
+  from sao.engines.local_server import start_local_engine  # pylint: disable=g-import-not-at-top
+  from sao.engines.sglang_client import SGLangEngine  # pylint: disable=g-import-not-at-top
+  from sao.models.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  from sao.rollout import agent, evaluation  # pylint: disable=g-import-not-at-top
+
+  config = _CONFIG.value
+  r = config.rollout
+  tokenizer = Tokenizer.from_pretrained(_POLICY.value)  # an export carries its tokenizer
+  temperature = r.eval_temperature if _TEMPERATURE.value is None else _TEMPERATURE.value
+  sampling = evaluation.worker_sampling(tokenizer, r.max_new_tokens, temperature)
+  limits = agent.EpisodeLimits(max_turns=r.max_turns, max_total_tokens=r.max_total_tokens)
+  harness = r.get("eval_harness", "") or (tuple(r.get("harnesses", ()) or ()) or ("xml_json",))[0]
+  kwargs = config.env.kwargs.to_dict() if hasattr(config.env.kwargs, "to_dict") else dict(config.env.kwargs)
+
+  async def run(url):
+    async with SGLangEngine(url) as engine:
+      return await evaluation.evaluate_splits(engine, tokenizer, config.env.name, kwargs, _SPLITS.value,
+                                              _SAMPLES.value, sampling, limits, harness, _CONCURRENCY.value)
+
+  process, url = start_local_engine(_POLICY.value, port=0)
+  with process:
+    results = asyncio.run(run(url))
+  print(f"{_POLICY.value}: {_SAMPLES.value} samples per task, temperature {temperature}, harness {harness}")
+  for split, res in results.items():
+    print(f"  {split:<10} {res.success_rate:.3f} ± {res.stderr:.3f}  ({res.successes}/{res.episodes} episodes, "
+          f"{res.num_tasks} tasks; mean reward {res.mean_reward:.3f}; {res.by_status})")
+  if _OUTPUT.value:
+    with open(_OUTPUT.value, "w") as f:
+      json.dump({s: {"success_rate": r_.success_rate, "stderr": r_.stderr, "episodes": r_.episodes,
+                     "num_tasks": r_.num_tasks, "mean_reward": r_.mean_reward, "by_status": r_.by_status}
+                 for s, r_ in results.items()}, f, indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)
