@@ -1,7 +1,8 @@
 r"""SAO, the stabilized recipe (../shared/REFERENCE.md): critic warm start + 20 warmup steps, critic clip 10, K = 2,
 whitened advantages, DIS window (0.2, 4.0), one rollout per task.
 
-Toy (CPU, a few minutes; supervised warm start → value pretraining → SAO on number search):
+Toy (CPU, ~20 minutes on 2 cores; supervised warm start → value pretraining → 240 SAO steps on number search, whole
+ranges held out for validation and test):
 
     python experiments/train.py --config=experiments/configs/sao_openswe.py:toy --workdir=/tmp/sao_toy
 
