@@ -12,6 +12,6 @@ TOTAL_STEPS = 160  # equal RL budgets (the SAO toy's own default is 240, the GSP
 
 
 def get_sweep() -> list[s.Run]:
-  seeds = s.product(s.zip_(s.sweep("seed", SEEDS), s.sweep("learner.seed", SEEDS)), s.fixed(total_steps=TOTAL_STEPS))
-  return (s.runs("sao", "experiments/configs/sao_openswe.py:toy", seeds, name_keys=("seed",)) +
-          s.runs("gspo", "experiments/configs/gspo_openswe.py:toy", seeds, name_keys=("seed",)))
+  grid = s.product(s.zip_(s.sweep("seed", SEEDS), s.sweep("learner.seed", SEEDS)), s.fixed(total_steps=TOTAL_STEPS))
+  return (s.runs("sao", "experiments/configs/sao_openswe.py:toy", grid, name_keys=("seed",)) +
+          s.runs("gspo", "experiments/configs/gspo_openswe.py:toy", grid, name_keys=("seed",)))

@@ -107,9 +107,13 @@ class Env(abc.ABC):
     return out
 
   def split_pool(self, split: str) -> list[Task]:
-    """Every task of `split` in `task_pool` order; by default a task's split is
-    `split_of(task["key"], self.split_fractions)`."""
-    return [t for t in self.task_pool() if split_of(t["key"], self.split_fractions) == split]
+    """Every task of `split` in `task_pool` order: those with `split_of(self.split_key(task), self.split_fractions)
+    == split`."""
+    return [t for t in self.task_pool() if split_of(self.split_key(t), self.split_fractions) == split]
+
+  def split_key(self, task: Task) -> str:
+    """What decides `task`'s split: its key (tasks that share a split key always share a split)."""
+    return task["key"]
 
   # ----------------------------------------------------------------------------------------------------------------
   # Episode.

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from sao.rollout import tool_format
-from sao.rollout.envs.base import SPLIT_FRACTIONS, Env, Task, check_split_fractions, split_of
+from sao.rollout.envs.base import SPLIT_FRACTIONS, Env, Task, check_split_fractions
 from sao.rollout.envs.registry import register
 from sao.rollout.tool_format import ToolCall
 
@@ -102,11 +102,10 @@ class NumberSearch(Env):
           pool.append(task)
     return pool
 
-  def split_pool(self, split: str) -> list[Task]:
+  def split_key(self, task: Task) -> str:
     if self.split_by == "target":
-      return super().split_pool(split)
-    return [t for t in self.task_pool()
-            if split_of(range_key(int(t["n"]), int(t.get("offset", 0))), self.split_fractions) == split]
+      return super().split_key(task)
+    return range_key(int(task["n"]), int(task.get("offset", 0)))
 
   def _reset(self, task: Task) -> str:
     self._target = int(task["target"])
