@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from experiments.paper import reported  # noqa: E402
 from sao.analysis import figures, tables  # noqa: E402
+from sao.analysis import runs as runs_lib  # noqa: E402
 
 _RUNS = flags.DEFINE_list("runs", None, "name=workdir pairs.")
 _OUT_DIR = flags.DEFINE_string("out_dir", "", "Where to write tables.md and the figures ('' = print only).")
@@ -51,7 +52,7 @@ def _range(values: list[str], flag: str) -> tuple[int, int] | None:
 
 def main(argv):
   del argv
-  runs = [tables.load_run(name, workdir) for name, workdir in parse_runs(_RUNS.value)]
+  runs = [runs_lib.load_run(name, workdir) for name, workdir in parse_runs(_RUNS.value)]
   text = tables.paper_tables(runs, reported.ALL, threshold=_THRESHOLD.value, window=_WINDOW.value,
                              ev_steps=_range(_EV_STEPS.value, "ev_steps"),
                              turns_steps=_range(_TURNS_STEPS.value, "turns_steps"),

@@ -1,6 +1,6 @@
-"""The write-up's figures as PNGs from run logs (`tables.RunLog`) and critic traces (`critic_traces.CriticTrace`).
+"""The write-up's figures as PNGs from run logs (`runs.RunLog`) and critic traces (`critic_traces.CriticTrace`).
 
-  Figure 1  cost ratios, GSPO = 100 (`plot_costs`, numbers from `tables.cost_ratios`)
+  Figure 1  cost ratios, GSPO = 100 (`plot_costs`, numbers from `runs.cost_ratios`)
   Figure 2  reward, validation, response length, turns over RL steps, one line per run (`plot_behaviour`)
   Figure 3  the same over normalised time (`plot_behaviour(..., axis="time")`; `tables.normalized_hours`)
   Figure 4  initial vs stabilized recipe: reward, validation, turns, response length, critic EV (`plot_recipes`)
@@ -23,7 +23,7 @@ import numpy as np
 from sao.analysis import critic_diagnostics as diag
 from sao.analysis.critic_traces import CriticTrace
 from sao.analysis.curves import plot_training_curves, running_mean
-from sao.analysis.tables import EV_KEY, METRICS_FILE, RunLog, cost_ratios, normalized_hours, selected_examples
+from sao.analysis.runs import EV_KEY, METRICS_FILE, RunLog, cost_ratios, normalized_hours, selected_examples
 
 BEHAVIOUR_PANELS = (("reward", "reward"), ("validation", "validation success"),
                     ("response_length", "response length (action tokens)"), ("turns", "assistant turns"))

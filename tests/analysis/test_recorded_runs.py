@@ -12,19 +12,19 @@ import os
 import pytest
 
 from experiments.paper import reported
-from sao.analysis import figures, tables
+from sao.analysis import figures, runs, tables
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 
 
 @pytest.fixture(scope="module")
 def sao():
-  return tables.load_run("sao", os.path.join(DATA, "sao_toy"))
+  return runs.load_run("sao", os.path.join(DATA, "sao_toy"))
 
 
 def test_recorded_sao_run_tables(sao):
   assert sao.step_offset == 10  # value pretraining
-  v = tables.validation_summary(sao)
+  v = runs.validation_summary(sao)
   assert (round(v.first, 1), round(v.best, 1), v.best_step, v.count) == (39.8, 69.5, 141, 14)
   text = tables.paper_tables([sao], reported.ALL, tables=[1, 3, 5])
   assert "| sao | 39.8 | 64.0 | 69.5 | 68.60 | 141 | 63.3 | — | 64.8 | — |" in text
@@ -48,7 +48,7 @@ def test_recorded_runs_figures(sao, tmp_path):
 
 
 def test_recorded_sao_vs_gspo(sao):
-  gspo = tables.load_run("gspo", os.path.join(DATA, "gspo_toy"))
+  gspo = runs.load_run("gspo", os.path.join(DATA, "gspo_toy"))
   text = tables.paper_tables([sao, gspo], reported.ALL, threshold=60.0, tables=[1, 2, 3])
   assert "| gspo | 49.2 | 64.0 | 61.7 | 70.40 | 151 | 61.7 | — | 58.4 | — |" in text
   assert "| sao | 141 | 9,088 | 12,800 | 91 | 5,888 | 7.3 |" in text

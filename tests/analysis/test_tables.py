@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from experiments.paper import reported
-from sao.analysis import tables
+from sao.analysis import runs, tables
 
 
 def _write(workdir, records):
@@ -29,35 +29,35 @@ def _sao_log(tmp_path, name="sao"):
                     "critic/explained_variance": 0.01 * t})
   for logged, value in [(2, 0.5), (15, 0.6), (25, 0.7), (35, 0.65), (45, 0.7), (54, 0.6)]:
     records.append({"step": logged, "validation": value, "validation/policy_version": 0})
-  return tables.load_run(name, _write(tmp_path / name, records))
+  return runs.load_run(name, _write(tmp_path / name, records))
 
 
 def _gspo_log(tmp_path):
   records = [{"step": s, "batch/num_trajectories": 32.0, "dropped": 0.0, "turns": 10.0, "reward": 0.25}
              for s in range(30)]
   records += [{"step": 0, "validation": 0.5}, {"step": 10, "validation": 0.8}]
-  return tables.load_run("gspo", _write(tmp_path / "gspo", records))
+  return runs.load_run("gspo", _write(tmp_path / "gspo", records))
 
 
 def test_rl_steps_and_validation_summary(tmp_path):
   run = _sao_log(tmp_path)
   assert run.step_offset == 5
-  v = tables.validation_summary(run)
+  v = runs.validation_summary(run)
   assert (v.first, v.best, v.best_step, v.final, v.count) == (50.0, 70.0, 20, 60.0, 6)
   assert v.last_five_mean == pytest.approx(np.mean([60, 70, 65, 70, 60]))
   # RL steps 0..20: 21 × 8 trained + 1 dropped; value-pretraining batches are not counted.
-  assert tables.trajectories_through(run, v.best_step) == 21 * 8 + 1
-  assert tables.first_step_reaching(run, 65.0) == 20
-  assert tables.first_step_reaching(run, 55.0) == 10
-  assert tables.first_step_reaching(run, 90.0) is None
+  assert runs.trajectories_through(run, v.best_step) == 21 * 8 + 1
+  assert runs.first_step_reaching(run, 65.0) == 20
+  assert runs.first_step_reaching(run, 55.0) == 10
+  assert runs.first_step_reaching(run, 90.0) is None
 
 
 def test_windows_and_ranges(tmp_path):
   run = _sao_log(tmp_path)
-  assert tables.window_mean(run, "turns", 20) == pytest.approx(9.5)  # pretraining's 99s are excluded
-  assert tables.window_mean(run, "turns", 20, last=True) == pytest.approx(39.5)
-  assert tables.range_mean(run, tables.EV_KEY, 10, 20) == pytest.approx(0.15)
-  assert np.isnan(tables.range_mean(run, tables.EV_KEY, 100, 200))
+  assert runs.window_mean(run, "turns", 20) == pytest.approx(9.5)  # pretraining's 99s are excluded
+  assert runs.window_mean(run, "turns", 20, last=True) == pytest.approx(39.5)
+  assert runs.range_mean(run, runs.EV_KEY, 10, 20) == pytest.approx(0.15)
+  assert np.isnan(runs.range_mean(run, runs.EV_KEY, 100, 200))
 
 
 def test_paper_tables_side_by_side(tmp_path):
@@ -95,10 +95,10 @@ def test_applications_reported_columns(tmp_path):
 
 def test_errors_name_the_run(tmp_path):
   with pytest.raises(FileNotFoundError, match="run 'x'.*has no metrics.jsonl"):
-    tables.load_run("x", str(tmp_path))
+    runs.load_run("x", str(tmp_path))
   _write(tmp_path / "empty", [])
   with pytest.raises(ValueError, match="run 'e'.*no metric records"):
-    tables.load_run("e", str(tmp_path / "empty"))
+    runs.load_run("e", str(tmp_path / "empty"))
   with pytest.raises(ValueError, match="duplicate"):
     run = _gspo_log(tmp_path)
     tables.paper_tables([run, run], reported.ALL)
@@ -108,7 +108,7 @@ def test_torn_last_line_is_ignored(tmp_path):
   workdir = _write(tmp_path / "torn", [{"step": 0, "validation": 0.25}])
   with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
     f.write('{"step": 1, "valid')
-  assert tables.validation_summary(tables.load_run("torn", workdir)).best == 25.0
+  assert runs.validation_summary(runs.load_run("torn", workdir)).best == 25.0
 
 
 def test_reproduce_cli(tmp_path):
@@ -133,8 +133,8 @@ def test_progress_rows_repeating_validation_are_not_evaluations(tmp_path):
   # Evaluations at steps 0, 10, 20 (with their record key); progress rows in between repeat the latest value.
   records = []
   for step, value in ((0, 0.2), (10, 0.6), (20, 0.4)):
-    records.append({"step": step, "validation": value, tables.EVAL_RECORD_KEY: 64.0})
+    records.append({"step": step, "validation": value, runs.EVAL_RECORD_KEY: 64.0})
     records += [{"step": step + i, "validation": value, "reward": 0.5} for i in range(10)]
-  v = tables.validation_summary(tables.load_run("r", _write(tmp_path / "r", records)))
+  v = runs.validation_summary(runs.load_run("r", _write(tmp_path / "r", records)))
   assert v.count == 3 and v.best == 60.0 and v.best_step == 10 and v.final == 40.0
   assert v.last_five_mean == pytest.approx(40.0)  # mean of the three evaluations, not the last value five times

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from experiments.paper import reported
-from sao.analysis import critic_traces, figures, tables
+from sao.analysis import critic_traces, figures, runs, tables
 
 
 def _trace(step, kind, action_values, boundaries, reward=None, gap=1):
@@ -46,7 +46,7 @@ def _write_run(tmp_path, name, records, traces=()):
   with open(workdir / "metrics.jsonl", "w") as f:
     f.write("".join(json.dumps(r) + "\n" for r in records))
   critic_traces.TraceWriter(str(workdir)).write(list(traces))
-  return tables.load_run(name, str(workdir))
+  return runs.load_run(name, str(workdir))
 
 
 def _records(num_steps, seconds_per_step, batch, best_step, critic=True, pretrain=0):
@@ -56,11 +56,11 @@ def _records(num_steps, seconds_per_step, batch, best_step, critic=True, pretrai
     r = {"step": pretrain + t, "time": 1000.0 + seconds_per_step * t, "phase/rl": 1.0, "reward": 0.1 + 0.01 * t,
          "batch/num_trajectories": float(batch), "dropped": 0.0, "turns": 3.0, "response_length": 20.0}
     if critic:
-      r.update({tables.EV_KEY: 0.01 * t, "advantages/mean_before_whiten": 0.0, "critic/grad_norm": 2.0,
+      r.update({runs.EV_KEY: 0.01 * t, "advantages/mean_before_whiten": 0.0, "critic/grad_norm": 2.0,
                 "actor/grad_norm": 0.5})
     records.append(r)
   for t in range(0, num_steps, 5):
-    records.append({"step": pretrain + t, "time": 1000.0 + seconds_per_step * t, tables.EVAL_RECORD_KEY: 64.0,
+    records.append({"step": pretrain + t, "time": 1000.0 + seconds_per_step * t, runs.EVAL_RECORD_KEY: 64.0,
                     "validation": 0.9 if t == best_step else 0.5})
   return records
 
@@ -113,7 +113,7 @@ def test_critic_table_known_answers(tmp_path):
       # Logged steps include 4 value-pretraining steps: step 14 is RL step 10.
       *[critic_traces.CriticTrace(**{**t.__dict__, "step": t.step + 4}) for t in _traces()]])
   assert sorted({t.step for t in run.traces}) == [0, 10, 20]
-  success, failure = tables.selected_examples(run.traces)
+  success, failure = runs.selected_examples(run.traces)
   assert (success.step, failure.step) == (10, 10)  # the last step with both kinds
   text = tables.critic_table(run, reported.ALL)
   assert "| sao: 5 traces, 17 action tokens | this run | reported |" in text
@@ -134,10 +134,10 @@ def test_cost_ratios_and_normalized_time(tmp_path):
   # 6 × 32 = 192.
   sao = _write_run(tmp_path, "sao", _records(20, 3.0, 8, 10, pretrain=2))
   gspo = _write_run(tmp_path, "gspo", _records(20, 6.0, 32, 5, critic=False))
-  hours = tables.normalized_hours(sao)
+  hours = runs.normalized_hours(sao)
   assert hours[0] == 0.0 and hours[10] == pytest.approx(30.0 / 3600) and -1 not in hours
-  assert tables.step_seconds(sao) == pytest.approx(3.0)
-  costs = tables.cost_ratios(sao, gspo, reported.ALL)
+  assert runs.step_seconds(sao) == pytest.approx(3.0)
+  costs = runs.cost_ratios(sao, gspo, reported.ALL)
   assert costs["trajectories to best"][0] == pytest.approx(100 * 88 / 192)
   assert costs["trajectories to best"][1] == pytest.approx(100 * 12_800 / 48_600)
   assert costs["step duration"] == (pytest.approx(50.0), pytest.approx(100 / 5.36))
