@@ -37,7 +37,7 @@ def get_config(arg: str | None = None):
   c.actor.optimizer.clip_norm = 1.0
   c.critic.optimizer.clip_norm = 10.0
   if variant == "toy":
-    # Validation still rose after 160 RL steps with the decaying actor LR (README, runs P and R): +28 points over the
+    # Validation still rose after 160 RL steps with the decaying actor LR (docs/results.md, run R): +28 points over the
     # base policy's after 240 (the GSPO toy keeps the shared 160).
     config.total_steps = 240
   if variant == "full":
