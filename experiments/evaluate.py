@@ -6,7 +6,7 @@ r"""Evaluates one exported policy on every task of an experiment's splits, the w
 Starts a local JAX engine on the policy, plays each task of `--splits` `--samples` times at the config's
 validation temperature (`--temperature` overrides) with the worker's sampling parameters, harness
 (`rollout.eval_harness`) and episode limits, and prints each split's success rate with its standard error. The
-in-run validation is a sample of this; use it to compare final policies precisely (README, "The toy run").
+in-run validation is a sample of this; use it to compare final policies precisely (docs/results.md).
 """
 from __future__ import annotations
 

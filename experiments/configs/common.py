@@ -100,7 +100,7 @@ def base_config() -> ml_collections.ConfigDict:
           # tiny policy). Whole ranges are held out (`split_by="range"`): training on 1..9, 1..10, 1..11, 1..15,
           # 1..16 (61 tasks), validating on 1..8 and 1..13 (21), testing on 1..12 and 1..14 (26). Holding out
           # targets of the training ranges instead rewards a search biased towards the training targets, which
-          # validation then pays for (README, "The toy run").
+          # validation then pays for (docs/results.md).
           kwargs=dict(n=16, sizes=tuple(range(8, 17)), offsets=(0,), show_interval=True, spare_turns=0,
                       split_fractions=(0.5, 0.3, 0.2), split_by="range"),
           num_train_tasks=4096,  # the training task list (the split's pool, cycled)

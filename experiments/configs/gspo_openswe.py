@@ -29,7 +29,7 @@ def get_config(arg: str | None = None):
   config.rollout.batch_size = 64  # 8 tasks × 8 rollouts
   # At the SAO toy's 4e-4 the toy GSPO run collapsed at RL step ≈ 60 (trainer/rollout log-prob mismatch 0.007 →
   # 0.55 in one step, reward → 0): with one update per batch the sequence clip never binds, and GSPO has no
-  # token-level mask like SAO's DIS. Half that rate, constant (as measured in the README; REFERENCE.md's schedule).
+  # token-level mask like SAO's DIS. Half that rate, constant (docs/results.md; the schedule of docs/algorithm.md).
   c.actor.optimizer.learning_rate = 2e-4
   c.actor.optimizer.schedule = "constant"
   if variant == "full":

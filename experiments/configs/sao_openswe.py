@@ -1,4 +1,4 @@
-r"""SAO, the stabilized recipe (../shared/REFERENCE.md): critic warm start + 20 warmup steps, critic clip 10, K = 2,
+r"""SAO, the stabilized recipe (docs/algorithm.md): critic warm start + 20 warmup steps, critic clip 10, K = 2,
 whitened advantages, DIS window (0.2, 4.0), one rollout per task.
 
 Toy (CPU, ~20 minutes on 2 cores; supervised warm start → value pretraining → 240 SAO steps on number search, whole
@@ -37,7 +37,7 @@ def get_config(arg: str | None = None):
   c.actor.optimizer.clip_norm = 1.0
   c.critic.optimizer.clip_norm = 10.0
   if variant == "toy":
-    # Validation still rose after 160 RL steps with the decaying actor LR (README, runs P and R): +28 points over the
+    # Validation still rose after 160 RL steps with the decaying actor LR (docs/results.md, run R): +28 points over the
     # base policy's after 240 (the GSPO toy keeps the shared 160).
     config.total_steps = 240
   if variant == "full":
@@ -52,7 +52,7 @@ def get_config(arg: str | None = None):
     c.critic.init_path = "value_checkpoint"  # an earlier run's `value_init` or final critic
     c.critic.frozen_params = (".*self_attn.*", ".*linear_attn.*", ".*visual.*")
     c.actor.optimizer.learning_rate = 1e-6
-    c.actor.optimizer.schedule = "constant"  # REFERENCE.md: 10 warmup steps, then constant (the toy decays)
+    c.actor.optimizer.schedule = "constant"  # docs/algorithm.md: 10 warmup steps, then constant (the toy decays)
     c.critic.optimizer.learning_rate = 5e-6
     c.batching.bucket_lengths = (32768, 65536, 131072)
     c.batching.micro_batch_size = 8

@@ -1,4 +1,4 @@
-r"""SAO, the write-up's *initial* recipe (REFERENCE.md, "Stabilized vs initial recipe"): no critic warm start (the
+r"""SAO, the write-up's *initial* recipe (docs/algorithm.md, "The recipes"): no critic warm start (the
 critic starts from the policy backbone with a fresh value head, no value pretraining), 10 critic warmup steps,
 critic gradient clipping 1, no advantage whitening. Otherwise as `sao_openswe.py` (K = 2, DIS window (0.2, 4.0)).
 The write-up's initial run kept earning reward while its turn count exploded; this config reproduces that ablation.

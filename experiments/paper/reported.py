@@ -1,4 +1,4 @@
-"""The write-up's reported numbers (REFERENCE.md, "Published results"; Qwen3.5-35B-A3B, OpenHands SDK, OpenSWE).
+"""The write-up's reported numbers (docs/algorithm.md, "reported numbers"; Qwen3.5-35B-A3B, OpenHands SDK, OpenSWE).
 
 Percentages are resolved-task rates in %, as published. Run names match the experiment configs
 (`experiments/configs/<name>.py`) and the `--runs=name=workdir` names `experiments/reproduce.py` recognises.

@@ -1,4 +1,4 @@
-"""Per-token critic value inspection (REFERENCE.md, "Per-token value inspection"), pure numpy.
+"""Per-token critic value inspection (docs/algorithm.md, "The write-up's reported numbers"), pure numpy.
 
 Inputs are one trace's per-token critic values `values: [T] float`, its `action_mask: [T] bool` (1 on model-action
 tokens) and `turn_boundaries` (token offsets where each message starts, as in the trajectory record). Only action

@@ -1,6 +1,6 @@
 """Advantages for agentic RL: skip-observation GAE, per-sequence λ, reward placement, whitening, group advantages.
 
-Notation (../shared/REFERENCE.md): `B` sequences, `T` tokens, `m = action_mask [B, T]` with 1 on model-action tokens
+Notation (docs/algorithm.md): `B` sequences, `T` tokens, `m = action_mask [B, T]` with 1 on model-action tokens
 (sampled by the policy) and 0 on prompt, template, tool-observation and padding tokens. Tool observations are context
 the model sees, never tokens it is trained on, so GAE *bridges* them: the recursion runs over action tokens only.
 
@@ -44,7 +44,7 @@ def _linear_recurrence_reverse(a: jax.Array, b: jax.Array) -> jax.Array:
 
 
 def _gae_scan(rewards, values, mask, gamma, lam, chunk: int = 128):
-  """The reference recursion of REFERENCE.md as a two-level reverse `lax.scan`. Arrays are `[B, T]`.
+  """The reference recursion of docs/algorithm.md as a two-level reverse `lax.scan`. Arrays are `[B, T]`.
 
   A plain scan over `T` steps of `[B]` vectors leaves the CPU/TPU vector units idle and pays the loop overhead `T`
   times. Instead `T` is cut into `K = T/L` chunks of `L = chunk` tokens and one reverse scan of `L` steps runs over

@@ -2,7 +2,7 @@
 
 `default_learner_config()` returns a locked ConfigDict (assigning an unknown attribute raises). Experiments override
 fields and call `validate_learner_config(config)`, which rejects unknown keys, wrong types and out-of-range values
-with a `ValueError` naming the dotted key (e.g. `actor.optimizer.learning_rate`). Defaults follow REFERENCE.md's
+with a `ValueError` naming the dotted key (e.g. `actor.optimizer.learning_rate`). Defaults follow docs/algorithm.md's
 stabilized SAO recipe (SWE/coding settings).
 """
 from __future__ import annotations

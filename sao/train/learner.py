@@ -1,6 +1,6 @@
 """The learner: actor (+ critic) state on a mesh and one `update(batch)` per training step.
 
-SAO (`_update_sao`, REFERENCE.md's stabilized recipe):
+SAO (`_update_sao`, docs/algorithm.md's stabilized recipe):
   1. V⁰ = critic(batch);  R = GAE(r, V⁰, γ, λ_critic) + V⁰ (γ = λ_critic = 1: Monte-Carlo returns, never whitened)
   2. K critic steps on ½(V − R)²
   3. V¹ = critic(batch);  A = GAE(r, V¹, γ, λ_b = 1 − 1/(α·l_b));  A ← whiten_m(A) (config flag)

@@ -24,7 +24,7 @@ _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
 class Status(enum.StrEnum):
-  """How an episode ended. Only `ok` and `truncated` episodes are trained on (REFERENCE.md)."""
+  """How an episode ended. Only `ok` and `truncated` episodes are trained on (docs/algorithm.md)."""
   OK = "ok"
   TIMEOUT = "timeout"
   ENV_ERROR = "env_error"
@@ -199,7 +199,7 @@ class Trajectory:
 
   @property
   def is_trainable(self) -> bool:
-    """Timeouts and environment failures are dropped, not trained on (REFERENCE.md)."""
+    """Timeouts and environment failures are dropped, not trained on (docs/algorithm.md)."""
     return self.status in (Status.OK, Status.TRUNCATED)
 
   def reward_token_index(self) -> int:

@@ -1,9 +1,9 @@
 """Tables and figures from real recorded toy runs (`tests/analysis/data/`, trimmed to the keys the analysis reads).
 
-`sao_toy`: run H in the README (`sao_openswe.py:toy` as it was then: held-out targets, constant actor LR; 160 RL
+`sao_toy`: run H of docs/results.md (`sao_openswe.py:toy` as it was then: held-out targets, constant actor LR; 160 RL
 steps after 10 value-pretraining steps, critic traces every 10 steps; one 128-episode base evaluation);
 `gspo_toy`: `gspo_openswe.py:toy` from the `toy_sao_vs_gspo` sweep — the same toy settings and base model. These
-are the README's numbers: a change to the analysis that moves them shows up here.
+are docs/results.md's numbers: a change to the analysis that moves them shows up here.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Plain float64 NumPy references written from the equations in ../shared/REFERENCE.md, loop by loop."""
+"""Plain float64 NumPy references written from the equations in docs/algorithm.md, loop by loop."""
 import numpy as np
 
 

@@ -1,4 +1,4 @@
-"""Every shipped experiment config: every variant loads, validates, and carries the recipe REFERENCE.md states."""
+"""Every shipped experiment config: every variant loads, validates, and carries the recipe docs/algorithm.md states."""
 from __future__ import annotations
 
 import importlib

@@ -192,7 +192,7 @@ def test_partition_specs_and_sharded_forward():
 
 
 def test_seed_config_shapes_and_config_errors():
-  """Qwen3.5-35B-A3B's config (REFERENCE.md facts) read through its multimodal wrapper: 30 Gated DeltaNet + 10 full
+  """Qwen3.5-35B-A3B's config (docs/models.md facts) read through its multimodal wrapper: 30 Gated DeltaNet + 10 full
   attention layers, rotary dim 64 of 256, ~35 B parameters (abstract shapes only, nothing allocated)."""
   text = dict(
       model_type="qwen3_5_moe_text", vocab_size=248320, hidden_size=2048, num_hidden_layers=40, num_attention_heads=16,

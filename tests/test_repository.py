@@ -1,0 +1,52 @@
+"""The repository stands on its own: no tracked file names a path outside it (the docs it needs are in docs/)."""
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+THIS_FILE = pathlib.Path(__file__).resolve()
+# Paths that exist only on the machine the project was developed on, never in a clone.
+OUTSIDE_PATHS = ("../shared", "REFERENCE.md", "/work/", "seed/000")
+
+
+def tracked_files() -> list[pathlib.Path]:
+  """`git ls-files` of the repository; every file under it (but .git) when it is not a git checkout."""
+  try:
+    listing = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+  except (OSError, subprocess.CalledProcessError):
+    return [pathlib.Path(d, f) for d, dirs, files in os.walk(ROOT) if ".git" not in pathlib.Path(d).parts
+            for f in files]
+  return [ROOT / name for name in listing.decode().split("\0") if name]
+
+
+def outside_references(paths: list[pathlib.Path], root: pathlib.Path = ROOT) -> list[str]:
+  """`path:line: pattern` (path relative to `root`) for every line of `paths` that names one of `OUTSIDE_PATHS`."""
+  found = []
+  for path in paths:
+    if path.resolve() == THIS_FILE or not path.is_file():
+      continue
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    for number, line in enumerate(text.splitlines(), 1):
+      found += [f"{path.relative_to(root)}:{number}: {p}" for p in OUTSIDE_PATHS if p in line]
+  return found
+
+
+def test_lists_the_repository():
+  names = {p.relative_to(ROOT).as_posix() for p in tracked_files()}
+  assert {"README.md", "docs/algorithm.md", "sao/core/advantages.py"} <= names
+
+
+def test_no_file_names_a_path_outside_the_repository():
+  found = outside_references(tracked_files())
+  assert not found, "files name paths outside the repository (point them at docs/ instead):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("line, pattern", [("see ../shared/DESIGN.md", "../shared"),
+                                           ("formulas in REFERENCE.md", "REFERENCE.md"), ("cd /work/main", "/work/"),
+                                           ("the write-up seed/000_x.txt", "seed/000")])
+def test_detects_each_outside_path(tmp_path, line, pattern):
+  probe = tmp_path / "notes.md"
+  probe.write_text(f"a clean line\n{line}\n")
+  assert outside_references([probe], root=tmp_path) == [f"notes.md:2: {pattern}"]
