@@ -24,6 +24,8 @@ KNOWN_SAMPLING_KEYS = frozenset({"max_new_tokens", "temperature", "top_p", "top_
 MIN_TEMPERATURE = 1e-5
 # float32 must represent τ (and 1/τ stays finite above MIN_TEMPERATURE).
 MAX_TEMPERATURE = 1e6
+# Integer fields become int32 in the sampler: larger values are refused, not wrapped (in-range ones are clamped).
+MAX_INT32 = 2**31 - 1
 
 
 class RequestError(ValueError):
@@ -53,6 +55,8 @@ def _int_field(params: Mapping[str, Any], name: str, default: int) -> int:
   value = params.get(name, default)
   if not _is_int(value):
     raise RequestError(f"sampling_params.{name}: expected an integer, got {value!r}")
+  if abs(value) > MAX_INT32:
+    raise RequestError(f"sampling_params.{name}: {value} is out of range (|value| <= {MAX_INT32})")
   return value
 
 
@@ -92,8 +96,8 @@ def check_row(where: str, input_ids: Any, params: Any, limits: RowLimits) -> tup
   """Validates one prompt + sampling_params dict. Returns (prompt [P] int32, SamplingParams) ready to batch.
 
   `where` names the prompt in messages (`input_ids` or `input_ids[3]`). `max_new_tokens` is clamped so prompt +
-  completion fits the context (the completion then ends with finish reason `length`); `top_k` ≤ 0 or -1 turns
-  truncation off and values above the vocabulary keep the whole vocabulary.
+  completion fits the context (the completion then ends with finish reason `length`); `top_k` 0 or -1 turns
+  truncation off and values above the vocabulary keep the whole vocabulary. Integers beyond int32 are refused.
   """
   prompt = token_ids(where, input_ids, limits.vocab_size)
   if prompt.size >= limits.context_length:
