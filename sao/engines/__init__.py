@@ -1,2 +1,3 @@
 """Inference engines behind SGLang's HTTP contract: the client (`sglang_client`) and the local JAX engine
-(`local_server`, run with `python -m sao.engines.serve`)."""
+(`local_engine` batching core, `http_app` HTTP API, `request_checks` per-request validation, `auth` tokens;
+`local_server` launches it as a process running `python -m sao.engines.serve`)."""

@@ -2,7 +2,10 @@
 
   python -m sao.engines.serve --model_path=/path/to/hf_dir --port=30000 [--host=127.0.0.1]
 
-Binds 127.0.0.1 unless told otherwise. `--port=0` takes a free port. When it is serving it prints one line,
+Binds 127.0.0.1 unless told otherwise; a non-loopback `--host` needs a token (`--api_key`, or the environment
+variable `SAO_ENGINE_API_KEY`, which keeps it off the command line), which every request but `/health` must then
+send as `Authorization: Bearer <token>` (`SGLangEngine(url, api_key=...)` does; see `sao.engines.auth`).
+`--port=0` takes a free port. When it is serving it prints one line,
 `SAO_ENGINE_READY url=http://HOST:PORT`, which `local_server.start_local_engine` waits for.
 """
 from __future__ import annotations
@@ -14,13 +17,16 @@ import signal
 from absl import app, flags
 from aiohttp import web
 
-from sao.engines import lifetime
-from sao.engines import local_server
+from sao.engines import auth, lifetime, local_server
+from sao.engines.http_app import build_app
+from sao.engines.local_engine import EngineConfig, LocalEngine
 
 _MODEL_PATH = flags.DEFINE_string("model_path", None, "HF checkpoint directory (config.json + safetensors; a "
                                   "tokenizer there supplies the eos stop ids and response text).", required=True)
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Interface to bind.")
 _PORT = flags.DEFINE_integer("port", 30000, "Port to bind (0: any free port).")
+_API_KEY = flags.DEFINE_string("api_key", None, "Shared-secret token clients must send as 'Authorization: Bearer "
+                                f"<token>' (default: ${auth.API_KEY_ENV}); required for a non-loopback --host.")
 _WEIGHT_VERSION = flags.DEFINE_string("weight_version", "0", "Initial weight version reported in responses.")
 _BATCH_WINDOW_MS = flags.DEFINE_float("batch_window_ms", 5.0, "Dynamic batching: how long to gather rows.")
 _MAX_BATCH_SIZE = flags.DEFINE_integer("max_batch_size", 128, "Rows per batch (1 disables batching).")
@@ -37,9 +43,9 @@ def _buckets(values: list[str] | None, default: tuple[int, ...]) -> tuple[int, .
   return default if not values else tuple(sorted(int(v) for v in values))
 
 
-async def _serve(engine_config: local_server.EngineConfig) -> None:
-  engine = local_server.LocalEngine(_MODEL_PATH.value, engine_config, weight_version=_WEIGHT_VERSION.value)
-  runner = web.AppRunner(local_server.build_app(engine), access_log=None)
+async def _serve(engine_config: EngineConfig, api_key: str | None) -> None:
+  engine = LocalEngine(_MODEL_PATH.value, engine_config, weight_version=_WEIGHT_VERSION.value)
+  runner = web.AppRunner(build_app(engine, api_key=api_key), access_log=None)
   await runner.setup()
   site = web.TCPSite(runner, _HOST.value, _PORT.value)
   await site.start()
@@ -57,18 +63,20 @@ def main(argv: list[str]) -> None:
   del argv
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
   lifetime.exit_with_parent()  # started by a launcher: end with it
+  api_key = auth.token_from_env(_API_KEY.value)
+  auth.require_token_for_bind(_HOST.value, api_key, "sao.engines.serve")  # before the slow model load
   if _COMPILATION_CACHE_DIR.value:
     import jax
     jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE_DIR.value)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-  defaults = local_server.EngineConfig()
-  config = local_server.EngineConfig(
+  defaults = EngineConfig()
+  config = EngineConfig(
       batch_window_ms=_BATCH_WINDOW_MS.value, max_batch_size=_MAX_BATCH_SIZE.value,
       prompt_buckets=_buckets(_PROMPT_BUCKETS.value, defaults.prompt_buckets),
       batch_buckets=_buckets(_BATCH_BUCKETS.value, defaults.batch_buckets),
       new_token_buckets=_buckets(_NEW_TOKEN_BUCKETS.value, defaults.new_token_buckets),
       seed=_SEED.value, dtype=_DTYPE.value)
-  asyncio.run(_serve(config))
+  asyncio.run(_serve(config, api_key))
 
 
 if __name__ == "__main__":

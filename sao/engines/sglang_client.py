@@ -17,6 +17,9 @@ Failure policy: a connection error or a 5xx is retried `max_retries` times with 
 doubling, capped at `max_backoff_s`), then raises `EngineUnavailableError`; a 4xx raises `EngineError` at once with
 the endpoint, status and the server's message; a request that exceeds `timeout_s` raises `EngineTimeoutError`
 (not retried: the server may still be working on it, and the caller owns the deadline).
+
+Auth: with `api_key` (default: `$SAO_ENGINE_API_KEY`, see `sao.engines.auth`) every request carries
+`Authorization: Bearer <api_key>`, which a server started with a token requires (SGLang's `--api-key` too).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from typing import Any, Mapping, Sequence
 
 import aiohttp
 
+from sao.engines import auth
 from sao.models.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -141,10 +145,11 @@ def error_message(body: Any, text: str) -> str:
 
 class SGLangEngine:
   """Client for one SGLang-compatible server. Use as `async with SGLangEngine(url) as engine: ...` or call
-  `close()`; the aiohttp session is created lazily in the running event loop."""
+  `close()`; the aiohttp session is created lazily in the running event loop. `api_key`: the server's token
+  (None: `$SAO_ENGINE_API_KEY` if set, else no Authorization header)."""
 
   def __init__(self, base_url: str, timeout_s: float = 300.0, max_retries: int = 3, backoff_s: float = 0.2,
-               max_backoff_s: float = 5.0, connection_limit: int = 512):
+               max_backoff_s: float = 5.0, connection_limit: int = 512, api_key: str | None = None):
     if max_retries < 0:
       raise ValueError(f"max_retries: must be >= 0, got {max_retries}")
     if timeout_s <= 0:
@@ -155,6 +160,8 @@ class SGLangEngine:
     self.backoff_s = float(backoff_s)
     self.max_backoff_s = float(max_backoff_s)
     self.connection_limit = int(connection_limit)
+    api_key = auth.token_from_env(api_key)
+    self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     self._session: aiohttp.ClientSession | None = None
 
   async def __aenter__(self) -> SGLangEngine:
@@ -170,7 +177,8 @@ class SGLangEngine:
 
   def _get_session(self) -> aiohttp.ClientSession:
     if self._session is None or self._session.closed:
-      self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.connection_limit))
+      self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.connection_limit),
+                                            headers=self._headers)
     return self._session
 
   async def request(self, method: str, endpoint: str, payload: Any = None, timeout_s: float | None = None,

@@ -17,31 +17,42 @@ How external coding-agent scaffolds are trained without re-tokenising their tran
 
 `trajectories(session_id)` (HTTP: `GET /sessions/<id>/trajectory`) returns one `Trajectory` per segment.
 Sessions are independent; requests within one session are serialised.
+
+Bad input and load: a malformed request (`sao.rollout.proxy_checks`), a prompt longer than `context_length`, or a
+request the engine refuses as invalid (HTTP 4xx) is answered 400 in OpenAI's error shape and leaves the session as it
+was (nothing recorded; the segment is not marked `env_error`). Only an engine failure (5xx, no answer, an unusable
+result) answers 502 and marks the segment `env_error`. Live sessions are bounded: at most `max_sessions`, a session
+idle for `session_idle_s` is dropped, and when full the least recently used idle session is evicted (503 if every
+session is mid-request).
+
+Auth: `serve()` binds loopback by default; a non-loopback host needs `api_key`, which every request must then send as
+`Authorization: Bearer <api_key>` (the OpenAI client sends its `api_key` that way), see `sao.engines.auth`.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import json
 import logging
 import time
 import uuid
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from aiohttp import web
 
+from sao.engines import auth
 from sao.engines.sglang_client import EngineError
-from sao.models.sampling import SamplingParams
 from sao.models.tokenizer import ChatTemplateError, Tokenizer
 from sao.rollout import tool_format
 from sao.rollout.agent import Engine, TokenStream, message_boundaries, parse_weight_version
+from sao.rollout.proxy_checks import ChatRequest, ProxyRequestError, check_chat_request, openai_error
 from sao.transport.trajectory import Status, Trajectory
 
 log = logging.getLogger(__name__)
 
-
-class ProxyRequestError(ValueError):
-  """A chat request the proxy cannot serve (HTTP 400)."""
+# Engine answers that mean "this request is invalid" (the client's fault, e.g. a prompt beyond the context).
+_CLIENT_ERROR_STATUSES = (400, 413, 422)
 
 
 def _text(content: Any) -> str:
@@ -88,10 +99,35 @@ class Segment(TokenStream):
   metadata: dict[str, str] = dataclasses.field(default_factory=dict)
   generate_s: float = 0.0
 
+  def checkpoint(self) -> tuple:
+    """What `rollback` needs to undo a request that failed (messages, seen and pending_close are replaced by a
+    request, never mutated; the token lists only grow)."""
+    return (len(self.token_ids), len(self.boundaries), len(self.versions), self.messages, self.seen,
+            self.pending_close, self.num_turns, self.status)
+
+  def rollback(self, checkpoint: tuple) -> None:
+    (n_tokens, n_boundaries, n_versions, self.messages, self.seen, self.pending_close, self.num_turns,
+     self.status) = checkpoint
+    del self.token_ids[n_tokens:], self.action_mask[n_tokens:], self.logprobs[n_tokens:]
+    del self.boundaries[n_boundaries:], self.versions[n_versions:]
+
+
 @dataclasses.dataclass
 class Session:
   segments: list[Segment] = dataclasses.field(default_factory=list)
   lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+  last_used: float = 0.0
+
+
+def _is_client_error(e: EngineError) -> bool:
+  return e.status in _CLIENT_ERROR_STATUSES
+
+
+def _engine_refusal(e: EngineError) -> ProxyRequestError:
+  """The engine's 4xx for a request built from the client's input, as the client's 400."""
+  too_long = "context length" in e.message
+  return ProxyRequestError(f"the engine refused the request: {e.message}", "messages" if too_long else None,
+                           "context_length_exceeded" if too_long else "invalid_value")
 
 
 def _divergence(seen: Sequence[tuple], new: Sequence[tuple]) -> int:
@@ -101,12 +137,27 @@ def _divergence(seen: Sequence[tuple], new: Sequence[tuple]) -> int:
 class TokenCapturingProxy:
   """The proxy's state and handlers. `app()` gives the aiohttp application; `trajectories()` the records."""
 
-  def __init__(self, engine: Engine, tokenizer: Tokenizer, default_max_tokens: int = 1024, harness: str = "proxy"):
+  def __init__(self, engine: Engine, tokenizer: Tokenizer, default_max_tokens: int = 1024, harness: str = "proxy", *,
+               context_length: int | None = None, max_sessions: int = 1024, session_idle_s: float | None = 3600.0,
+               api_key: str | None = None, clock: Callable[[], float] = time.monotonic):
+    """context_length: prompts of this many tokens or more are refused (400) before the engine is asked (None: the
+    engine decides); max_sessions / session_idle_s: the bound on live sessions (None: no idle timeout);
+    api_key: the token every request must carry (None: none; then `serve` binds loopback only)."""
+    if max_sessions < 1:
+      raise ValueError(f"max_sessions: must be >= 1, got {max_sessions}")
+    if session_idle_s is not None and session_idle_s <= 0:
+      raise ValueError(f"session_idle_s: must be > 0 or None, got {session_idle_s}")
     self.engine = engine
     self.tokenizer = tokenizer
     self.default_max_tokens = default_max_tokens
     self.harness = harness
-    self.sessions: dict[str, Session] = {}
+    self.context_length = context_length
+    self.max_sessions = max_sessions
+    self.session_idle_s = session_idle_s
+    self.api_key = api_key
+    self._clock = clock
+    self.sessions: collections.OrderedDict[str, Session] = collections.OrderedDict()  # least recently used first
+    self.evicted_sessions = 0
     self._stop_ids = tuple(tokenizer.eos_token_ids)
     if not self._stop_ids:
       raise ValueError("the tokenizer has no eos token to end assistant turns")
@@ -115,15 +166,29 @@ class TokenCapturingProxy:
 
   # ---- one chat completion --------------------------------------------------------------------------------------
 
-  def _sampling(self, body: Mapping[str, Any]) -> SamplingParams:
-    if body.get("stream"):
-      raise ProxyRequestError("stream: streaming is not supported by the token-capturing proxy")
-    if body.get("n", 1) != 1:
-      raise ProxyRequestError("n: only one choice per request is supported")
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or self.default_max_tokens
-    return SamplingParams(max_new_tokens=int(max_tokens), temperature=float(body.get("temperature", 1.0)),
-                          top_p=float(body.get("top_p", 1.0)), top_k=int(body.get("top_k", 0) or 0),
-                          stop_token_ids=self._stop_ids)
+  def _session(self, session_id: str) -> Session:
+    """The live session `session_id` (created if new, after evicting idle or least recently used ones)."""
+    now = self._clock()
+    session = self.sessions.get(session_id)
+    if session is None:
+      self._evict(now)
+      session = self.sessions[session_id] = Session()
+    self.sessions.move_to_end(session_id)
+    session.last_used = now
+    return session
+
+  def _evict(self, now: float) -> None:
+    """Drops sessions idle past `session_idle_s`, then least recently used ones until a new one fits. A session
+    with a request in flight is never dropped; if all are busy, the new session is refused (503)."""
+    for sid, s in list(self.sessions.items()):
+      idle = self.session_idle_s is not None and now - s.last_used > self.session_idle_s
+      if (idle or len(self.sessions) >= self.max_sessions) and not s.lock.locked():
+        del self.sessions[sid]
+        self.evicted_sessions += 1
+        log.info("proxy: evicted session %s (%s)", sid, "idle" if idle else "least recently used")
+    if len(self.sessions) >= self.max_sessions:
+      raise ProxyRequestError(f"too many live sessions ({self.max_sessions}), all with a request in flight",
+                              code="too_many_sessions", status=503)
 
   def _extend_or_start(self, session: Session, messages: list[dict], tools: Any) -> Segment:
     """Appends the new messages' template tokens to the current segment, or starts a new segment."""
@@ -151,48 +216,67 @@ class TokenCapturingProxy:
     return fresh
 
   async def chat_completion(self, session_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
-    """Serves one OpenAI chat-completions request for `session_id`; returns the OpenAI response object."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-      raise ProxyRequestError("messages: required, a non-empty list")
-    messages = [dict(m) for m in messages]
-    tools = body.get("tools") or None
-    sampling = self._sampling(body)
-    session = self.sessions.setdefault(session_id, Session())
+    """Serves one OpenAI chat-completions request for `session_id`; returns the OpenAI response object.
+
+    Raises `ProxyRequestError` (the request is invalid: nothing recorded) or `EngineError` (the engine failed:
+    the segment is marked `env_error`)."""
+    request = check_chat_request(body, self.default_max_tokens, self._stop_ids)
+    session = self._session(session_id)
     async with session.lock:
+      n_segments = len(session.segments)
+      checkpoint = session.segments[-1].checkpoint() if session.segments else None
       try:
-        seg = self._extend_or_start(session, messages, tools)
-      except ChatTemplateError as e:
-        raise ProxyRequestError(f"chat template: {e}") from e
-      seg.mark(len(seg.token_ids) - self._gen_prompt_len)
-      start = time.monotonic()
-      try:
-        result = await self.engine.generate(seg.token_ids, sampling)
-      except EngineError:
-        seg.status = Status.ENV_ERROR
+        result, message, finish = await self._turn(session, request)
+      except BaseException as e:
+        # An invalid request (or a failure we cannot blame on the engine) leaves the session as it was.
+        if not isinstance(e, EngineError) or _is_client_error(e):
+          del session.segments[n_segments:]
+          if checkpoint is not None:
+            session.segments[-1].rollback(checkpoint)
+        if isinstance(e, EngineError) and _is_client_error(e):
+          raise _engine_refusal(e) from e
         raise
-      finally:
-        seg.generate_s += time.monotonic() - start
-      ids = list(result.token_ids)
-      if not ids or len(result.logprobs) != len(ids):
-        seg.status = Status.ENV_ERROR
-        raise EngineError("/generate", f"unusable result (finish {result.finish_reason}, {len(ids)} tokens)")
-      seg.append(ids, result.logprobs)
-      seg.num_turns += 1
-      version = parse_weight_version(result.weight_version)
-      seg.versions.append(0 if version is None else version)
-      ended_on_stop = result.finish_reason == "stop" and ids[-1] in self._stop_ids
-      seg.pending_close = ([] if ended_on_stop else [self._stop_ids[0]]) + list(self._end_ids)
-      text = self.tokenizer.decode(ids[:-1] if ended_on_stop else ids)
-      message, finish = self._response_message(text, tools, ended_on_stop)
-      seg.messages.append(message)
-      seg.seen.append(normalize_message(message))
     prompt_tokens = int(result.prompt_tokens or 0)
     return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": str(body.get("model", "sao")),
+            "model": request.model,
             "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(ids),
-                      "total_tokens": prompt_tokens + len(ids)}}
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(result.token_ids),
+                      "total_tokens": prompt_tokens + len(result.token_ids)}}
+
+  async def _turn(self, session: Session, request: ChatRequest) -> tuple[Any, dict[str, Any], str]:
+    """Records the request's new messages, samples the reply, records it; returns (result, message, finish)."""
+    try:
+      seg = self._extend_or_start(session, request.messages, request.tools)
+    except (ChatTemplateError, TypeError) as e:
+      raise ProxyRequestError(f"chat template: {e}", "messages") from e
+    if self.context_length is not None and len(seg.token_ids) >= self.context_length:
+      raise ProxyRequestError(f"the conversation is {len(seg.token_ids)} tokens, which does not fit the context "
+                              f"length {self.context_length}", "messages", "context_length_exceeded")
+    seg.mark(len(seg.token_ids) - self._gen_prompt_len)
+    start = time.monotonic()
+    try:
+      result = await self.engine.generate(seg.token_ids, request.sampling)
+    except EngineError as e:
+      if not _is_client_error(e):
+        seg.status = Status.ENV_ERROR
+      raise
+    finally:
+      seg.generate_s += time.monotonic() - start
+    ids = list(result.token_ids)
+    if not ids or len(result.logprobs) != len(ids):
+      seg.status = Status.ENV_ERROR
+      raise EngineError("/generate", f"unusable result (finish {result.finish_reason}, {len(ids)} tokens)")
+    seg.append(ids, result.logprobs)
+    seg.num_turns += 1
+    version = parse_weight_version(result.weight_version)
+    seg.versions.append(0 if version is None else version)
+    ended_on_stop = result.finish_reason == "stop" and ids[-1] in self._stop_ids
+    seg.pending_close = ([] if ended_on_stop else [self._stop_ids[0]]) + list(self._end_ids)
+    text = self.tokenizer.decode(ids[:-1] if ended_on_stop else ids)
+    message, finish = self._response_message(text, request.tools, ended_on_stop)
+    seg.messages = seg.messages + [message]
+    seg.seen = seg.seen + [normalize_message(message)]
+    return result, message, finish
 
   @staticmethod
   def _response_message(text: str, tools: Any, ended_on_stop: bool) -> tuple[dict[str, Any], str]:
@@ -228,27 +312,37 @@ class TokenCapturingProxy:
   # ---- HTTP -----------------------------------------------------------------------------------------------------
 
   def app(self) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    """The aiohttp application (with `api_key`, every request must carry it as a bearer token)."""
+    middlewares = []
+    if self.api_key:
+      middlewares.append(auth.bearer_middleware(
+          self.api_key, lambda status, message: openai_error(status, message, "invalid_request_error",
+                                                             code="invalid_api_key")))
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
 
     async def chat(request: web.Request) -> web.Response:
+      sid = request.match_info["session_id"]
       try:
         body = await request.json()
       except ValueError as e:
-        return _openai_error(400, f"request body is not valid JSON: {e}", "invalid_request_error")
+        return openai_error(400, f"request body is not valid JSON: {e}", "invalid_request_error",
+                            code="invalid_json")
       try:
-        if not isinstance(body, Mapping):
-          raise ProxyRequestError("request body must be a JSON object")
-        return web.json_response(await self.chat_completion(request.match_info["session_id"], body))
+        return web.json_response(await self.chat_completion(sid, body))
       except ProxyRequestError as e:
-        return _openai_error(400, str(e), "invalid_request_error")
+        kind = "invalid_request_error" if e.status < 500 else "server_error"
+        return openai_error(e.status, str(e), kind, e.param, e.code)
       except EngineError as e:
-        log.warning("session %s: engine failed: %s", request.match_info["session_id"], e)
-        return _openai_error(502, str(e), "engine_error")
+        log.warning("session %s: engine failed: %s", sid, e)
+        return openai_error(502, str(e), "server_error", code="engine_error")
+      except Exception as e:  # noqa: BLE001 — a proxy bug: answer in OpenAI's shape, keep serving, log it
+        log.exception("session %s: proxy failed", sid)
+        return openai_error(500, f"proxy error: {type(e).__name__}: {e}", "server_error", code="internal_error")
 
     async def trajectory(request: web.Request) -> web.Response:
       sid = request.match_info["session_id"]
       if sid not in self.sessions:
-        return _openai_error(404, f"unknown session {sid!r}", "not_found")
+        return openai_error(404, f"unknown session {sid!r}", "invalid_request_error", "session_id", "not_found")
       return web.json_response({"session_id": sid,
                                 "segments": [trajectory_to_json(t) for t in self.trajectories(sid)]})
 
@@ -256,9 +350,15 @@ class TokenCapturingProxy:
     app.router.add_get("/sessions/{session_id}/trajectory", trajectory)
     return app
 
-
-def _openai_error(status: int, message: str, kind: str) -> web.Response:
-  return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+  async def serve(self, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, str]:
+    """Serves `app()` on host:port (0: a free port); returns (runner, base URL). A non-loopback host needs
+    `api_key`. Stop it with `await runner.cleanup()`."""
+    auth.require_token_for_bind(host, self.api_key, "TokenCapturingProxy")
+    runner = web.AppRunner(self.app(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    bound_host, bound_port = runner.addresses[0][:2]
+    return runner, f"http://{bound_host}:{bound_port}"
 
 
 def trajectory_to_json(t: Trajectory) -> dict[str, Any]:

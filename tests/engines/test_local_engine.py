@@ -132,3 +132,37 @@ def test_weight_update_bumps_version_and_changes_outputs(served):
   np.testing.assert_allclose(after.logprobs, rescored(served["other_dir"], PROMPTS[0], after.token_ids, 1.0),
                              atol=2e-5)
   assert restored.weight_version == "8" and restored.token_ids == before.token_ids
+
+
+def test_bad_requests_get_400_and_their_batch_mates_are_served(served):
+  """The bug report: top_k / a stop id of 2**40 overflowed int32 in the batched sampler and failed all 8 valid
+  batch-mates (500); 1e400, 2**70 and NaN gave 500 or invalid JSON. Now each is a 400 naming the field."""
+  greedy = {"max_new_tokens": 4, "temperature": 0.0}
+  bad_params = [({"top_k": 2**40}, "sampling_params.top_k"), ({"stop_token_ids": [2**40]}, "sampling_params.stop"),
+                ({"temperature": -1.0}, "sampling_params.temperature"), ({"top_p": 0}, "sampling_params.top_p")]
+  raw = [('{"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1e400}}', "sampling_params.max_new_tokens"),
+         ('{"input_ids": [1, 1180591620717411303424]}', "input_ids: token id 1180591620717411303424"),
+         ('{"input_ids": [1, 2], "sampling_params": {"temperature": NaN}}', "sampling_params.temperature")]
+
+  async def post_raw(engine, body):
+    async with engine._get_session().post(engine.base_url + "/generate", data=body,
+                                           headers={"Content-Type": "application/json"}) as resp:
+      return resp.status, await resp.json()
+
+  async def main(engine):
+    before = (await engine.get_model_info())["stats"]
+    valid = [engine.generate(PROMPTS[i % len(PROMPTS)], greedy) for i in range(8)]
+    invalid = [engine.generate(PROMPTS[0], {**greedy, **p}) for p, _ in bad_params]
+    outcomes = await asyncio.gather(*valid, *invalid, *(post_raw(engine, b) for b, _ in raw),
+                                    return_exceptions=True)
+    return before, outcomes, (await engine.get_model_info())["stats"]
+
+  before, outcomes, after = run(main, served["url"], max_retries=0)
+  for result in outcomes[:8]:
+    assert not isinstance(result, BaseException), result
+    assert 1 <= len(result.token_ids) <= 4 and len(result.logprobs) == len(result.token_ids)
+  for (_, field), e in zip(bad_params, outcomes[8:12]):
+    assert isinstance(e, EngineError) and e.status == 400 and e.message.startswith(field), (field, e)
+  for (_, field), (status, body) in zip(raw, outcomes[12:]):
+    assert status == 400 and body["error"]["message"].startswith(field), (field, body)
+  assert after["rows"] - before["rows"] == 8 and after["failed_rows"] == before["failed_rows"]

@@ -11,12 +11,12 @@ import openai
 import pytest
 from aiohttp import web
 
-from sao.engines.sglang_client import GenerateResult, SGLangEngine
+from sao.engines.sglang_client import EngineError, EngineUnavailableError, GenerateResult, SGLangEngine
 from sao.models.hf import load_pretrained
 from sao.models.logprobs import token_logprobs
 from sao.models.tokenizer import toy_tokenizer
 from sao.rollout import envs
-from sao.rollout.proxy import TokenCapturingProxy, trajectory_from_json
+from sao.rollout.proxy import ProxyRequestError, TokenCapturingProxy, trajectory_from_json
 from sao.rollout.tool_format import ToolCall
 from tests.engines.helpers import save_tiny_model, start_engine
 
@@ -152,3 +152,192 @@ def test_tool_calls_and_history_rewrite_start_a_new_segment():
   sampled = tokenizer.encode(call_text) + [tokenizer.eos_token_id]
   runs = np.flatnonzero(np.diff(np.concatenate([[0], first.action_mask.astype(int)])) == 1)
   assert first.token_ids[runs[0]:runs[0] + len(sampled)].tolist() == sampled
+
+
+# ---- bad input, engine refusals, session bound, auth (scripted engine: no model) ------------------------------
+
+class RefusingEngine(ScriptedEngine):
+  """Answers like ScriptedEngine, or raises the next queued EngineError."""
+
+  def __init__(self, tokenizer, texts):
+    super().__init__(tokenizer, texts)
+    self.errors = []
+
+  async def generate(self, input_ids, sampling_params):
+    if self.errors:
+      raise self.errors.pop(0)
+    return await super().generate(input_ids, sampling_params)
+
+
+GOOD = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+MALFORMED = [  # (request body, the param the 400 must name)
+    ({**GOOD, "messages": ["hi"]}, "messages[0]"),
+    ({**GOOD, "messages": "hi"}, "messages"),
+    ({**GOOD, "messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
+    ({**GOOD, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({**GOOD, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]"),
+    ({**GOOD, "messages": [*GOOD["messages"], {"role": "assistant", "tool_calls": ["x"]}]},
+     "messages[1].tool_calls[0]"),
+    ({**GOOD, "messages": [*GOOD["messages"], {"role": "assistant", "tool_calls": "x"}]}, "messages[1].tool_calls"),
+    ({**GOOD, "temperature": "hot"}, "temperature"),
+    ({**GOOD, "temperature": -1.0}, "temperature"),
+    ({**GOOD, "max_tokens": "x"}, "max_tokens"),
+    ({**GOOD, "max_tokens": -5}, "max_tokens"),
+    ({**GOOD, "max_tokens": 2**40}, "max_tokens"),
+    ({**GOOD, "max_completion_tokens": 0}, "max_completion_tokens"),
+    ({**GOOD, "top_p": 1.5}, "top_p"),
+    ({**GOOD, "top_k": "3"}, "top_k"),
+    ({**GOOD, "n": 2}, "n"),
+    ({**GOOD, "stream": True}, "stream"),
+    ({**GOOD, "tools": "x"}, "tools"),
+    ({**GOOD, "tools": [{"type": "function"}]}, "tools[0]"),
+]
+
+
+async def post(http, url, body, **kwargs):
+  async with http.post(url, data=body if isinstance(body, str) else json.dumps(body), **kwargs) as resp:
+    return resp.status, await resp.json()
+
+
+def assert_openai_error(status, body, want_status, param=None, code=None):
+  assert status == want_status, body
+  assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+  assert body["error"]["param"] == param and (code is None or body["error"]["code"] == code), body
+
+
+def test_malformed_requests_get_openai_400_and_leave_no_trace():
+  tokenizer = toy_tokenizer()
+  engine = RefusingEngine(tokenizer, ["ok"])
+
+  async def main():
+    proxy = TokenCapturingProxy(engine, tokenizer)
+    runner, url = await serve_proxy(proxy)
+    try:
+      async with aiohttp.ClientSession() as http:
+        chat = f"{url}/sessions/bad/v1/chat/completions"
+        for body, param in MALFORMED:
+          status, reply = await post(http, chat, body)
+          assert_openai_error(status, reply, 400, param)
+          assert reply["error"]["type"] == "invalid_request_error" and "Traceback" not in reply["error"]["message"]
+        assert_openai_error(*await post(http, chat, "{not json"), 400, None, "invalid_json")
+        assert not proxy.sessions and engine.calls == 0  # nothing was created, the engine never asked
+        # A valid turn, then invalid ones in the same session: the record is unchanged and not an env error.
+        good = f"{url}/sessions/s/v1/chat/completions"
+        assert (await post(http, good, GOOD))[0] == 200
+        before = proxy.trajectories("s")[0]
+        again = {**GOOD, "messages": GOOD["messages"] + [{"role": "assistant", "content": "ok"},
+                                                        {"role": "user", "content": "more"}]}
+        for bad in ({**again, "temperature": -1}, {**again, "max_tokens": -1}, {**again, "messages": [7]}):
+          assert (await post(http, good, bad))[0] == 400
+        (after,) = proxy.trajectories("s")
+        assert after.token_ids.tolist() == before.token_ids.tolist() and after.status == "ok"
+        assert (await post(http, good, again))[0] == 200  # the session still extends as if nothing happened
+        (extended,) = proxy.trajectories("s")
+        assert extended.num_turns == 2 and extended.token_ids[:before.num_tokens].tolist() == before.token_ids.tolist()
+    finally:
+      await runner.cleanup()
+
+  asyncio.run(main())
+
+
+def test_engine_refusal_is_a_client_error_and_engine_failure_an_env_error():
+  tokenizer = toy_tokenizer()
+  engine = RefusingEngine(tokenizer, ["ok"])
+
+  async def main():
+    proxy = TokenCapturingProxy(engine, tokenizer, context_length=40)
+    runner, url = await serve_proxy(proxy)
+    try:
+      async with aiohttp.ClientSession() as http:
+        chat = f"{url}/sessions/s/v1/chat/completions"
+        assert (await post(http, chat, GOOD))[0] == 200
+        before = proxy.trajectories("s")[0].token_ids.tolist()
+        # Longer than the proxy's context_length: refused before the engine is asked.
+        long = {**GOOD, "messages": [{"role": "user", "content": "x " * 200}]}
+        assert_openai_error(*await post(http, chat, long), 400, "messages", "context_length_exceeded")
+        assert engine.calls == 1 and len(proxy.trajectories("s")) == 1
+        # The engine's own 400 (its context is smaller than the proxy knows): still the client's error.
+        engine.errors.append(EngineError("/generate", "input_ids: prompt of 30 tokens does not fit the context "
+                                         "length 16", 400))
+        assert_openai_error(*await post(http, chat, GOOD | {"max_tokens": 4}), 400, "messages",
+                            "context_length_exceeded")
+        (seg,) = proxy.trajectories("s")
+        assert seg.status == "ok" and seg.token_ids.tolist() == before
+        # An engine failure is the environment's: 502 and the segment is marked env_error.
+        engine.errors.append(EngineUnavailableError("/generate", "connection refused"))
+        assert_openai_error(*await post(http, chat, {**GOOD, "messages": [{"role": "user", "content": "b"}]}),
+                            502, None, "engine_error")
+        return proxy.trajectories("s")
+    finally:
+      await runner.cleanup()
+
+  ok, failed = asyncio.run(main())
+  assert ok.status == "ok" and failed.status == "env_error"
+
+
+def test_live_sessions_are_bounded_lru_and_idle():
+  tokenizer = toy_tokenizer()
+  now = [0.0]
+  proxy = TokenCapturingProxy(ScriptedEngine(tokenizer, ["ok"]), tokenizer, max_sessions=3, session_idle_s=10.0,
+                              clock=lambda: now[0])
+
+  async def chat(sid):
+    now[0] += 1.0
+    return await proxy.chat_completion(sid, GOOD)
+
+  async def main():
+    for sid in ("a", "b", "c", "a", "d"):  # "d" evicts the least recently used: "b"
+      await chat(sid)
+    assert list(proxy.sessions) == ["c", "a", "d"] and proxy.evicted_sessions == 1
+    now[0] += 60.0  # all idle past 10 s: the next new session clears them
+    await chat("e")
+    assert list(proxy.sessions) == ["e"] and proxy.evicted_sessions == 4
+    for i in range(100):  # the report's probe: sessions kept growing (41 → 91)
+      await chat(f"probe-{i}")
+    assert len(proxy.sessions) == 3
+    # A session with a request in flight is never evicted; when all are busy a new session is refused (503).
+    held = [s.lock for s in proxy.sessions.values()]
+    for lock in held:
+      await lock.acquire()
+    with pytest.raises(ProxyRequestError, match="too many live sessions") as e:
+      await chat("new")
+    assert e.value.status == 503 and len(proxy.sessions) == 3
+    for lock in held:
+      lock.release()
+    await chat("new")
+    assert "new" in proxy.sessions
+
+  asyncio.run(main())
+  with pytest.raises(ValueError, match="max_sessions"):
+    TokenCapturingProxy(ScriptedEngine(tokenizer, ["ok"]), tokenizer, max_sessions=0)
+
+
+def test_proxy_token_rule():
+  tokenizer = toy_tokenizer()
+
+  async def main():
+    with pytest.raises(ValueError, match="refusing to bind non-loopback host '0.0.0.0' without a token"):
+      await TokenCapturingProxy(ScriptedEngine(tokenizer, ["ok"]), tokenizer).serve("0.0.0.0", 0)
+    open_proxy = TokenCapturingProxy(ScriptedEngine(tokenizer, ["ok"]), tokenizer)
+    runner, url = await open_proxy.serve()  # loopback: no token needed
+    try:
+      client = openai.AsyncOpenAI(base_url=f"{url}/sessions/s/v1", api_key="anything", max_retries=0)
+      await client.chat.completions.create(**GOOD)
+    finally:
+      await runner.cleanup()
+    proxy = TokenCapturingProxy(ScriptedEngine(tokenizer, ["ok"]), tokenizer, api_key="s3cret")
+    runner, url = await proxy.serve()
+    try:
+      wrong = openai.AsyncOpenAI(base_url=f"{url}/sessions/s/v1", api_key="guess", max_retries=0)
+      with pytest.raises(openai.AuthenticationError, match="missing or wrong token"):
+        await wrong.chat.completions.create(**GOOD)
+      async with aiohttp.ClientSession() as http:
+        async with http.get(f"{url}/sessions/s/trajectory") as resp:
+          assert resp.status == 401
+      right = openai.AsyncOpenAI(base_url=f"{url}/sessions/s/v1", api_key="s3cret", max_retries=0)
+      reply = await right.chat.completions.create(**GOOD)
+      assert reply.choices[0].message.content == "ok" and list(proxy.sessions) == ["s"]
+    finally:
+      await runner.cleanup()
+
+  asyncio.run(main())

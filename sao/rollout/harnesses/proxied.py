@@ -10,9 +10,10 @@ trajectory and ends as `env_error`.
 
 Statuses, as in the agent loop: `ok` when the environment ended the episode; `truncated` when the scaffold ran out
 of turns or of token budget (it stops before a request that could overflow `max_total_tokens`: it counts an
-observation's UTF-8 bytes as an upper bound on its tokens, exact for byte-level tokenizers); `timeout` on the
-episode's wall clock or an engine timeout; `env_error` when the engine, the environment, the proxy or the scaffold
-failed (the message in `metadata["error"]`).
+observation's UTF-8 bytes as an upper bound on its tokens, exact for byte-level tokenizers), or its conversation
+outgrew the engine's context (the proxy's 400 `context_length_exceeded`); `timeout` on the episode's wall clock or
+an engine timeout; `env_error` when the engine, the environment, the proxy or the scaffold failed (the message in
+`metadata["error"]`).
 """
 from __future__ import annotations
 
@@ -98,8 +99,11 @@ class ProxiedHarness(Harness):
     except (TimeoutError, openai.APITimeoutError) as e:
       status, error = Status.TIMEOUT, f"episode exceeded {limits.timeout_s}s ({type(e).__name__})"
     except Exception as e:  # noqa: BLE001 — a failing engine/env/scaffold fails this episode, not the worker
-      status, error = Status.ENV_ERROR, f"{type(e).__name__}: {e}"
-      log.warning("task %s: %s scaffold failed: %s", task.get("task_id"), self.name, error)
+      if isinstance(e, openai.BadRequestError) and e.code == "context_length_exceeded":
+        status = Status.TRUNCATED  # the conversation outgrew the context: the agent loop's budget stop
+      else:
+        status, error = Status.ENV_ERROR, f"{type(e).__name__}: {e}"
+        log.warning("task %s: %s scaffold failed: %s", task.get("task_id"), self.name, error)
     finally:
       await client.close()
     reward = 0.0

@@ -1,0 +1,271 @@
+"""The local JAX engine's batching core: SGLang-style requests served from `sao.models.sampling.Sampler`, with
+dynamic batching (`LocalEngine`; the HTTP app around it is `sao.engines.http_app`, the process launcher
+`sao.engines.local_server`).
+
+Dynamic batching: requests (or the rows of a batch request) wait in a queue; the batch loop takes the first, then
+keeps collecting for `batch_window_ms` or until `max_batch_size` rows, and runs them as ONE `Sampler.generate` call
+(prefill and decode together; the Sampler pads to bucketed shapes, so shapes repeat and nothing recompiles per
+request). Sampling params are per row (the Sampler takes temperature/top_p/top_k/stop ids per row), so one batch
+mixes requests freely. The jitted work runs in a worker thread, so the event loop keeps accepting requests (which
+form the next batch) while a batch decodes. `max_batch_size=1` turns batching off.
+
+Isolation: every row is validated before it is queued (`sao.engines.request_checks`: 400 naming the field). If a
+batch still fails inside the Sampler, its rows are re-run one at a time, so only a row that fails on its own fails
+(its request gets the error); a row whose log-probs are not finite fails alone the same way. Batch-mates never see
+another row's failure.
+
+Weight updates: `update_weights` loads the HF directory in a worker thread while batches keep running, then takes
+the batch lock, swaps the params and sets the served `weight_version` in one step. A batch is atomic with respect to
+the swap: requests already in a running batch finish on the OLD weights and report the old version; every later
+batch uses the new ones. (No request ever mixes two versions.)
+
+Context length: a prompt must be shorter than the model's `max_position_embeddings` and fit the largest prompt
+bucket (else 400); `max_new_tokens` is clamped so prompt + completion fits the context (finish reason `length`).
+Stop ids: the request's `stop_token_ids` plus the tokenizer's eos ids (when the model directory has a tokenizer),
+unless `ignore_eos` is set, as SGLang does. Greedy is `temperature: 0`.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import itertools
+import logging
+import os
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from sao.engines.request_checks import RequestError, RowLimits, check_row
+from sao.models.config import ModelConfig
+from sao.models.hf import load_pretrained
+from sao.models.sampling import (BATCH_BUCKETS, NEW_TOKEN_BUCKETS, PROMPT_BUCKETS, Completion, Sampler,
+                                 SamplingParams)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["EngineConfig", "LocalEngine", "RequestError", "RowFailedError"]
+
+
+class RowFailedError(RuntimeError):
+  """One row failed inside the sampler even when run alone (its request gets 500; its batch-mates are unaffected)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+  """batch_window_ms: how long the batch loop keeps collecting after the first waiting row; max_batch_size: rows
+  per Sampler call (1 = no batching); buckets: the Sampler's shape buckets; seed: base of the per-batch PRNG seed."""
+  batch_window_ms: float = 5.0
+  max_batch_size: int = 128
+  prompt_buckets: tuple[int, ...] = PROMPT_BUCKETS
+  batch_buckets: tuple[int, ...] = BATCH_BUCKETS
+  new_token_buckets: tuple[int, ...] = NEW_TOKEN_BUCKETS
+  max_stop_ids: int = 16
+  seed: int = 0
+  dtype: str = "float32"
+
+  def __post_init__(self):
+    if self.max_batch_size < 1:
+      raise ValueError(f"max_batch_size: must be >= 1, got {self.max_batch_size}")
+    if self.batch_window_ms < 0:
+      raise ValueError(f"batch_window_ms: must be >= 0, got {self.batch_window_ms}")
+    if self.max_batch_size > max(self.batch_buckets):
+      raise ValueError(f"max_batch_size {self.max_batch_size} exceeds the largest batch bucket {self.batch_buckets}")
+
+
+@dataclasses.dataclass
+class _Row:
+  prompt: np.ndarray  # [P] int32
+  params: SamplingParams
+  future: asyncio.Future  # → (Completion, weight_version)
+
+
+def _load_eos_ids(model_path: str) -> tuple[tuple[int, ...], Any]:
+  """(eos ids, Tokenizer or None) from the model directory's tokenizer files, if it has them."""
+  if not os.path.isfile(os.path.join(model_path, "tokenizer.json")):
+    return (), None
+  from sao.models.tokenizer import Tokenizer  # jinja2/tokenizers only when there is a tokenizer to load
+  tokenizer = Tokenizer.from_pretrained(model_path)
+  return tuple(tokenizer.eos_token_ids), tokenizer
+
+
+def _bad_completion(c: Completion) -> str | None:
+  """Why a completion must not be returned (None if it is fine): non-finite log-probs are not valid JSON."""
+  if not np.all(np.isfinite(c.logprobs)):
+    return f"the sampler returned non-finite log-probs {c.logprobs[~np.isfinite(c.logprobs)][:4].tolist()}"
+  return None
+
+
+class LocalEngine:
+  """The batching core behind the HTTP handlers (usable without HTTP: `await engine.generate(...)`)."""
+
+  def __init__(self, model_path: str, config: EngineConfig = EngineConfig(), weight_version: str = "0"):
+    self.config = config
+    self.model_path = model_path
+    self.model_config, params = load_pretrained(model_path, dtype=config.dtype)
+    self.eos_ids, self.tokenizer = _load_eos_ids(model_path)
+    self.sampler = Sampler(self.model_config, params, prompt_buckets=config.prompt_buckets,
+                           batch_buckets=config.batch_buckets, new_token_buckets=config.new_token_buckets,
+                           max_stop_ids=config.max_stop_ids)
+    self.weight_version = str(weight_version)
+    self.stats = {"requests": 0, "rows": 0, "batches": 0, "max_rows_per_batch": 0, "weight_updates": 0,
+                  "generated_tokens": 0, "busy_s": 0.0, "isolated_batches": 0, "failed_rows": 0}
+    self._queue: asyncio.Queue[_Row] | None = None
+    self._lock: asyncio.Lock | None = None  # held while a batch runs and while params are swapped
+    self._loop_task: asyncio.Task | None = None
+    # One worker thread for jitted work: batches run one at a time, in order.
+    self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sao-engine")
+    self._seeds = itertools.count(config.seed * 1_000_003)
+
+  @property
+  def context_length(self) -> int:
+    return min(self.model_config.max_position_embeddings, max(self.config.prompt_buckets))
+
+  async def start(self) -> None:
+    self._queue = asyncio.Queue()
+    self._lock = asyncio.Lock()
+    self._loop_task = asyncio.create_task(self._batch_loop(), name="sao-engine-batch-loop")
+
+  async def stop(self) -> None:
+    if self._loop_task is not None:
+      self._loop_task.cancel()
+      try:
+        await self._loop_task
+      except asyncio.CancelledError:
+        pass
+    self._executor.shutdown(wait=False, cancel_futures=True)
+
+  # ---- requests -----------------------------------------------------------------------------------------------
+
+  @property
+  def limits(self) -> RowLimits:
+    """What every request row must fit (see `request_checks.check_row`)."""
+    return RowLimits(vocab_size=self.model_config.vocab_size, context_length=self.context_length,
+                     max_new_tokens_cap=max(self.config.new_token_buckets), max_stop_ids=self.config.max_stop_ids,
+                     eos_ids=self.eos_ids)
+
+  def check_row(self, i: int, input_ids: Any, params: Any) -> tuple[np.ndarray, SamplingParams]:
+    """Validates one prompt (row `i` of a batch request, or -1 for a single one) + SGLang sampling_params dict;
+    raises `RequestError` naming the field."""
+    return check_row(f"input_ids[{i}]" if i >= 0 else "input_ids", input_ids, params, self.limits)
+
+  async def generate(self, rows: Sequence[tuple[np.ndarray, SamplingParams]]) -> list[tuple[Completion, str]]:
+    """Queues checked rows for the batch loop; returns (completion, weight_version) per row, in order."""
+    if self._queue is None:
+      raise RuntimeError("LocalEngine.start() was not awaited")
+    loop = asyncio.get_running_loop()
+    pending = [_Row(p, sp, loop.create_future()) for p, sp in rows]
+    self.stats["requests"] += 1
+    for row in pending:
+      self._queue.put_nowait(row)
+    return list(await asyncio.gather(*(r.future for r in pending)))
+
+  async def _collect(self) -> list[_Row]:
+    """The next batch: the first waiting row, then whatever arrives within the window, up to max_batch_size."""
+    batch = [await self._queue.get()]
+    deadline = time.monotonic() + self.config.batch_window_ms / 1000.0
+    while len(batch) < self.config.max_batch_size:
+      if not self._queue.empty():
+        batch.append(self._queue.get_nowait())
+        continue
+      remaining = deadline - time.monotonic()
+      if remaining <= 0:
+        break
+      try:
+        batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+      except asyncio.TimeoutError:
+        break
+    return [r for r in batch if not r.future.done()]  # a caller that went away cancelled its future
+
+  async def _batch_loop(self) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+      batch = await self._collect()
+      if not batch:
+        continue
+      async with self._lock:
+        version = self.weight_version
+        start = time.monotonic()
+        outcomes = await self._run_isolated(loop, batch)
+        self.stats["busy_s"] += time.monotonic() - start
+      self.stats["batches"] += 1
+      self.stats["rows"] += len(batch)
+      self.stats["max_rows_per_batch"] = max(self.stats["max_rows_per_batch"], len(batch))
+      for r, outcome in zip(batch, outcomes):
+        if r.future.done():
+          continue
+        if isinstance(outcome, BaseException):
+          self.stats["failed_rows"] += 1
+          r.future.set_exception(outcome)
+        else:
+          self.stats["generated_tokens"] += len(outcome.token_ids)
+          r.future.set_result((outcome, version))
+
+  async def _run_isolated(self, loop: asyncio.AbstractEventLoop,
+                          batch: Sequence[_Row]) -> list[Completion | BaseException]:
+    """One Sampler call for the batch; if it raises or returns an unusable row, the affected rows are re-run one
+    at a time, so each outcome is the row's own (a Completion, or the exception it fails with alone)."""
+    outcomes: list[Completion | BaseException | None] = [None] * len(batch)
+    try:
+      completions = await loop.run_in_executor(
+          self._executor, self.sampler.generate, [r.prompt for r in batch], [r.params for r in batch],
+          next(self._seeds) % (2**31))
+    except Exception as e:  # noqa: BLE001 — which row caused it is found by re-running them one by one
+      if len(batch) == 1:
+        log.exception("engine row failed")
+        return [e]
+      log.warning("engine batch of %d rows failed (%s: %s); re-running its rows one at a time", len(batch),
+                  type(e).__name__, e)
+      self.stats["isolated_batches"] += 1
+    else:
+      for k, c in enumerate(completions):
+        why = _bad_completion(c)
+        outcomes[k] = c if why is None else RowFailedError(why)
+      if len(batch) == 1 or not any(isinstance(o, BaseException) for o in outcomes):
+        return outcomes  # type: ignore[return-value]
+    for k, r in enumerate(batch):  # rows that did not come back clean, alone (each with its own seed)
+      if isinstance(outcomes[k], Completion) or r.future.done():
+        continue
+      try:
+        (c,) = await loop.run_in_executor(self._executor, self.sampler.generate, [r.prompt], [r.params],
+                                          next(self._seeds) % (2**31))
+      except Exception as e:  # noqa: BLE001 — this row's own failure: its request gets it (500)
+        log.exception("engine row %d of %d failed alone", k, len(batch))
+        outcomes[k] = e
+        continue
+      why = _bad_completion(c)
+      outcomes[k] = c if why is None else RowFailedError(why)
+      if why is not None:
+        log.error("engine row %d of %d: %s", k, len(batch), why)
+    return [RowFailedError("cancelled") if o is None else o for o in outcomes]
+
+  # ---- weights ------------------------------------------------------------------------------------------------
+
+  async def update_weights(self, model_path: str, weight_version: str | None = None) -> str:
+    """Loads `model_path` (off the event loop), then swaps params + version between batches. Returns the version."""
+    loop = asyncio.get_running_loop()
+    config, params = await loop.run_in_executor(None, lambda: load_pretrained(model_path, dtype=self.config.dtype))
+    if config != self.model_config:
+      diff = {f.name: (getattr(self.model_config, f.name), getattr(config, f.name))
+              for f in dataclasses.fields(ModelConfig) if getattr(self.model_config, f.name) != getattr(config, f.name)}
+      raise RequestError(f"model_path {model_path!r}: its config differs from the served model's: {diff}")
+    async with self._lock:  # waits for the running batch: its requests finish on the old weights
+      self.sampler.update_params(params)
+      if weight_version is None:
+        weight_version = str(int(self.weight_version) + 1) if self.weight_version.isdigit() else self.weight_version
+      self.weight_version = str(weight_version)
+      self.model_path = model_path
+      self.stats["weight_updates"] += 1
+    return self.weight_version
+
+  def model_info(self) -> dict[str, Any]:
+    stats = dict(self.stats)
+    stats["rows_per_batch_mean"] = stats["rows"] / stats["batches"] if stats["batches"] else 0.0
+    return {"model_path": self.model_path, "tokenizer_path": self.model_path if self.tokenizer else None,
+            "is_generation": True, "weight_version": self.weight_version, "engine": "sao-local-jax",
+            "vocab_size": self.model_config.vocab_size, "context_length": self.context_length,
+            "max_batch_size": self.config.max_batch_size, "batch_window_ms": self.config.batch_window_ms,
+            "stats": stats}
+
+
