@@ -54,10 +54,10 @@ def task_lists(config: ml_collections.ConfigDict) -> tuple[list[dict], list[dict
 
 def harness_mixture(config: ml_collections.ConfigDict) -> harness_lib.HarnessMixture:
   """The rollout workers' harness mixture (an unregistered name is a ValueError listing the registered ones)."""
+  from sao.rollout import worker as worker_lib  # pylint: disable=g-import-not-at-top
   r = config.rollout
   try:
-    return harness_lib.HarnessMixture(tuple(r.harnesses) or ("xml_json",), tuple(float(w) for w in r.harness_weights),
-                                      r.eval_harness, config.seed)
+    return worker_lib.worker_config(config, trainer_address="").harness_mixture  # the workers' own rule
   except ValueError as e:
     raise ValueError(f"{config.name}: rollout.harnesses {tuple(r.harnesses)}: {e}. Register the missing harness "
                      f"(`sao.rollout.harnesses.register`) or pass registered names with "
