@@ -48,15 +48,22 @@ _SFT_STEPS = flags.DEFINE_integer("sft_steps", 5, "Supervised warm-start steps o
 _CACHE = flags.DEFINE_string("jax_cache_dir", "", "Persistent compilation cache ('' = <workdir>/jax_cache).")
 
 
+_CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "sao_openswe.py")
+
+
+def _config_arg() -> str:
+  """The bench's settings as a `sao_openswe.py` config arg (the rollout worker is started with the same one)."""
+  steps = _WARMUP.value + _STEPS.value
+  return (f"toy,total_steps={steps},recipe.sft_steps={_SFT_STEPS.value},recipe.num_demonstrations=50,"
+          f"recipe.value_pretrain_steps=0,learner.sao.critic_warmup_steps=1,rollout.batch_size={_BATCH.value},"
+          f"rollout.concurrency={_CONCURRENCY.value},rollout.max_new_tokens=16,rollout.max_total_tokens=160,"
+          f"rollout.eval_every=0,env.num_validation_tasks=1,checkpoint_every=100000,log_every=1,"
+          f"server.buffer_capacity={4 * _BATCH.value}")
+
+
 def _config(mode: str):
   from experiments.configs import sao_openswe  # pylint: disable=g-import-not-at-top
-  steps = _WARMUP.value + _STEPS.value
-  config = sao_openswe.get_config(
-      f"toy,total_steps={steps},recipe.sft_steps={_SFT_STEPS.value},recipe.num_demonstrations=50,"
-      f"recipe.value_pretrain_steps=0,learner.sao.critic_warmup_steps=1,rollout.batch_size={_BATCH.value},"
-      f"rollout.concurrency={_CONCURRENCY.value},rollout.max_new_tokens=16,rollout.max_total_tokens=160,"
-      f"rollout.eval_every=0,env.num_validation_tasks=1,checkpoint_every=100000,log_every=1,"
-      f"server.buffer_capacity={4 * _BATCH.value}")
+  config = sao_openswe.get_config(_config_arg())
   config.unlock()
   config.name = f"bench_pipeline_{mode}"
   config.env.name = "slow_number_search"
@@ -153,13 +160,15 @@ class _Processes:
     return [self.url]
 
   def start_workers(self, address: str) -> None:
+    from launch import embedded  # pylint: disable=g-import-not-at-top
+    from sao.rollout import worker as worker_lib  # pylint: disable=g-import-not-at-top
     c = self.config
+    # The worker reads the toy config with the bench's settings; the leased tasks name `slow_number_search`, whose
+    # episodes need no constructor kwargs (each task carries its delay).
     with open(os.path.join(self.log_dir, f"worker_{c.name}.log"), "ab") as log_file:
       self.worker = subprocess.Popen(
-          [sys.executable, "-m", "sao.rollout.worker", f"--trainer={address}", f"--concurrency={c.rollout.concurrency}",
-           f"--max_new_tokens={c.rollout.max_new_tokens}", f"--max_turns={c.rollout.max_turns}",
-           f"--max_total_tokens={c.rollout.max_total_tokens}"],
-          stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env)
+          worker_lib.command([f"--config={_CONFIG_FILE}:{_config_arg()}"], address),
+          stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=embedded.child_env(self.env))
 
   def check_alive(self) -> None:
     if self.engine is not None and not self.engine.alive():

@@ -37,7 +37,7 @@ def main(argv):
   from sao.engines.sglang_client import SGLangEngine  # pylint: disable=g-import-not-at-top
   from sao.models.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
   from sao.rollout import agent, evaluation  # pylint: disable=g-import-not-at-top
-  from sao.rollout import harnesses as harness_lib  # pylint: disable=g-import-not-at-top
+  from launch import run as run_lib  # pylint: disable=g-import-not-at-top
 
   config = _CONFIG.value
   r = config.rollout
@@ -45,9 +45,7 @@ def main(argv):
   temperature = r.eval_temperature if _TEMPERATURE.value is None else _TEMPERATURE.value
   sampling = evaluation.worker_sampling(tokenizer, r.max_new_tokens, temperature)
   limits = agent.EpisodeLimits(max_turns=r.max_turns, max_total_tokens=r.max_total_tokens)
-  # The worker's rule for which harness plays validation (its default mixture is `xml_json` alone).
-  harness = harness_lib.HarnessMixture(tuple(r.get("harnesses", ()) or ()) or ("xml_json",), (),
-                                       r.get("eval_harness", "") or "").eval_harness
+  harness = run_lib.harness_mixture(config).eval_harness  # the harness the run's workers validate through
   kwargs = config.env.kwargs.to_dict() if hasattr(config.env.kwargs, "to_dict") else dict(config.env.kwargs)
 
   async def run(url):

@@ -23,6 +23,8 @@ import re
 import sys
 from typing import Any, Mapping, Sequence
 
+from sao import run_config
+
 Grid = list[dict[str, Any]]
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
@@ -87,15 +89,11 @@ class Run:
   def command(self, workdir: str, train_script: str = "experiments/train.py",
               python: str = sys.executable) -> list[str]:
     """The argv that trains this run in `workdir` (run from the repo root)."""
-    flags = [f"--config.{key}={format_value(value)}" for key, value in sorted(self.overrides.items())]
+    flags = run_config.override_flags(self.overrides)
     return [python, train_script, f"--config={self.config}", *flags, f"--workdir={workdir}"]
 
 
-def format_value(value: Any) -> str:
-  """A config flag value ml_collections parses back to the same type (tuples as Python literals)."""
-  if isinstance(value, (tuple, list)):
-    return repr(tuple(value))
-  return str(value)
+format_value = run_config.format_value  # a config flag value ml_collections parses back to the same value
 
 
 def _short(key: str) -> str:
@@ -161,10 +159,9 @@ def load_config(config: str, repo_root: str = REPO_ROOT):
 def validate_run(run: Run, repo_root: str = REPO_ROOT) -> None:
   """Raises ValueError naming the run and key for an override the config does not have or a value of the wrong type."""
   config = load_config(run.config, repo_root)
-  from experiments.configs.common import resolve_key  # pylint: disable=g-import-not-at-top  (importable now)
   for dotted, value in run.overrides.items():
     try:
-      node, leaf = resolve_key(config, dotted)
+      node, leaf = run_config.resolve(config, dotted)
     except KeyError:
       raise ValueError(f"run {run.name}: unknown sweep key {dotted!r} (not in {run.config})") from None
     current = node[leaf]

@@ -11,8 +11,8 @@ with `--execute` runs them (in order: SGLang servers, router, trainer on every T
 - Trainer: `gcloud compute tpus tpu-vm ssh <tpu> --worker=all --command="cd <repo> && python experiments/train.py
   ... --config.role=trainer --config.jax_distributed=True --config.engine_urls=('http://<router>:30080',)
   --config.server.host=0.0.0.0 --config.server.port=50051"` — one process per TPU host; host 0 serves gRPC.
-- Rollout workers: `python experiments/train.py ... --config.role=worker --trainer=<trainer_host>:50051` per worker
-  host (over ssh), talking to the same router.
+- Rollout workers: `python experiments/train.py ... --config.role=worker --trainer=<trainer_host>:50051
+  --worker_index=<i>` per worker process (over ssh), reading the trainer's config and talking to the same router.
 
 The engines load new policies with `/update_weights_from_disk`, so `--workdir` must be a filesystem every TPU and
 GPU host mounts at the same path. Set `SAO_TRAINER_TOKEN` in the environment of the trainer and worker hosts (the
@@ -116,10 +116,13 @@ def plan(spec: PodSpec) -> list[Command]:
   gcloud += [f"--project={spec.project}"] if spec.project else []
   gcloud += ["--worker=all", f"--command={_remote(spec, trainer)}"]
   commands.append(Command("trainer", spec.tpu_name, tuple(gcloud), background=False))
+  index = 0
   for host in spec.worker_hosts:
     worker = _train_argv(spec, "worker") + [f"--trainer={spec.trainer_host}:{spec.trainer_port}"]
     for _ in range(spec.workers_per_host):
-      commands.append(Command("worker", host, ("ssh", host, _remote(spec, worker))))
+      # Every worker reads the trainer's config; only the trainer's address and its own index are its flags.
+      commands.append(Command("worker", host, ("ssh", host, _remote(spec, worker + [f"--worker_index={index}"]))))
+      index += 1
   return commands
 
 

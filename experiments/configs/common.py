@@ -1,15 +1,33 @@
-"""The parts every experiment config shares: the run layout, the toy recipe, and argument parsing.
+"""The pieces every experiment config is built from, big_vision `configs/common.py` style.
 
-An experiment config is `get_config(arg)` returning one locked `ml_collections.ConfigDict`; `arg` is a variant name
-optionally followed by comma-separated `key=value` overrides of top-level scalar knobs, big_vision style
-(`sao_openswe.py:toy`, `sao_openswe.py:toy,total_steps=50`; tuple knobs take `+`-separated items:
-`toy,engine_urls=http://a:30000+http://b:30000`). `--config.<key>=<value>` flags work as well.
+An experiment file is one flat `get_config(arg)`: `base_config()` (every knob, toy defaults), then the pieces that
+make the experiment (a recipe: `stabilized_sao`, `initial_sao`, `gspo`; a scale: `full_scale` + `sao_full_critic`,
+`swe_toy`, `code_repair_toy`; data: `swe_multilingual_data`), then its own few settings, then `finalize`. No config
+reads another experiment's finished config.
+
+`arg` is a variant name optionally followed by comma-separated `key=value` overrides of any existing dotted key
+(`sao_openswe.py:toy`, `sao_openswe.py:toy,total_steps=50,learner.sao.critic_epochs=3`; tuple knobs take
+`+`-separated items: `toy,engine_urls=http://a:30000+http://b:30000`; booleans are `true`/`false`). Overrides in the
+arg are applied before the derived fields (`learner.seed`, the optimisers' `total_steps`) are computed, so prefer
+them for `seed` and `total_steps`; `--config.<key>=<value>` flags work as well (applied after `get_config`).
 """
 from __future__ import annotations
 
 import ml_collections
 
+from sao import run_config
 from sao.train.config import default_learner_config
+
+# The paper's base policy (a local copy of the HF checkpoint; override `model.hf_path`).
+FULL_MODEL = "Qwen/Qwen3.5-35B-A3B"
+# The router `launch/tpu_pod.py` starts in front of the SGLang fleet; override with --config.engine_urls.
+ROUTER_URL = "http://sglang-router:30000"
+# Validation still rose after 160 RL steps with the decaying actor LR (docs/results.md, runs P and R): +28 points over the
+# base policy's after 240 (the GSPO toy keeps the shared 160).
+SAO_TOY_RL_STEPS = 240
+# The proxied SWE scaffolds this repository registers (`sao.rollout.harnesses`): the OpenHands-style function-calling
+# `openai_tools` and the mini-swe-agent-style `bash_only`.
+SWE_SCAFFOLDS = ("openai_tools", "bash_only")
 
 
 def parse_arg(arg: str | None, variants: tuple[str, ...], default: str = "toy") -> tuple[str, dict[str, str]]:
@@ -26,44 +44,9 @@ def parse_arg(arg: str | None, variants: tuple[str, ...], default: str = "toy") 
   return variant, overrides
 
 
-def resolve_key(config: ml_collections.ConfigDict, dotted: str) -> tuple[ml_collections.ConfigDict, str]:
-  """(the node holding `dotted`'s last part, that part); KeyError naming `dotted` if any part is missing."""
-  node = config
-  *path, leaf = dotted.split(".")
-  for key in path:
-    if key not in node or not isinstance(node[key], (ml_collections.ConfigDict, dict)):
-      raise KeyError(dotted)
-    node = node[key]
-  if leaf not in node:
-    raise KeyError(dotted)
-  return node, leaf
-
-
 def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> None:
-  """Sets dotted keys from strings, converting to the existing value's type; unknown keys are errors."""
-  for dotted, text in overrides.items():
-    try:
-      node, leaf = resolve_key(config, dotted)
-    except KeyError:
-      raise ValueError(f"config arg: unknown key {dotted!r}") from None
-    current = node[leaf]
-    if isinstance(current, (tuple, list)):
-      items = [v for v in text.split("+") if v]  # `engine_urls=http://a:1+http://b:2`
-      # Items take the type of the current items (`sizes=8+9+10` gives ints); an empty default stays strings.
-      kind = type(current[0]) if current and isinstance(current[0], (int, float)) else str
-      try:
-        value = tuple(kind(v) for v in items)
-      except ValueError as e:
-        raise ValueError(f"config arg: {dotted}={text!r}: items must be {kind.__name__}s") from e
-    elif isinstance(current, bool):
-      value = text.lower() in ("1", "true", "yes")
-    elif isinstance(current, int):
-      value = int(text)
-    elif isinstance(current, float):
-      value = float(text)
-    else:
-      value = text
-    node[leaf] = value
+  """Sets dotted keys from strings, typed like the values they replace (`sao.run_config.apply_overrides`)."""
+  run_config.apply_overrides(config, overrides)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -127,6 +110,12 @@ def base_config() -> ml_collections.ConfigDict:
           # The base policy's validation (the reference every later one is compared with) runs the validation list
           # this many times: 4 × 128 episodes, SE ≈ 0.02 instead of 0.04.
           base_eval_repeats=4,
+          # The harness mixture (`sao.rollout.harnesses`): each training episode's harness is picked at these
+          # relative weights (empty: equal); validation runs through `eval_harness` ("": the first). No names: the
+          # chat template's own tool-call format (`xml_json`).
+          harnesses=(),
+          harness_weights=(),
+          eval_harness="",
       ),
       server=dict(host="127.0.0.1", port=0, token_env="SAO_TRAINER_TOKEN", buffer_capacity=512, max_staleness=4,
                   max_outstanding=0),  # leased + buffered samples; 0 = 2 batches, so staleness stays ~1
@@ -144,6 +133,154 @@ def base_config() -> ml_collections.ConfigDict:
   c.critic.frozen_params = (".*self_attn.*", ".*linear_attn.*", ".*visual.*")  # every token mixer (hybrids too)
   c.batching.bucket_lengths = (64, 128, 160, 192, 256, 512)
   return config
+
+
+
+# ---------------------------------------------------------------------------------------------------------- recipes
+
+def stabilized_sao(config: ml_collections.ConfigDict) -> None:
+  """SAO's stabilized recipe (docs/algorithm.md): 20 critic warmup steps, K = 2 critic epochs, whitened
+  advantages, DIS window (0.2, 4.0), actor clip 1, critic clip 10; one rollout per task (the base default)."""
+  c = config.learner
+  c.algorithm = "sao"
+  c.sao.critic_warmup_steps = 20
+  c.sao.critic_epochs = 2
+  c.sao.whiten_advantages = True
+  c.sao.dis_ratio_low, c.sao.dis_ratio_high = 0.2, 4.0
+  c.actor.optimizer.clip_norm = 1.0
+  c.critic.optimizer.clip_norm = 10.0
+
+
+def initial_sao(config: ml_collections.ConfigDict) -> None:
+  """The write-up's initial critic recipe, on top of `stabilized_sao`: no critic warm start (the policy backbone with
+  a fresh value head, no value pretraining), 10 critic warmup steps, critic clip 1, no advantage whitening."""
+  c = config.learner
+  c.sao.critic_warmup_steps = 10
+  c.critic.optimizer.clip_norm = 1.0
+  c.sao.whiten_advantages = False
+  config.recipe.value_pretrain_steps = 0  # no warm start: the critic is not pretrained ...
+  c.critic.init = "policy"  # ... it is the policy backbone with a fresh value head
+  c.critic.init_path = ""
+
+
+def gspo(config: ml_collections.ConfigDict) -> None:
+  """GSPO: G = 8 rollouts per task, sequence ratios clipped to (1 - 3e-4, 1 + 4e-4), no critic."""
+  c = config.learner
+  c.algorithm = "gspo"
+  c.gspo.clip_low, c.gspo.clip_high = 3e-4, 4e-4
+  c.actor.optimizer.clip_norm = 1.0
+  config.recipe.value_pretrain_steps = 0  # no critic
+  config.rollout.group_size = 8
+  config.rollout.batch_size = 64  # 8 tasks × 8 rollouts
+  # At the SAO toy's 4e-4 the toy GSPO run collapsed at RL step ≈ 60 (trainer/rollout log-prob mismatch 0.007 →
+  # 0.55 in one step, reward → 0): with one update per batch the sequence clip never binds, and GSPO has no
+  # token-level mask like SAO's DIS. Half that rate, constant (docs/results.md; the schedule of docs/algorithm.md).
+  c.actor.optimizer.learning_rate = 2e-4
+  c.actor.optimizer.schedule = "constant"
+
+
+# ----------------------------------------------------------------------------------------------------------- scales
+
+def full_scale(config: ml_collections.ConfigDict) -> None:
+  """The paper's scale (an SGLang GPU fleet, a TPU/GPU trainer): the HF base policy, the SWE environment, 128k-token
+  episodes of up to 200 turns, the paper's actor optimiser (1e-6 after 10 warmup steps, constant), remote workers."""
+  c = config.learner
+  config.model.init = "hf"
+  config.model.hf_path = FULL_MODEL
+  config.env.name = "swe"
+  config.env.kwargs = {}
+  config.total_steps = 300
+  config.recipe.sft_steps = 0
+  c.actor.optimizer.learning_rate = 1e-6
+  c.actor.optimizer.schedule = "constant"  # 10 warmup steps (the base's), then constant (the toy decays)
+  c.batching.bucket_lengths = (32768, 65536, 131072)
+  c.batching.micro_batch_size = 8
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
+  config.rollout.max_new_tokens = 8192
+  config.rollout.max_turns = 200
+  config.rollout.max_total_tokens = 131072
+  config.rollout.eval_every = 20
+  config.rollout.base_eval_repeats = 1  # the validation split is hundreds of SWE tasks
+  config.rollout.lease_ttl_s = 7200.0
+  config.rollout.concurrency = 64
+  config.server.host = "0.0.0.0"  # remote workers must reach the trainer
+  config.server.max_staleness = 8
+
+
+def sao_full_critic(config: ml_collections.ConfigDict) -> None:
+  """SAO at full scale: the critic is loaded from an earlier run's value checkpoint (no value pretraining here)."""
+  c = config.learner
+  config.recipe.value_pretrain_steps = 0
+  c.critic.init = "checkpoint"
+  c.critic.init_path = "value_checkpoint"  # an earlier run's `value_init` or final critic
+  c.critic.optimizer.learning_rate = 5e-6
+  config.rollout.batch_size = 64  # 64 tasks × 1 rollout per step
+
+
+def swe_toy(config: ml_collections.ConfigDict) -> None:
+  """The SWE-style environment at CPU scale: the toy model with a long context, few short episodes, through the
+  proxied scaffolds `SWE_SCAFFOLDS` at equal weights (validated through the first)."""
+  config.env.name = "swe"
+  # Generated repositories (a planted bug each); short sandboxed commands and observations: toy contexts are a few
+  # thousand byte-level tokens.
+  config.env.kwargs = dict(num_repos=240, max_turns=8, command_timeout_s=10.0, max_output_bytes=800,
+                           test_timeout_s=60.0)
+  config.env.num_train_tasks = 1024
+  config.env.num_validation_tasks = 8
+  config.model.toy.max_position_embeddings = 8192
+  config.recipe.num_demonstrations = 32
+  config.recipe.demonstration_noise = 0.2
+  config.recipe.sft_steps = 60
+  config.recipe.sft_batch_size = 4
+  config.recipe.value_pretrain_steps = 5
+  config.total_steps = 30
+  config.rollout.batch_size = 8
+  config.rollout.concurrency = 8
+  config.rollout.max_new_tokens = 384  # an expert edit written as a python heredoc (bash_only) is ~300 tokens
+  config.rollout.max_turns = 8
+  config.rollout.max_total_tokens = 6144
+  config.rollout.eval_every = 10
+  config.rollout.base_eval_repeats = 1  # sandboxed episodes with test runs are the slow part
+  harness_mixture(config, SWE_SCAFFOLDS)
+  config.learner.batching.bucket_lengths = (1536, 2048, 3072, 4096, 6144)
+  config.learner.batching.micro_batch_size = 1  # [T, T] attention scores of thousands of tokens: one row at a time
+
+
+def code_repair_toy(config: ml_collections.ConfigDict) -> None:
+  """`code_repair` at CPU scale: fix the planted bug in a short program; run the tests; submit."""
+  config.env.name = "code_repair"
+  config.env.kwargs = dict(max_turns=8, timeout_s=2.0)
+  config.env.num_validation_tasks = 64
+  # A code_repair episode (view, edit, run_tests, submit) is ≈ 450 tokens with edits of ≈ 25 tokens.
+  config.rollout.max_new_tokens = 32
+  config.rollout.max_turns = 8
+  config.rollout.max_total_tokens = 512
+
+
+# ------------------------------------------------------------------------------------------------ data and harnesses
+
+def swe_multilingual_data(config: ml_collections.ConfigDict) -> None:
+  """SWE-bench-Multilingual-style data for the `swe` environment: one SWE-bench JSONL (training tasks and the
+  evaluation tasks together) plus local repository snapshots; the env splits it by repository (no repository is in
+  two splits). The default paths hold nothing until the data is prepared there: the run stops before it starts
+  anything, with an error naming the file; point the config at the data with `--config.env.kwargs.jsonl=<file>
+  --config.env.kwargs.snapshot_root=<dir>` (`sao.rollout.envs.swe.dataset` documents both formats)."""
+  config.engine_urls = (ROUTER_URL,)
+  config.env.name = "swe"
+  config.env.kwargs = dict(jsonl=MULTILINGUAL_JSONL, snapshot_root=MULTILINGUAL_SNAPSHOTS)
+  config.env.num_validation_tasks = 300
+
+
+MULTILINGUAL_JSONL = "data/swe_bench_multilingual/instances.jsonl"
+MULTILINGUAL_SNAPSHOTS = "data/swe_bench_multilingual/snapshots"
+
+
+def harness_mixture(config: ml_collections.ConfigDict, names: tuple[str, ...], eval_harness: str = "") -> None:
+  """Training episodes through `names` at equal configured weights; validation through `eval_harness` (default: the
+  first)."""
+  config.rollout.harnesses = tuple(names)
+  config.rollout.harness_weights = tuple(1.0 for _ in names)
+  config.rollout.eval_harness = eval_harness or names[0]
 
 
 def finalize(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> ml_collections.ConfigDict:

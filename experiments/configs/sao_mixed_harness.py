@@ -12,46 +12,46 @@ scale a "harness" is an agent-loop format / tool-call syntax for the same number
 - `xml_json`: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen style, the chat template's own);
 - `json_block`: a fenced ```json {"name": ..., "arguments": {...}}``` block;
 - `function_call`: a Python-style call `compare(guess=32)`.
-The proxied SWE scaffolds (`openai_tools`, `bash_only`) are harnesses too (`sao_openswe.py:swe_toy` mixes them). The
-full variant's names are the paper's external scaffolds, which this repository does not ship: a worker refuses them
-with an error naming the registered harnesses until each is registered (`sao.rollout.harnesses.register`).
+At full scale the mixture is the proxied SWE scaffolds this repository registers, `openai_tools` (OpenHands-style
+function calling, validation's harness) and `bash_only` (mini-swe-agent style), at equal weights. The paper's three
+(OpenHands SDK, Claude Code, OpenCode) are external programs this repository does not ship; register each as a
+proxied harness (`sao.rollout.harnesses.register`) and name them with
+`--config.rollout.harnesses="('openhands_sdk', 'claude_code', 'opencode')"` (plus `rollout.harness_weights` and
+`rollout.eval_harness`); unregistered names stop the run before it starts, listing the registered ones. The data is
+`sao_multilingual.py:full`'s (see there).
 
 Toy (CPU):
 
     python experiments/train.py --config=experiments/configs/sao_mixed_harness.py:toy --workdir=/tmp/sao_mixed_toy
 
-Full (needs an SGLang GPU fleet behind a router, a TPU/GPU trainer, the three scaffolds talking to the
-token-capturing proxy (`sao.rollout.proxy`), and sandboxes; see `launch/tpu_pod.py`):
+Full (needs an SGLang GPU fleet behind a router, a TPU/GPU trainer, sandboxes and the data; see
+`launch/tpu_pod.py`):
 
     python experiments/train.py --config=experiments/configs/sao_mixed_harness.py:full \
         --workdir=gs://.../sao_mixed_harness --config.engine_urls="('http://<router-host>:30000',)" \
+        --config.env.kwargs.jsonl=/data/multilingual.jsonl --config.env.kwargs.snapshot_root=/data/snapshots \
         --config.learner.critic.init_path=gs://.../value_checkpoint
 """
 from experiments.configs import common
-from experiments.configs import sao_multilingual
 
 VARIANTS = ("toy", "full")
 
 TOY_HARNESSES = ("xml_json", "json_block", "function_call")
-FULL_HARNESSES = ("openhands_sdk", "claude_code", "opencode")
+FULL_HARNESSES = common.SWE_SCAFFOLDS  # the registered stand-ins for the paper's external scaffolds (docstring)
 
 
 def get_config(arg: str | None = None):
   variant, overrides = common.parse_arg(arg, VARIANTS)
-  config = sao_multilingual.get_config(variant).copy_and_resolve_references()
-  config.unlock()
+  config = common.base_config()
   config.name = f"sao_mixed_harness_{variant}"
+  common.stabilized_sao(config)
   if variant == "toy":
     # Number search: three syntaxes of the same tool calls, so the mixture is the only thing that changes.
-    base = common.base_config()
-    config.env = base.env
-    config.rollout.max_new_tokens = base.rollout.max_new_tokens
-    config.rollout.max_turns = base.rollout.max_turns
-    config.rollout.max_total_tokens = base.rollout.max_total_tokens
-    harnesses = TOY_HARNESSES
+    config.total_steps = common.SAO_TOY_RL_STEPS
+    common.harness_mixture(config, TOY_HARNESSES)
   else:
-    harnesses = FULL_HARNESSES  # validation stays on OpenHands SDK (`env.kwargs.harness`, from sao_multilingual)
-  config.rollout.harnesses = harnesses
-  config.rollout.harness_weights = tuple(1.0 for _ in harnesses)  # equal configured weights
-  config.rollout.eval_harness = harnesses[0]
+    common.full_scale(config)
+    common.sao_full_critic(config)
+    common.swe_multilingual_data(config)
+    common.harness_mixture(config, FULL_HARNESSES)  # validated through the first, `openai_tools`
   return common.finalize(config, overrides)

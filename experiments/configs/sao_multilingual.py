@@ -6,43 +6,37 @@ Toy (CPU): the same recipe on `code_repair` (fix the planted bug in a short prog
 
     python experiments/train.py --config=experiments/configs/sao_multilingual.py:toy --workdir=/tmp/sao_multilingual_toy
 
-Full (needs an SGLang GPU fleet behind a router, a TPU/GPU trainer, and the `swe` environment's sandboxes; see
-`launch/tpu_pod.py`):
+Full (needs an SGLang GPU fleet behind a router, a TPU/GPU trainer, the `swe` environment's sandboxes, and the data:
+one SWE-bench-format JSONL holding the multilingual bug-fix training tasks and SWE-bench Multilingual's 300 tasks,
+with local repository snapshots, at `data/swe_bench_multilingual/` or wherever `env.kwargs.jsonl` and
+`env.kwargs.snapshot_root` point; the `swe` env splits the JSONL by repository, so validation runs on the
+repositories the split holds out rather than on exactly the 300 named tasks. Without the data the run stops before
+starting anything, naming the missing file. The harness is the registered OpenHands-style `openai_tools` scaffold,
+standing in for the OpenHands SDK; see `launch/tpu_pod.py`):
 
     python experiments/train.py --config=experiments/configs/sao_multilingual.py:full \
         --workdir=gs://.../sao_multilingual --config.engine_urls="('http://<router-host>:30000',)" \
+        --config.env.kwargs.jsonl=/data/multilingual.jsonl --config.env.kwargs.snapshot_root=/data/snapshots \
         --config.learner.critic.init_path=gs://.../value_checkpoint
 """
 from experiments.configs import common
-from experiments.configs import sao_openswe
 
 VARIANTS = ("toy", "full")
-
-# The router `launch/tpu_pod.py` starts in front of the SGLang fleet; override with --config.engine_urls.
-ROUTER_URL = "http://sglang-router:30000"
 
 
 def get_config(arg: str | None = None):
   variant, overrides = common.parse_arg(arg, VARIANTS)
-  config = sao_openswe.get_config(variant).copy_and_resolve_references()
-  config.unlock()
+  config = common.base_config()
   config.name = f"sao_multilingual_{variant}"
+  common.stabilized_sao(config)
   if variant == "toy":
-    config.env.name = "code_repair"
-    config.env.kwargs = dict(max_turns=8, timeout_s=2.0)
-    config.env.num_validation_tasks = 64
-    # A code_repair episode (view, edit, run_tests, submit) is ≈ 450 tokens with edits of ≈ 25 tokens.
-    config.rollout.max_new_tokens = 32
-    config.rollout.max_turns = 8
-    config.rollout.max_total_tokens = 512
+    config.total_steps = common.SAO_TOY_RL_STEPS
+    common.code_repair_toy(config)
   else:
-    config.engine_urls = (ROUTER_URL,)
-    config.env.kwargs = dict(
-        train_dataset="multilingual_bugfix",  # multilingual bug-fix training tasks (repos in several languages)
-        eval_dataset="SWE-bench/SWE-bench_Multilingual",  # 300 tasks, 42 repositories, 9 languages
-        eval_split="test",
-        harness="openhands_sdk",
-    )
-    config.env.num_validation_tasks = 300
-    config.learner.critic.init_path = "value_checkpoint"  # a trained critic (an earlier run's final critic)
+    common.full_scale(config)
+    common.sao_full_critic(config)  # a trained critic (an earlier run's final critic)
+    common.swe_multilingual_data(config)
+    # One harness, OpenHands-style function calling: the registered `openai_tools` scaffold stands in for the
+    # OpenHands SDK (an external program this repository does not ship).
+    common.harness_mixture(config, ("openai_tools",))
   return common.finalize(config, overrides)

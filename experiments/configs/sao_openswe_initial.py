@@ -13,27 +13,19 @@ Full (needs an SGLang GPU fleet behind a router and a TPU/GPU trainer; see `laun
         --workdir=gs://.../sao_openswe_initial --config.engine_urls="('http://<router-host>:30000',)"
 """
 from experiments.configs import common
-from experiments.configs import sao_openswe
 
 VARIANTS = ("toy", "full")
 
 
-def apply_initial_recipe(config) -> None:
-  """The initial critic recipe on top of a stabilized config (in place)."""
-  c = config.learner
-  c.sao.critic_warmup_steps = 10
-  c.critic.optimizer.clip_norm = 1.0
-  c.sao.whiten_advantages = False
-  config.recipe.value_pretrain_steps = 0  # no warm start: the critic is not pretrained ...
-  c.critic.init = "policy"  # ... it is the policy backbone with a fresh value head
-  c.critic.init_path = ""
-
-
 def get_config(arg: str | None = None):
   variant, overrides = common.parse_arg(arg, VARIANTS)
-  config = sao_openswe.get_config(variant)  # locked; copy into an unlocked tree to edit
-  config = config.copy_and_resolve_references()
-  config.unlock()
+  config = common.base_config()
   config.name = f"sao_openswe_initial_{variant}"
-  apply_initial_recipe(config)
+  common.stabilized_sao(config)  # as sao_openswe.py, ...
+  if variant == "toy":
+    config.total_steps = common.SAO_TOY_RL_STEPS
+  else:
+    common.full_scale(config)
+    common.sao_full_critic(config)
+  common.initial_sao(config)  # ... with the initial critic recipe
   return common.finalize(config, overrides)

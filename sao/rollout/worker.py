@@ -1,6 +1,10 @@
 r"""Rollout worker: leases tasks from the trainer, runs agent loops against the engines, submits trajectories.
 
-    python -m sao.rollout.worker --trainer=127.0.0.1:50051 --tokenizer_path=<HF dir> [--concurrency=64]
+    python -m sao.rollout.worker --config=experiments/configs/sao_openswe.py:toy [--config.<key>=<value> ...] \
+        --trainer=127.0.0.1:50051 [--worker_index=0]
+
+It reads the same experiment config as the trainer (`worker_config`: episode limits, harnesses, environment kwargs,
+tokenizer, engines); only the trainer's address and the worker's index are its own flags.
 
 Many episodes run concurrently in one asyncio loop; the blocking gRPC client runs in threads. Each leased task is
 played `len(sample_indices)` times (SAO: once; GSPO: G times, or only the missing samples of a re-leased group), with
@@ -16,12 +20,18 @@ import concurrent.futures
 import dataclasses
 import json
 import logging
+import os
 import signal
+import sys
 import time
 from typing import Sequence
 
 import grpc
+import ml_collections
 from absl import app, flags
+from ml_collections import config_flags
+
+from sao import run_config
 
 from sao.engines import lifetime
 from sao.engines.sglang_client import SGLangEngine
@@ -257,65 +267,63 @@ class RolloutWorker:
     return self.stats
 
 
-_TRAINER = flags.DEFINE_string("trainer", "127.0.0.1:50051", "The trainer's gRPC address.")
-_TOKENIZER = flags.DEFINE_string("tokenizer_path", "", "HF directory with tokenizer.json; empty = the toy tokenizer.")
-_ENGINES = flags.DEFINE_list("engine_urls", [], "Engine URLs (overrides what the trainer hands out).")
-_CONCURRENCY = flags.DEFINE_integer("concurrency", 64, "Concurrent agent loops.")
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens per model turn.")
-_MAX_TURNS = flags.DEFINE_integer("max_turns", 32, "Model turns per episode (the env may stop earlier).")
-_MAX_TOKENS = flags.DEFINE_integer("max_total_tokens", 4096, "Tokens per episode.")
-_IDLE_EXIT = flags.DEFINE_float("idle_exit_s", 0.0, "Exit after this long without work (0 = never).")
-_HARNESSES = flags.DEFINE_list("harnesses", ["xml_json"], "Harnesses training episodes are sampled from.")
-_HARNESS_WEIGHTS = flags.DEFINE_list("harness_weights", [], "Their relative weights (empty = equal).")
-_EVAL_HARNESS = flags.DEFINE_string("eval_harness", "", "The harness validation runs through ('' = the first).")
-_HARNESS_SEED = flags.DEFINE_integer("harness_seed", 0, "Seeds the per-episode harness choice.")
-_ENV_KWARGS = flags.DEFINE_string("env_kwargs", "", 'Environment constructor kwargs per env name, as JSON: '
-                                   '{"swe": {"command_timeout_s": 10}}.')
-_TOKEN_ENV = flags.DEFINE_string("token_env", "SAO_TRAINER_TOKEN", "Environment variable holding the shared secret.")
+def worker_config(config: ml_collections.ConfigDict, trainer_address: str, worker_index: int | None = None,
+                  idle_exit_s: float = 0.0) -> WorkerConfig:
+  """A rollout worker's settings from the run's experiment config (`experiments/configs/`), the one home of every
+  setting the trainer and its workers share: episode limits (`rollout.*`), the harness mixture, the environment's
+  constructor kwargs, the tokenizer (`sao.run_config.tokenizer_path`), external engines (`engine_urls`) and the
+  shared secret's environment variable (`server.token_env`)."""
+  r = config.rollout
+  env_kwargs = config.env.kwargs.to_dict() if hasattr(config.env.kwargs, "to_dict") else dict(config.env.kwargs)
+  return WorkerConfig(
+      trainer_address=trainer_address, tokenizer_path=run_config.tokenizer_path(config),
+      engine_urls=tuple(config.engine_urls), token=os.environ.get(config.server.token_env) or None,
+      concurrency=r.concurrency, max_new_tokens=r.max_new_tokens, max_turns=r.max_turns,
+      max_total_tokens=r.max_total_tokens, idle_exit_s=idle_exit_s,
+      worker_id=None if worker_index is None else f"{config.name}-worker{worker_index}-{os.getpid()}",
+      env_kwargs={config.env.name: env_kwargs} if env_kwargs else None,
+      # No names: the chat template's own format, `xml_json` (as the demonstrations and evaluation use).
+      harnesses=tuple(r.harnesses) or ("xml_json",), harness_weights=tuple(float(w) for w in r.harness_weights),
+      eval_harness=r.eval_harness, harness_seed=config.seed)
 
 
-def _harness_weights(values: Sequence[str]) -> tuple[float, ...]:
-  try:
-    return tuple(float(v) for v in values)
-  except ValueError as e:
-    raise app.UsageError(f"--harness_weights: not numbers: {list(values)}") from e
+def command(config_args: Sequence[str], trainer_address: str, worker_index: int | None = None,
+            python: str = sys.executable) -> list[str]:
+  """The command line of a rollout worker process: `config_args` are the trainer's own `--config=<file>:<arg>`
+  and `--config.<key>=<value>` flags (`sao.run_config`'s readers see the same config on both sides)."""
+  index = [] if worker_index is None else [f"--worker_index={worker_index}"]
+  return [python, "-m", "sao.rollout.worker", *config_args, f"--trainer={trainer_address}", *index]
 
 
-def _env_kwargs(text: str) -> dict | None:
-  if not text:
-    return None
-  try:
-    value = json.loads(text)
-  except json.JSONDecodeError as e:
-    raise app.UsageError(f"--env_kwargs: not JSON ({e.msg} at char {e.pos}): {text!r}") from e
-  if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
-    raise app.UsageError(f"--env_kwargs: expected {{env name: {{kwarg: value}}}}, got {text!r}")
-  return value
+async def serve(config: WorkerConfig) -> dict[str, int]:
+  """Runs a worker until the trainer has no more work (`idle_exit_s`) or SIGTERM/SIGINT; returns its stats."""
+  worker = RolloutWorker(config)
+  loop = asyncio.get_running_loop()
+  for sig in (signal.SIGTERM, signal.SIGINT):
+    loop.add_signal_handler(sig, worker.stop)
+  return await worker.run()
+
+
+def define_flags() -> None:
+  """The worker program's flags (defined only when it runs as a program, so importing this module defines none)."""
+  config_flags.DEFINE_config_file("config", None, "The run's experiment config, `<file>:<arg>` (the trainer's), plus "
+                                  "--config.<key>=<value> overrides.", lock_config=True)
+  flags.DEFINE_string("trainer", None, "The trainer's gRPC address, host:port.")
+  flags.DEFINE_integer("worker_index", None, "This worker's index among the run's workers (names it in the trainer's "
+                       "lease records; default: a random id).")
+  flags.DEFINE_float("idle_exit_s", 0.0, "Exit after this long without work (0 = never).")
+  flags.mark_flags_as_required(["config", "trainer"])
 
 
 def main(argv: list[str]) -> None:
   del argv
-  import os  # pylint: disable=g-import-not-at-top
+  f = flags.FLAGS
   logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
   lifetime.exit_with_parent()  # started by a launcher: end with it
-  config = WorkerConfig(trainer_address=_TRAINER.value, tokenizer_path=_TOKENIZER.value,
-                        engine_urls=tuple(_ENGINES.value), token=os.environ.get(_TOKEN_ENV.value) or None,
-                        concurrency=_CONCURRENCY.value, max_new_tokens=_MAX_NEW.value, max_turns=_MAX_TURNS.value,
-                        max_total_tokens=_MAX_TOKENS.value, idle_exit_s=_IDLE_EXIT.value,
-                        harnesses=tuple(_HARNESSES.value), harness_weights=_harness_weights(_HARNESS_WEIGHTS.value),
-                        eval_harness=_EVAL_HARNESS.value, harness_seed=_HARNESS_SEED.value,
-                        env_kwargs=_env_kwargs(_ENV_KWARGS.value))
-  worker = RolloutWorker(config)
-
-  async def run():
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-      loop.add_signal_handler(sig, worker.stop)
-    return await worker.run()
-
-  stats = asyncio.run(run())
+  stats = asyncio.run(serve(worker_config(f.config, f.trainer, f.worker_index, f.idle_exit_s)))
   log.info("worker done: %s", stats)
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

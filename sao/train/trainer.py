@@ -27,6 +27,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from sao import run_config
 from sao.analysis import critic_traces
 from sao.engines.sglang_client import SGLangEngine
 from sao.models import hf, transformer
@@ -52,14 +53,7 @@ class Launcher:
 
 
 def _learner_config(config: ml_collections.ConfigDict, **overrides: Any) -> ml_collections.ConfigDict:
-  learner_config = ml_collections.ConfigDict(config.learner.to_dict())
-  for dotted, value in overrides.items():
-    node = learner_config
-    *path, leaf = dotted.split(".")
-    for key in path:
-      node = node[key]
-    node[leaf] = value
-  return learner_config
+  return run_config.set_all(ml_collections.ConfigDict(config.learner.to_dict()), overrides)
 
 
 def export_policy(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, directory: str) -> str:

@@ -4,11 +4,11 @@ on a tiny number_search config, with faults injected from outside.
 - SAO: trajectories flow into the durable log, the actor updates and its weights are published and picked up
   (`policy/v1`, logged trajectories with `policy_version >= 1`), metrics land in `metrics.jsonl`, TensorBoard and
   `curves.png`. Mid-run the rollout worker is SIGKILLed: its leases expire (short TTL), the trainer restarts the
-  worker, the tasks are re-leased and none is lost. Then the whole run (its process group) is SIGKILLed; the same
+  worker, the tasks are re-leased and none is lost. Then the whole run (its session) is SIGKILLed; the same
   command resumes at the checkpoint's step and trains first on the trajectories that were accepted but not consumed.
 - GSPO: the same smoke with groups of G rollouts per task.
 
-Each run is started in its own session (process group) and the group is SIGKILLed in teardown, so no engine or
+Each run is started in its own session and every process of it is SIGKILLed in teardown, so no engine or
 worker outlives the test. All runs share one JAX persistent compilation cache to keep the file's runtime down.
 """
 from __future__ import annotations
@@ -49,8 +49,9 @@ GSPO_ARG = f"gspo_openswe.py:toy,total_steps={GSPO_STEPS},rollout.group_size=4,{
 # ----------------------------------------------------------------------------------------------------------------
 # Process helpers.
 
-def _group_members(pgid: int) -> list[int]:
-  """Live pids (not zombies) whose process group is `pgid`."""
+def _group_members(sid: int) -> list[int]:
+  """Live pids (not zombies) of the session `sid` (a run's trainer and its engines and workers, each child in a
+  process group of its own)."""
   out = []
   for stat in glob.glob("/proc/[0-9]*/stat"):
     try:
@@ -58,7 +59,7 @@ def _group_members(pgid: int) -> list[int]:
         fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
       continue
-    if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
+    if int(fields[3]) == sid and fields[0] != "Z":  # fields: state, ppid, pgrp, session, ...
       out.append(int(stat.split("/")[2]))
   return out
 
@@ -76,11 +77,12 @@ def _worker_pids(pgid: int) -> list[int]:
 
 
 def _kill_group(process: subprocess.Popen, timeout_s: float = 20.0) -> None:
-  """SIGKILLs the run's whole process group and waits (bounded) until none of it is left."""
-  try:
-    os.killpg(process.pid, signal.SIGKILL)
-  except ProcessLookupError:
-    pass
+  """SIGKILLs every process of the run's session and waits (bounded) until none of it is left."""
+  for pid in [process.pid] + _group_members(process.pid):
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
   try:
     process.wait(timeout=timeout_s)
   except subprocess.TimeoutExpired:
@@ -257,7 +259,7 @@ def test_sao_end_to_end_with_worker_and_trainer_kills(tmp_path, runs, cache_dir)
   run_a.wait_for("steps after the worker kill", lambda: _num_steps(workdir) >= steps_at_worker_kill + 2, 300)
   assert time.monotonic() - kill_time > LEASE_TTL_S
 
-  # --- Kill the whole trainer (process group) once a checkpoint is written and some accepted trajectories wait.
+  # --- Kill the whole run (its session) once a checkpoint is written and some accepted trajectories wait.
   log_dir = os.path.join(workdir, "trajectories")
   run_a.wait_for("an unconsumed trajectory after a checkpoint",
                  lambda: _latest_extra(workdir) and log_lib.unconsumed(log_dir), 120, poll_s=0.2)

@@ -68,6 +68,8 @@ def test_worker_command_and_existing_fleet():
   assert len(worker) == 2 and worker[0].argv[:2] == ("ssh", "cpu-0")
   argv = _remote_argv(worker[0])
   assert "--config.role=worker" in argv and "--trainer=10.0.0.2:50051" in argv
+  assert [_remote_argv(w)[-1] for w in worker] == ["--worker_index=0", "--worker_index=1"]
+  assert f"--config={CONFIG}" in argv  # the trainer's config, not settings copied flag by flag
   assert "--config.engine_urls=('http://gpu-0:30080',)" in argv
   commands = tpu_pod.plan(_spec(gpu_hosts=(), engine_urls=("http://router:1",), project=""))
   assert [c.role for c in commands] == ["trainer", "worker"]

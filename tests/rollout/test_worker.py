@@ -5,12 +5,18 @@ rejected later as UNKNOWN_LEASE and its task re-run), and a worker whose finishe
 must not lease more work (else outstanding leases grow without bound while the learner is slow).
 """
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 import time
+
+import pytest
 
 from sao.engines.sglang_client import GenerateResult
 from sao.models.tokenizer import toy_tokenizer
 from sao.rollout import envs
+from sao.rollout import worker as worker_lib
 from sao.rollout.worker import RolloutWorker, WorkerConfig
 from sao.transport.dispenser import DispenserConfig, TaskDispenser
 from sao.transport.server import ServerConfig, TrajectoryServer
@@ -103,3 +109,52 @@ def test_stop_does_not_wait_out_the_retry_budget_when_the_trainer_is_gone():
   elapsed, stats = asyncio.run(run())
   assert elapsed < 5, elapsed
   assert stats["submitted"] == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The worker program reads the trainer's experiment config (`--config=<file>:<arg>`), not flags copied one by one.
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _experiment(arg: str):
+  from experiments.configs import sao_openswe  # pylint: disable=g-import-not-at-top
+  return sao_openswe.get_config(arg)
+
+
+def test_worker_config_comes_from_the_experiment_config():
+  config = _experiment("toy")
+  wc = worker_lib.worker_config(config, "127.0.0.1:5", worker_index=3)
+  r = config.rollout
+  assert (wc.trainer_address, wc.concurrency, wc.max_new_tokens, wc.max_turns, wc.max_total_tokens) == (
+      "127.0.0.1:5", r.concurrency, r.max_new_tokens, r.max_turns, r.max_total_tokens)
+  assert wc.tokenizer_path == "" and wc.engine_urls == () and wc.harness_seed == config.seed
+  assert wc.env_kwargs == {"number_search": config.env.kwargs.to_dict()}
+  assert wc.harness_mixture.names == ("xml_json",) and wc.harness_mixture.eval_harness == "xml_json"
+  assert wc.worker_id.startswith("sao_openswe_toy-worker3-")
+
+  swe = worker_lib.worker_config(_experiment("swe_toy,seed=4,engine_urls=http://e:1"), "t:1")
+  assert swe.harness_mixture.names == ("openai_tools", "bash_only") and swe.harness_mixture.weights == (1.0, 1.0)
+  assert swe.harness_seed == 4 and swe.engine_urls == ("http://e:1",) and set(swe.env_kwargs) == {"swe"}
+  full = worker_lib.worker_config(_experiment("full"), "t:1")
+  assert full.tokenizer_path == "Qwen/Qwen3.5-35B-A3B"  # an hf-initialised model's own tokenizer
+
+
+def test_worker_command_carries_the_trainers_config_flags():
+  cmd = worker_lib.command(["--config=experiments/configs/sao_openswe.py:toy", "--config.seed=2"], "h:7", 1,
+                           python="py")
+  assert cmd == ["py", "-m", "sao.rollout.worker", "--config=experiments/configs/sao_openswe.py:toy",
+                 "--config.seed=2", "--trainer=h:7", "--worker_index=1"]
+
+
+@pytest.mark.parametrize("override,message", [
+    ("--config.rollout.concurrency=0", "concurrency: must be >= 1, got 0"),  # the override reached WorkerConfig
+    ("--config.jax_distributed=ture", "Non-boolean argument to boolean flag"),
+    ("--config.rollout.harnesses=('claude_code',)", "'claude_code' is not a registered harness"),
+])
+def test_worker_program_parses_config_overrides_strictly(override, message):
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]), JAX_PLATFORMS="cpu")
+  result = subprocess.run([sys.executable, "-m", "sao.rollout.worker",
+                           "--config=experiments/configs/sao_openswe.py:toy", override, "--trainer=127.0.0.1:1"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+  assert result.returncode != 0 and message in result.stderr + result.stdout, result.stderr[-3000:]

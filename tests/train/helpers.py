@@ -4,6 +4,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from sao import run_config
 from sao.models.config import ModelConfig
 from sao.models.transformer import init_params
 from sao.train import config as config_lib
@@ -34,13 +35,7 @@ def learner_config(**overrides):
   c.critic.optimizer.learning_rate = 1e-2
   c.actor.optimizer.warmup_steps = 0
   c.critic.optimizer.warmup_steps = 0
-  for key, value in overrides.items():
-    node = c
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return c
+  return run_config.set_all(c, overrides)
 
 
 def one_device_mesh():

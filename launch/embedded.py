@@ -1,0 +1,118 @@
+"""The embedded run's child processes: local JAX engine servers and rollout workers on this machine, over loopback.
+
+`EmbeddedProcesses` starts `config.num_engines` engines (`python -m sao.engines.serve`, unless the config names
+external `engine_urls`) and `config.num_workers` rollout workers (`python -m sao.rollout.worker`, reading the
+trainer's own `--config` flags), logs under `<workdir>/logs/`. A rollout worker that dies is restarted (its leases
+expire and the trainer re-leases their tasks), at most `MAX_WORKER_RESTARTS` times per run in total; a dead engine
+stops the run. Each child is a `sao.engines.processes.ChildProcess`: its own process group, ended with the launcher.
+"""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import ml_collections
+
+from sao.engines import processes
+from sao.rollout import worker as worker_lib
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAX_WORKER_RESTARTS = 10  # a worker that keeps dying is a bug to surface, not a fault to ride out
+
+
+def batch_buckets(concurrency: int) -> list[int]:
+  """The engine's batch shapes (each one is a compile): an eighth, half, and all of the concurrency (deduplicated)."""
+  return sorted({max(1, concurrency // 8), max(1, concurrency // 2), concurrency})
+
+
+def prompt_buckets(max_total_tokens: int) -> list[int]:
+  """The engine's prompt lengths: powers of two from 64 below `max_total_tokens`, then `max_total_tokens` itself."""
+  buckets, b = [], 64
+  while b < max_total_tokens:
+    buckets.append(b)
+    b *= 2
+  return buckets + [max_total_tokens]
+
+
+def engine_args(config: ml_collections.ConfigDict, cache_dir: str) -> list[str]:
+  """The `sao.engines.serve` flags that fit the run's rollouts: every agent loop of a worker in one batch, the
+  episode's token budget as the longest prompt, and a persistent compilation cache in `cache_dir`."""
+  r = config.rollout
+  return [f"--max_batch_size={max(r.concurrency, 1)}", "--batch_window_ms=5",
+          f"--new_token_buckets={r.max_new_tokens}",
+          f"--batch_buckets={','.join(str(b) for b in batch_buckets(r.concurrency))}",
+          f"--prompt_buckets={','.join(str(b) for b in prompt_buckets(r.max_total_tokens))}",
+          # Each (batch, prompt) bucket compiles once; the persistent cache makes a resumed run or the next
+          # experiment start in seconds.
+          f"--compilation_cache_dir={cache_dir}"]
+
+
+def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
+  """This process's environment with the repository first on PYTHONPATH: a worker started from any directory
+  imports this checkout's `sao` and the config file's `experiments.configs`."""
+  out = dict(os.environ if env is None else env)
+  out["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, out.get("PYTHONPATH", "")) if p)
+  return out
+
+
+class EmbeddedProcesses:
+  """Engines and rollout workers of one run as child processes (see the module docstring).
+
+  Args:
+    config: the run's experiment config.
+    workdir: the run directory (`logs/` and `jax_cache/` go there).
+    config_args: the trainer's own config flags (`--config=<file>:<arg>`, `--config.<key>=<value>`...), which every
+      worker is started with, so trainer and workers read one config.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str, config_args: Sequence[str]):
+    self.config = config
+    self.workdir = workdir
+    self.config_args = list(config_args)
+    self.log_dir = os.path.join(workdir, "logs")
+    os.makedirs(self.log_dir, exist_ok=True)
+    self.engines = []
+    self.workers: list[processes.ChildProcess] = []
+    self.worker_restarts = processes.RestartBudget(MAX_WORKER_RESTARTS)
+
+  def start_engines(self, model_dir: str) -> list[str]:
+    """Local engines serving `model_dir`, or the config's external `engine_urls` (then nothing is started)."""
+    if self.config.engine_urls:
+      return list(self.config.engine_urls)
+    from sao.engines.local_server import start_local_engine  # pylint: disable=g-import-not-at-top
+    args = engine_args(self.config, os.path.join(self.workdir, "jax_cache"))
+    urls = []
+    for i in range(self.config.num_engines):
+      handle, url = start_local_engine(model_dir, log_path=os.path.join(self.log_dir, f"engine{i}.log"),
+                                       engine_args=args)
+      self.engines.append(handle)
+      urls.append(url)
+    print(f"[embedded] engines: {urls}", flush=True)
+    return urls
+
+  def worker(self, index: int, trainer_address: str) -> processes.ChildProcess:
+    """Rollout worker `index` (not started)."""
+    return processes.ChildProcess(
+        f"rollout worker {index}", worker_lib.command(self.config_args, trainer_address, index),
+        os.path.join(self.log_dir, f"worker{index}.log"), env=child_env(), restarts=self.worker_restarts)
+
+  def start_workers(self, trainer_address: str) -> None:
+    c = self.config
+    self.workers = [self.worker(i, trainer_address).start() for i in range(c.num_workers)]
+    print(f"[embedded] {c.num_workers} worker(s) × {c.rollout.concurrency} agent loops → {trainer_address}",
+          flush=True)
+
+  def check_alive(self) -> None:
+    """Raises if an engine died or a worker died with no restarts left; restarts other dead workers."""
+    for handle in self.engines:
+      if not handle.alive():
+        raise RuntimeError(f"engine {handle.url} died; log tail:\n{handle.log_tail()}")
+    for worker in self.workers:
+      restarted = worker.check()
+      if restarted:
+        print(f"[embedded] {restarted}\n(its leases expire and are re-leased)", flush=True)
+
+  def stop(self) -> None:
+    processes.stop_all(self.workers)
+    for handle in self.engines:
+      handle.stop()

@@ -1,0 +1,144 @@
+"""One run of an experiment config in its role (`config.role`); `experiments/train.py` parses flags and calls `run`.
+
+- embedded: the trainer plus its engines and rollout workers as child processes on this machine
+  (`launch.embedded`);
+- trainer: the trainer alone (workers on other hosts connect to `server.host:server.port`; engines are
+  `engine_urls`); with `jax_distributed` it calls `jax.distributed.initialize()` first (TPU pods);
+- worker: a rollout worker in this process, for the trainer at `trainer_address`.
+
+Before anything starts, the config is checked the way the processes will use it (`check_startable`): the
+environment is built from `env.kwargs` (a keyword it does not take is an error naming it), its task lists are
+loaded (missing data is an error naming the file and the config keys that point at it), and the harness names are
+looked up in the registry (an unknown one is an error listing the registered ones).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Callable, Sequence
+
+import ml_collections
+
+from sao import run_config
+from sao.rollout import envs
+from sao.rollout import harnesses as harness_lib
+
+ROLES = ("embedded", "trainer", "worker")
+
+
+def make_env(config: ml_collections.ConfigDict) -> envs.Env:
+  """The config's environment; ValueError naming the keyword when `env.kwargs` holds one the environment lacks."""
+  kwargs = dict(config.env.kwargs)
+  try:
+    return envs.make(config.env.name, **kwargs)
+  except TypeError as e:
+    raise ValueError(f"{config.name}: env.kwargs {sorted(kwargs)} do not fit the {config.env.name!r} environment: "
+                     f"{e}") from e
+
+
+def task_lists(config: ml_collections.ConfigDict) -> tuple[list[dict], list[dict]]:
+  """(training tasks, validation tasks); missing data is a FileNotFoundError naming it and what to pass instead."""
+  env = make_env(config)
+  try:
+    return (env.tasks("train", config.env.num_train_tasks, config.seed),
+            env.tasks("validation", config.env.num_validation_tasks, config.seed + 1))
+  except (OSError, ValueError) as e:
+    if "no such file" not in str(e).lower() and not isinstance(e, FileNotFoundError):
+      raise
+    raise FileNotFoundError(
+        f"{config.name}: the {config.env.name!r} environment cannot load its tasks: {e}. Prepare the data there, or "
+        f"point the config at it with --config.env.kwargs.<key>=<path> (env.kwargs now: "
+        f"{dict(config.env.kwargs)}; the config file's docstring names the data)") from e
+
+
+def harness_mixture(config: ml_collections.ConfigDict) -> harness_lib.HarnessMixture:
+  """The rollout workers' harness mixture (an unregistered name is a ValueError listing the registered ones)."""
+  from sao.rollout import worker as worker_lib  # pylint: disable=g-import-not-at-top
+  r = config.rollout
+  try:
+    return worker_lib.worker_config(config, trainer_address="").harness_mixture  # the workers' own rule
+  except ValueError as e:
+    raise ValueError(f"{config.name}: rollout.harnesses {tuple(r.harnesses)}: {e}. Register the missing harness "
+                     f"(`sao.rollout.harnesses.register`) or pass registered names with "
+                     f"--config.rollout.harnesses=... (and rollout.harness_weights, rollout.eval_harness)") from e
+
+
+def check_startable(config: ml_collections.ConfigDict) -> tuple[list[dict], list[dict]]:
+  """Everything a run needs before its processes start (module docstring); returns the task lists."""
+  if config.role not in ROLES:
+    raise ValueError(f"config.role: unknown role {config.role!r} ({' | '.join(ROLES)})")
+  harness_mixture(config)
+  return task_lists(config)
+
+
+def tokenizer(config: ml_collections.ConfigDict):
+  from sao.models.tokenizer import Tokenizer, toy_tokenizer  # pylint: disable=g-import-not-at-top
+  path = run_config.tokenizer_path(config)
+  return Tokenizer.from_pretrained(path) if path else toy_tokenizer()
+
+
+def _demonstrations(config: ml_collections.ConfigDict, tok) -> Callable[[], list]:
+  def demonstrations():
+    from sao.rollout.demonstrations import demonstration_trajectories  # pylint: disable=g-import-not-at-top
+    r = config.recipe
+    return demonstration_trajectories(config.env.name, tok, r.num_demonstrations, config.seed,
+                                      noise=r.demonstration_noise, env_kwargs=dict(config.env.kwargs),
+                                      harnesses=tuple(config.rollout.harnesses),
+                                      harness_weights=tuple(config.rollout.harness_weights))
+  return demonstrations
+
+
+def train(config: ml_collections.ConfigDict, workdir: str, config_args: Sequence[str]) -> None:
+  """The trainer role (embedded or alone): the recipe's phases, then the curves and a one-line summary."""
+  train_tasks, validation_tasks = check_startable(config)
+  from sao.analysis import curves  # pylint: disable=g-import-not-at-top
+  from sao.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  if config.jax_distributed:
+    import jax  # pylint: disable=g-import-not-at-top
+    jax.distributed.initialize()
+  tok = tokenizer(config)
+  if config.role == "embedded":
+    from launch import embedded  # pylint: disable=g-import-not-at-top
+    children = embedded.EmbeddedProcesses(config, workdir, config_args)
+    launcher = trainer_lib.Launcher(children.start_engines, children.start_workers, children.stop,
+                                    children.check_alive)
+  else:  # the trainer alone: engines and workers are someone else's
+    launcher = trainer_lib.Launcher(lambda _: list(config.engine_urls), lambda address: None)
+  trainer = trainer_lib.Trainer(config, workdir, tok, train_tasks, validation_tasks)
+  summary = trainer.run(launcher, _demonstrations(config, tok) if config.recipe.sft_steps else None)
+  png = curves.plot_training_curves(os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, "curves.png"))
+  base, final, best = trainer.validation_summary()
+  print(f"[done] {config.name}: validation {base:.3f} (base policy) → {final:.3f} (mean of the last 3 evaluations; "
+        f"best {best:.3f}); last step {summary}; "
+        f"curves: {png}", flush=True)
+
+
+def work(config: ml_collections.ConfigDict, trainer_address: str, worker_index: int | None = None) -> dict[str, int]:
+  """The worker role: one rollout worker in this process until SIGTERM/SIGINT; returns its stats."""
+  if not trainer_address:
+    raise ValueError("role=worker needs the trainer's address (--trainer=host:port)")
+  harness_mixture(config)
+  from sao.rollout import worker as worker_lib  # pylint: disable=g-import-not-at-top
+  logging.getLogger("sao.rollout").setLevel(logging.INFO)
+  return asyncio.run(worker_lib.serve(worker_lib.worker_config(config, trainer_address, worker_index)))
+
+
+def run(config: ml_collections.ConfigDict, workdir: str, config_args: Sequence[str], trainer_address: str = "",
+        worker_index: int | None = None) -> None:
+  """Runs `config` in its role. `config_args` are the command line's config flags (`config_flag_args`), which
+  embedded workers are started with."""
+  if config.role == "worker":
+    work(config, trainer_address, worker_index)
+  elif config.role in ROLES:
+    train(config, workdir, config_args)
+  else:
+    raise ValueError(f"config.role: unknown role {config.role!r} ({' | '.join(ROLES)})")
+
+
+def config_flag_args(config_flag) -> list[str]:
+  """The `--config=<file>:<arg>` and `--config.<key>=<value>` flags a config flag (ml_collections
+  `DEFINE_config_file`) was given, normalised, so that another process parses them to the same config."""
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  return [f"--config={config_flags.get_config_filename(config_flag)}",
+          *run_config.override_flags(config_flags.get_override_values(config_flag))]

@@ -1,0 +1,69 @@
+"""launch.embedded: the engines' bucket flags, the workers' command line, and worker restarts within the run's budget
+(real `python -m sao.rollout.worker` processes, pointed at a trainer address nobody serves)."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from experiments.configs import sao_openswe
+from launch import embedded
+from sao.engines import processes
+
+CONFIG_ARGS = ["--config=experiments/configs/sao_openswe.py:toy", "--config.rollout.concurrency=2"]
+
+
+def test_bucket_arithmetic():
+  assert embedded.batch_buckets(64) == [8, 32, 64]
+  assert embedded.batch_buckets(8) == [1, 4, 8]
+  assert embedded.batch_buckets(1) == [1]
+  assert embedded.prompt_buckets(192) == [64, 128, 192]
+  assert embedded.prompt_buckets(64) == [64]
+  assert embedded.prompt_buckets(6144) == [64, 128, 256, 512, 1024, 2048, 4096, 6144]
+
+
+def test_engine_args_fit_the_rollouts():
+  args = embedded.engine_args(sao_openswe.get_config("toy"), "/c")
+  assert args == ["--max_batch_size=64", "--batch_window_ms=5", "--new_token_buckets=16", "--batch_buckets=8,32,64",
+                  "--prompt_buckets=64,128,192", "--compilation_cache_dir=/c"]
+
+
+def test_external_engines_start_nothing(tmp_path):
+  children = embedded.EmbeddedProcesses(sao_openswe.get_config("toy,engine_urls=http://a:1+http://b:2"),
+                                        str(tmp_path), CONFIG_ARGS)
+  assert children.start_engines("/unused") == ["http://a:1", "http://b:2"] and not children.engines
+
+
+def test_workers_get_the_trainers_config_flags_and_the_repository_on_their_path(tmp_path):
+  children = embedded.EmbeddedProcesses(sao_openswe.get_config("toy"), str(tmp_path), CONFIG_ARGS)
+  worker = children.worker(1, "127.0.0.1:9")
+  assert worker.argv[1:] == ["-m", "sao.rollout.worker", *CONFIG_ARGS, "--trainer=127.0.0.1:9", "--worker_index=1"]
+  assert worker.env["PYTHONPATH"].split(os.pathsep)[0] == embedded.REPO_ROOT
+  assert worker.log_path == os.path.join(str(tmp_path), "logs", "worker1.log")
+
+
+def test_dead_workers_are_restarted_until_the_budget_is_spent(tmp_path, capsys, monkeypatch):
+  monkeypatch.setattr(embedded, "MAX_WORKER_RESTARTS", 1)
+  monkeypatch.chdir(embedded.REPO_ROOT)  # the config path is relative, as on the trainer's command line
+  children = embedded.EmbeddedProcesses(sao_openswe.get_config("toy,num_workers=2"), str(tmp_path), CONFIG_ARGS)
+  children.start_workers("127.0.0.1:1")  # nobody serves it: the workers keep retrying their lease call
+  try:
+    first = children.workers[0]
+    old_pid = first.pid
+    children.check_alive()
+    os.kill(old_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while first.alive() and time.monotonic() < deadline:
+      time.sleep(0.05)
+    children.check_alive()
+    assert "rollout worker 0 exited with code -9; restarted it as pid" in capsys.readouterr().out
+    assert first.pid != old_pid and first.alive()
+    os.kill(children.workers[1].pid, signal.SIGKILL)
+    children.workers[1].process.wait(30)
+    with pytest.raises(processes.ChildError, match="rollout worker 1 .*exited with code -9"):
+      children.check_alive()
+  finally:
+    children.stop()
+  assert not any(w.alive() for w in children.workers)
