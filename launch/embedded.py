@@ -71,7 +71,7 @@ class EmbeddedProcesses:
     self.config_args = list(config_args)
     self.log_dir = os.path.join(workdir, "logs")
     os.makedirs(self.log_dir, exist_ok=True)
-    self.engines = []
+    self.engines: list[processes.ChildProcess] = []
     self.workers: list[processes.ChildProcess] = []
     self.worker_restarts = processes.RestartBudget(MAX_WORKER_RESTARTS)
 
@@ -84,7 +84,7 @@ class EmbeddedProcesses:
     urls = []
     for i in range(self.config.num_engines):
       handle, url = start_local_engine(model_dir, log_path=os.path.join(self.log_dir, f"engine{i}.log"),
-                                       engine_args=args)
+                                       engine_args=args, name=f"engine {i}")
       self.engines.append(handle)
       urls.append(url)
     print(f"[embedded] engines: {urls}", flush=True)
@@ -105,14 +105,11 @@ class EmbeddedProcesses:
   def check_alive(self) -> None:
     """Raises if an engine died or a worker died with no restarts left; restarts other dead workers."""
     for handle in self.engines:
-      if not handle.alive():
-        raise RuntimeError(f"engine {handle.url} died; log tail:\n{handle.log_tail()}")
+      handle.check()  # no restart budget: a dead engine is a ChildError naming it, with its log's tail
     for worker in self.workers:
       restarted = worker.check()
       if restarted:
         print(f"[embedded] {restarted}\n(its leases expire and are re-leased)", flush=True)
 
   def stop(self) -> None:
-    processes.stop_all(self.workers)
-    for handle in self.engines:
-      handle.stop()
+    processes.stop_all([*self.workers, *self.engines])
