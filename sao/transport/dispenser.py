@@ -14,8 +14,9 @@ indices, so a dead worker loses nothing. A late submission under an expired leas
 (`check_submission`), whether or not its work was re-leased yet: one rule, no race about who wins.
 
 Evaluation: every `eval_every` policy versions (`set_policy_version`) the whole validation split is queued as
-single-sample, `is_validation` leases at `eval_temperature`; their results feed an eval collector (never the
-training buffer) and `pop_eval_results()` reports a version's success rate once all of its eval tasks returned.
+single-sample, `is_validation` leases at `eval_temperature`; their results feed the eval collector
+(`sao.transport.evaluation`, never the training buffer) and `pop_eval_results()` reports a version's success rate
+once all of its eval tasks returned.
 
 Order: re-leases first, then queued evaluation, then fresh training tasks in a per-epoch shuffle that depends only
 on (seed, epoch), so `state_dict()` = (epoch, position, outstanding work) reproduces the order after a restart.
@@ -33,6 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from sao.transport.evaluation import EvalCollector, EvalResult
 from sao.transport.trajectory import ReasonCode, Trajectory, TrajectoryError
 
 logger = logging.getLogger(__name__)
@@ -120,24 +122,6 @@ class _Group:
   accepted: set[int] = dataclasses.field(default_factory=set)
 
 
-@dataclasses.dataclass(frozen=True)
-class EvalResult:
-  """Validation outcome of one policy version (all of its eval tasks returned)."""
-  policy_version: int
-  num_tasks: int
-  num_success: int
-  success_rate: float
-  mean_reward: float
-  by_harness: Mapping[str, float] = dataclasses.field(default_factory=dict)  # harness -> its success rate
-
-
-@dataclasses.dataclass
-class _EvalRun:
-  num_tasks: int
-  rewards: dict[str, float] = dataclasses.field(default_factory=dict)  # group id -> reward
-  harnesses: dict[str, str] = dataclasses.field(default_factory=dict)  # group id -> the harness it ran through
-
-
 def _task_id(task: Mapping[str, Any], id_key: str, where: str) -> str:
   if id_key not in task:
     raise ValueError(f"{where}: task has no {id_key!r} field: keys {sorted(task)}")
@@ -170,9 +154,7 @@ class TaskDispenser:
     self._eval_queue: collections.deque[_Work] = collections.deque()
     self._leases: dict[str, Lease] = {}
     self._groups: dict[str, _Group] = {}
-    self._eval_runs: dict[int, _EvalRun] = {}
-    self._eval_done: dict[int, EvalResult] = {}
-    self._eval_unreported: list[EvalResult] = []
+    self._evals = EvalCollector(self.config.success_threshold)
 
   def _encode(self, tasks: Sequence[Mapping[str, Any]], where: str) -> list[tuple[str, str]]:
     """(task id, task JSON) per task; fails on duplicate ids or non-JSON tasks now, not at lease time."""
@@ -313,7 +295,7 @@ class TaskDispenser:
         return False
       del self._groups[lease.group_id]
       if lease.is_validation:
-        self._record_eval(lease, traj)
+        self._evals.record(lease.eval_version, lease.group_id, traj.reward, traj.harness)
       return True
 
   def restore_sample(self, traj: Trajectory) -> bool | None:
@@ -338,27 +320,6 @@ class TaskDispenser:
       del self._groups[traj.group_id]
       return True
 
-  def _record_eval(self, lease: Lease, traj: Trajectory) -> None:
-    run = self._eval_runs.get(lease.eval_version)
-    if run is None:
-      logger.warning("eval trajectory for version %d without an eval run; ignored", lease.eval_version)
-      return
-    run.rewards[lease.group_id] = traj.reward
-    run.harnesses[lease.group_id] = traj.harness
-    if len(run.rewards) == run.num_tasks:
-      rewards = np.asarray(list(run.rewards.values()), np.float64)
-      success = int((rewards >= self.config.success_threshold).sum())
-      by_harness: dict[str, list[float]] = {}
-      for group_id, reward in run.rewards.items():
-        by_harness.setdefault(run.harnesses.get(group_id, ""), []).append(reward >= self.config.success_threshold)
-      result = EvalResult(lease.eval_version, run.num_tasks, success, success / run.num_tasks,
-                          float(rewards.mean()), {h: float(np.mean(v)) for h, v in sorted(by_harness.items())})
-      del self._eval_runs[lease.eval_version]
-      self._eval_done[lease.eval_version] = result
-      self._eval_unreported.append(result)
-      logger.info("eval of policy version %d: success rate %.4f over %d tasks", result.policy_version,
-                  result.success_rate, result.num_tasks)
-
   # ----------------------------------------------------------------------------------------------------------------
   # Policy versions and evaluation.
 
@@ -377,9 +338,8 @@ class TaskDispenser:
       raise ValueError(f"repeats: must be >= 1, got {repeats}")
     with self._lock:
       val = self._splits[True]
-      if not val or version in self._eval_runs or version in self._eval_done:
+      if not val or not self._evals.start(version, len(val) * repeats):
         return False
-      self._eval_runs[version] = _EvalRun(len(val) * repeats)
       for repeat in range(repeats):
         for index, (task_id, _) in enumerate(val):
           group_id = f"eval{version}:{task_id}" + (f"#r{repeat}" if repeat else "")
@@ -390,12 +350,11 @@ class TaskDispenser:
   def pop_eval_results(self) -> list[EvalResult]:
     """Evaluations finished since the last call, in completion order."""
     with self._lock:
-      out, self._eval_unreported = self._eval_unreported, []
-      return out
+      return self._evals.pop()
 
   def eval_result(self, version: int) -> EvalResult | None:
     with self._lock:
-      return self._eval_done.get(version)
+      return self._evals.result(version)
 
   # ----------------------------------------------------------------------------------------------------------------
   # Introspection.
@@ -448,9 +407,7 @@ class TaskDispenser:
                       "pending": sorted(l.pending), "ttl_left_s": max(0.0, l.expires_at - now)}
                      for l in self._leases.values()],
           "groups": {gid: {"size": g.size, "accepted": sorted(g.accepted)} for gid, g in self._groups.items()},
-          "eval_runs": {str(v): {"num_tasks": r.num_tasks, "rewards": r.rewards,
-                                   "harnesses": r.harnesses} for v, r in self._eval_runs.items()},
-          "eval_done": [dataclasses.asdict(r) for r in self._eval_done.values()],
+          **self._evals.state_dict(),
       }
 
   def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -479,7 +436,4 @@ class TaskDispenser:
         lease = self._issue(l["worker_id"], work(l["work"]), lease_id=l["lease_id"],
                             expires_at=now + float(l["ttl_left_s"]))
         lease.pending = set(l["pending"])
-      self._eval_runs = {int(v): _EvalRun(r["num_tasks"], dict(r["rewards"]), dict(r.get("harnesses", {})))
-                         for v, r in state["eval_runs"].items()}
-      self._eval_done = {int(r["policy_version"]): EvalResult(**r) for r in state["eval_done"]}
-      self._eval_unreported = []
+      self._evals.load_state_dict(state)

@@ -7,9 +7,8 @@ its `policy_version >= current_version - max_staleness`, and the bounded buffer 
 `retry_after_ms`). Accepted training trajectories are appended to the durable log (one fsync per request) *before*
 the response goes out, then buffered. Validation trajectories go to the dispenser's eval collector instead.
 
-Buffer bound: in group mode the first accepted sample of a group reserves G slots, so a group's later samples are
-never pushed back (a buffer full of half groups would otherwise deadlock); occupancy = buffered trajectories +
-unfilled reservations <= `buffer_capacity`, always.
+The parts live in their own modules: the bounded buffer with group reservations (`group_buffer`), the restart
+from the log (`restore`), the token check (`auth`), leases (`dispenser`) and validation results (`evaluation`).
 
 Submissions are serialised by one lock (their cost is the fsync); `take_batch` waits on a separate condition so
 the learner is never blocked behind a disk write.
@@ -19,8 +18,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import hmac
-import ipaddress
 import logging
 import threading
 import time
@@ -31,12 +28,14 @@ import grpc
 from sao.transport import log as log_lib
 from sao.transport import sao_pb2
 from sao.transport import sao_pb2_grpc
-from sao.transport.dispenser import EvalResult, TaskDispenser
+from sao.transport.auth import AUTH_METADATA_KEY, TokenInterceptor, is_loopback  # pylint: disable=unused-import
+from sao.transport.dispenser import TaskDispenser
+from sao.transport.evaluation import EvalResult
+from sao.transport.group_buffer import GroupBuffer
+from sao.transport.restore import restore_buffer
 from sao.transport.trajectory import ReasonCode, Trajectory, TrajectoryError, reject_result
 
 logger = logging.getLogger(__name__)
-
-AUTH_METADATA_KEY = "authorization"
 
 
 @dataclasses.dataclass
@@ -89,84 +88,6 @@ class ServerConfig:
       raise ValueError("ServerConfig.tls_cert_path and tls_key_path must be given together")
 
 
-def is_loopback(host: str) -> bool:
-  if host == "localhost":
-    return True
-  try:
-    return ipaddress.ip_address(host.strip("[]")).is_loopback
-  except ValueError:
-    return False
-
-
-class _TokenInterceptor(grpc.ServerInterceptor):
-  """Rejects every call whose `authorization` metadata is not `Bearer <token>` with UNAUTHENTICATED."""
-
-  def __init__(self, token: str):
-    self._expected = f"Bearer {token}".encode()
-
-    def deny(request, context):
-      context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong shared-secret token (authorization metadata)")
-
-    self._deny = grpc.unary_unary_rpc_method_handler(deny)
-
-  def intercept_service(self, continuation, handler_call_details):
-    sent = dict(handler_call_details.invocation_metadata or ()).get(AUTH_METADATA_KEY, "")
-    if isinstance(sent, str) and hmac.compare_digest(sent.encode(), self._expected):
-      return continuation(handler_call_details)
-    return self._deny
-
-
-class _Buffer:
-  """Accepted, unconsumed training trajectories: complete units (a single SAO sample or a whole group) in arrival
-  order, plus open groups with their reserved slots. Not thread-safe: the server guards it with its condition."""
-
-  def __init__(self, capacity: int):
-    self.capacity = capacity
-    self.ready: collections.deque[list[Trajectory]] = collections.deque()
-    self.ready_count = 0
-    self.open: dict[str, dict[int, Trajectory]] = {}
-    self.open_size: dict[str, int] = {}
-
-  @property
-  def occupancy(self) -> int:
-    return self.ready_count + sum(self.open_size.values())
-
-  @property
-  def held(self) -> int:
-    return self.ready_count + sum(len(g) for g in self.open.values())
-
-  def reserve(self, group_id: str, size: int, force: bool = False) -> bool:
-    if group_id in self.open:
-      return True
-    if not force and self.occupancy + size > self.capacity:
-      return False
-    self.open[group_id], self.open_size[group_id] = {}, size
-    return True
-
-  def release_if_empty(self, group_id: str) -> None:
-    if group_id in self.open and not self.open[group_id]:
-      del self.open[group_id], self.open_size[group_id]
-
-  def add(self, traj: Trajectory) -> None:
-    self.open[traj.group_id][traj.sample_index] = traj
-
-  def close(self, group_id: str) -> None:
-    """Moves a complete group to the ready queue, ordered by sample index."""
-    group = self.open.pop(group_id)
-    del self.open_size[group_id]
-    self.ready.append([group[i] for i in sorted(group)])
-    self.ready_count += len(group)
-
-  def take(self, n: int) -> list[Trajectory] | None:
-    if self.ready_count < n:
-      return None
-    out: list[Trajectory] = []
-    while len(out) < n:
-      out.extend(self.ready.popleft())
-    self.ready_count -= len(out)
-    return out
-
-
 class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
   """The gRPC service plus the learner-side API (`take_batch`, `mark_consumed`, `set_policy_version`, `restore`).
 
@@ -179,7 +100,7 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
     self.dispenser = dispenser
     self._submit_lock = threading.Lock()
     self._cond = threading.Condition()
-    self._buffer = _Buffer(config.buffer_capacity)
+    self._buffer = GroupBuffer(config.buffer_capacity)
     self._accepted_keys: set[log_lib.SampleKey] = set()
     self._version = dispenser.policy_version
     self._counts: collections.Counter[str] = collections.Counter()
@@ -198,48 +119,19 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
     """Loads the dispenser checkpoint (if given), then reloads accepted-but-unconsumed trajectories from the log
     into the buffer and remembers every logged key (so re-sends stay duplicates). Returns the number buffered.
 
-    A partial group whose group the dispenser does not know (the checkpoint predates its lease) is not buffered:
-    its task is leased afresh. Restored trajectories are buffered even beyond `buffer_capacity` (warned): losing
-    acknowledged work would be worse.
+    See `sao.transport.restore` for partial groups and the capacity.
     """
     if self._grpc is not None:
       raise RuntimeError("restore() must be called before start()")
     if dispenser_state is not None:
       self.dispenser.load_state_dict(dispenser_state)
       self._version = self.dispenser.policy_version
-    consumed = log_lib.read_consumed(self.config.log_dir)
-    groups: dict[str, list[Trajectory]] = {}
-    for record in log_lib.read_records(self.config.log_dir):
-      if record.key in self._accepted_keys:
-        continue
-      self._accepted_keys.add(record.key)
-      if record.key not in consumed:
-        groups.setdefault(record.trajectory.group_id, []).append(record.trajectory)
     with self._cond:
-      self._counts["accepted"] = len(self._accepted_keys)
-      self._counts["consumed"] = len(consumed.keys() & self._accepted_keys)
-      dropped = 0
-      for group_id, trajs in groups.items():
-        size = self.dispenser.group_size_of(group_id)
-        if len(trajs) < size:
-          states = [self.dispenser.restore_sample(t) for t in trajs]
-          if states[-1] is None:
-            dropped += len(trajs)
-            logger.warning("restore: partial group %s (%d of %d samples) is unknown to the dispenser; not "
-                           "buffered (its task is leased afresh)", group_id, len(trajs), size)
-            continue
-          complete = any(states)
-        else:
-          complete = True
-        self._buffer.reserve(group_id, size, force=True)
-        for t in trajs:
-          self._buffer.add(t)
-        if complete:
-          self._buffer.close(group_id)
-      self._counts["restore_dropped"] = dropped
-      if self._buffer.occupancy > self.config.buffer_capacity:
-        logger.warning("restore: %d trajectories restored exceed buffer_capacity %d", self._buffer.occupancy,
-                       self.config.buffer_capacity)
+      result = restore_buffer(self.config.log_dir, self.dispenser, self._buffer)
+      self._accepted_keys = result.accepted_keys
+      self._counts["accepted"] = len(result.accepted_keys)
+      self._counts["consumed"] = result.num_consumed
+      self._counts["restore_dropped"] = result.num_dropped
       self._restored = True
       logger.info("restore from %s: %d accepted keys, %d consumed, %d buffered", self.config.log_dir,
                   len(self._accepted_keys), self._counts["consumed"], self._buffer.held)
@@ -256,7 +148,7 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
     self._ledger = log_lib.ConsumedLedger(cfg.log_dir)
     server = grpc.server(
         concurrent.futures.ThreadPoolExecutor(max_workers=cfg.max_workers, thread_name_prefix="sao-transport"),
-        interceptors=[_TokenInterceptor(cfg.token)] if cfg.token else None,
+        interceptors=[TokenInterceptor(cfg.token)] if cfg.token else None,
         # so_reuseport 0: a second server on a port still in use must fail, not silently share it.
         options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", cfg.max_message_bytes)])
     sao_pb2_grpc.add_TrajectoryServiceServicer_to_server(self, server)
