@@ -11,7 +11,16 @@ Modes:
 Leases expire `lease_ttl_s` after issue or the last heartbeat. Expired work (the samples not yet accepted) is
 re-leased before any fresh task, under a *new* lease id with the same `group_id` and only the missing sample
 indices, so a dead worker loses nothing. A late submission under an expired lease is rejected as UNKNOWN_LEASE
-(`check_submission`), whether or not its work was re-leased yet: one rule, no race about who wins.
+(`begin_submission`), whether or not its work was re-leased yet: one rule, no race about who wins.
+
+A lease belongs to the worker that took it: a submission or heartbeat naming another worker is refused
+(WRONG_WORKER / reported expired). Worker ids are self-declared, so this catches misrouted work, not an
+attacker: every holder of the service token is trusted alike (docs/security.md).
+
+Submissions are atomic with respect to expiry: `begin_submission` checks the lease *and* marks the sample as being
+submitted in one locked step; a lease with a sample in submission does not expire (nor is re-leased) until the
+server either `complete`s it (the record is durable) or `abort_submission`s it (it was not stored). Without this
+hold a lease lapsing while its record was being written was re-leased and the sample accepted twice.
 
 Evaluation: every `eval_every` policy versions (`set_policy_version`) the whole validation split is queued as
 single-sample, `is_validation` leases at `eval_temperature`; their results feed the eval collector
@@ -110,6 +119,7 @@ class Lease:
   expires_at: float
   work: _Work
   pending: set[int] = dataclasses.field(default_factory=set)  # indices not yet accepted
+  submitting: set[int] = dataclasses.field(default_factory=set)  # indices between begin_submission and its end
 
   @property
   def num_samples(self) -> int:
@@ -229,22 +239,24 @@ class TaskDispenser:
     return lease
 
   def _expire(self, now: float) -> None:
-    for lease_id in [k for k, v in self._leases.items() if v.expires_at <= now]:
+    # A lease with a submission in flight is held: it expires (if still due) once the submission ends.
+    for lease_id in [k for k, v in self._leases.items() if v.expires_at <= now and not v.submitting]:
       lease = self._leases.pop(lease_id)
       missing = tuple(sorted(lease.pending))
       logger.info("lease %s (task %s, worker %s) expired with samples %s missing; re-leasing them",
                   lease_id, lease.task_id, lease.worker_id, missing)
       self._retry.append(dataclasses.replace(lease.work, sample_indices=missing))
 
-  def heartbeat(self, lease_ids: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Extends live leases by `lease_ttl_s`; returns (extended, expired-or-unknown) lease ids."""
+  def heartbeat(self, lease_ids: Sequence[str], worker_id: str | None = None) -> tuple[list[str], list[str]]:
+    """Extends live leases by `lease_ttl_s`; returns (extended, expired-or-unknown) lease ids. With `worker_id`,
+    a lease held by another worker is not extended and is reported with the expired ones."""
     with self._lock:
       now = self._clock()
       self._expire(now)
       extended, expired = [], []
       for lease_id in lease_ids:
         lease = self._leases.get(lease_id)
-        if lease is None:
+        if lease is None or (worker_id is not None and lease.worker_id != worker_id):
           expired.append(lease_id)
         else:
           lease.expires_at = now + self.config.lease_ttl_s
@@ -254,39 +266,56 @@ class TaskDispenser:
   # ----------------------------------------------------------------------------------------------------------------
   # Submissions (the server validates the record; the dispenser checks the lease and does the bookkeeping).
 
-  def check_submission(self, traj: Trajectory) -> Lease:
-    """The live lease `traj` was run under; raises `TrajectoryError` (UNKNOWN_LEASE / INVALID_FIELD) otherwise."""
+  def begin_submission(self, traj: Trajectory, worker_id: str | None = None) -> Lease:
+    """Checks that `traj` belongs to a live lease (held by `worker_id`, when given) and holds that lease against
+    expiry until `complete` or `abort_submission` (module docstring); returns the lease.
+
+    Raises `TrajectoryError`: UNKNOWN_LEASE (unknown/expired lease, sample index not in it, or that sample already
+    in submission), WRONG_WORKER, INVALID_FIELD (task or group id does not match the lease).
+    """
     with self._lock:
+      self._expire(self._clock())
       lease = self._leases.get(traj.lease_id)
-      if lease is None or lease.expires_at <= self._clock():
+      if lease is None:
         raise TrajectoryError("lease_id", ReasonCode.UNKNOWN_LEASE,
                               f"lease {traj.lease_id!r} is unknown or expired (its work is re-leased)")
-      if traj.sample_index not in lease.sample_indices:
+      if worker_id is not None and lease.worker_id != worker_id:
+        raise TrajectoryError("worker_id", ReasonCode.WRONG_WORKER,
+                              f"lease {traj.lease_id!r} is held by worker {lease.worker_id!r}, not {worker_id!r}")
+      if traj.sample_index not in lease.pending:
         raise TrajectoryError("sample_index", ReasonCode.UNKNOWN_LEASE,
-                              f"sample_index {traj.sample_index} not in lease {traj.lease_id!r}'s "
-                              f"{list(lease.sample_indices)}")
+                              f"sample_index {traj.sample_index} is not an outstanding sample of lease "
+                              f"{traj.lease_id!r} (pending {sorted(lease.pending)})")
+      if traj.sample_index in lease.submitting:
+        raise TrajectoryError("sample_index", ReasonCode.UNKNOWN_LEASE,
+                              f"sample {traj.sample_index} of lease {traj.lease_id!r} is already being submitted")
       if traj.task_id != lease.task_id:
         raise TrajectoryError("task_id", ReasonCode.INVALID_FIELD,
                               f"{traj.task_id!r} does not match lease {traj.lease_id!r}'s task {lease.task_id!r}")
       if traj.group_id and traj.group_id != lease.group_id:
         raise TrajectoryError("group_id", ReasonCode.INVALID_FIELD,
                               f"{traj.group_id!r} does not match lease {traj.lease_id!r}'s group {lease.group_id!r}")
+      lease.submitting.add(traj.sample_index)
       return lease
 
-  def complete(self, lease: Lease, traj: Trajectory) -> bool:
-    """Records an accepted sample of `lease`; True when it completes its group (all G samples accepted).
-
-    Works even if the lease expired since `check_submission` (a submission racing its expiry): the sample counts
-    and a re-lease skips it.
-    """
+  def abort_submission(self, lease: Lease, traj: Trajectory) -> None:
+    """Ends a `begin_submission` whose record was not stored: the sample is outstanding again, and the lease expires
+    as usual (at once, if it is past its expiry)."""
     with self._lock:
-      live = self._leases.get(lease.lease_id)
-      if live is not None:
-        live.pending.discard(traj.sample_index)
-        if not live.pending:
-          del self._leases[lease.lease_id]
+      lease.submitting.discard(traj.sample_index)
+      self._expire(self._clock())
+
+  def complete(self, lease: Lease, traj: Trajectory) -> bool:
+    """Ends a `begin_submission` whose record is durable: the sample is accepted. True when it completes its
+    group (all G samples accepted)."""
+    with self._lock:
+      lease.submitting.discard(traj.sample_index)
+      lease.pending.discard(traj.sample_index)
+      if not lease.pending and self._leases.get(lease.lease_id) is lease:
+        del self._leases[lease.lease_id]
       group = self._groups.get(lease.group_id)
       if group is None or traj.sample_index in group.accepted:
+        # Cannot happen through begin_submission (the hold keeps the sample from being re-leased); kept loud.
         logger.warning("sample %d of group %s completed twice or after its group finished; ignored",
                        traj.sample_index, lease.group_id)
         return False

@@ -1,9 +1,12 @@
 """The trainer-side gRPC `TrajectoryService`: leases tasks, validates and durably stores trajectories, buffers them.
 
-A submitted trajectory is accepted only if (in this order) it decodes, it is not a re-send of an accepted one
-(a re-send is acknowledged as accepted with reason DUPLICATE and counted once: submissions are idempotent by
-(lease_id, sample_index)), `validate(vocab_size)` passes, its lease is live (`TaskDispenser.check_submission`),
-its `policy_version >= current_version - max_staleness`, and the bounded buffer has room (else BACKPRESSURE with
+A submitted trajectory is accepted only if (in this order) it decodes, its content is one the learner can take
+(`Trajectory.validate` and the trainer's `admission.ContentLimits`: length, reward and log-prob ranges, a policy
+version no newer than the trainer published), it is not a re-send of an accepted one (a valid re-send is
+acknowledged as accepted with reason DUPLICATE and counted once: submissions are idempotent by
+(lease_id, sample_index)), its lease is live and held by the submitting worker (`TaskDispenser.begin_submission`,
+which also holds the lease against expiry until the record is stored), its
+`policy_version >= current_version - max_staleness`, and the bounded buffer has room (else BACKPRESSURE with
 `retry_after_ms`). Accepted training trajectories are appended to the durable log (one fsync per request) *before*
 the response goes out, then buffered. Validation trajectories go to the dispenser's eval collector instead.
 
@@ -28,8 +31,9 @@ import grpc
 from sao.transport import log as log_lib
 from sao.transport import sao_pb2
 from sao.transport import sao_pb2_grpc
-from sao.transport.auth import AUTH_METADATA_KEY, TokenInterceptor, is_loopback  # pylint: disable=unused-import
-from sao.transport.dispenser import TaskDispenser
+from sao.transport.auth import TokenInterceptor, is_loopback
+from sao.transport.admission import DEFAULT_MAX_ABS_REWARD, DEFAULT_MIN_LOGPROB, ContentLimits
+from sao.transport.dispenser import Lease, TaskDispenser
 from sao.transport.evaluation import EvalResult
 from sao.transport.group_buffer import GroupBuffer
 from sao.transport.restore import restore_buffer
@@ -59,6 +63,9 @@ class ServerConfig:
     max_workers: gRPC handler threads.
     max_message_bytes: gRPC receive limit (a request holds whole trajectories).
     segment_bytes: log segment rotation size.
+    max_tokens: the longest trajectory accepted (tokens): the learner's largest batch bucket.
+    max_abs_reward, min_logprob: accepted rewards lie in [-max_abs_reward, max_abs_reward], action log-probs in
+      [min_logprob, 0] (`sao.transport.admission` says why these defaults).
   """
   log_dir: str
   vocab_size: int
@@ -77,15 +84,23 @@ class ServerConfig:
   max_workers: int = 16
   max_message_bytes: int = 64 << 20
   segment_bytes: int = 64 << 20
+  max_tokens: int = 32768
+  max_abs_reward: float = DEFAULT_MAX_ABS_REWARD
+  min_logprob: float = DEFAULT_MIN_LOGPROB
 
   def __post_init__(self):
-    for name in ("vocab_size", "buffer_capacity", "max_lease_per_call", "max_workers", "max_message_bytes"):
+    for name in ("vocab_size", "max_tokens", "buffer_capacity", "max_lease_per_call", "max_workers",
+                 "max_message_bytes"):
       if getattr(self, name) <= 0:
         raise ValueError(f"ServerConfig.{name} must be > 0, got {getattr(self, name)}")
     if self.max_staleness < 0:
       raise ValueError(f"ServerConfig.max_staleness must be >= 0, got {self.max_staleness}")
     if (self.tls_cert_path is None) != (self.tls_key_path is None):
       raise ValueError("ServerConfig.tls_cert_path and tls_key_path must be given together")
+    self.content_limits()  # raises on bad ranges now, not at the first submission
+
+  def content_limits(self) -> ContentLimits:
+    return ContentLimits(self.vocab_size, self.max_tokens, self.max_abs_reward, self.min_logprob)
 
 
 class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
@@ -103,6 +118,8 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
     self._buffer = GroupBuffer(config.buffer_capacity)
     self._accepted_keys: set[log_lib.SampleKey] = set()
     self._version = dispenser.policy_version
+    self._max_version = self._version  # the newest version engines may serve (`announce_policy_version`)
+    self._limits = config.content_limits()
     self._counts: collections.Counter[str] = collections.Counter()
     self._rejected: collections.Counter[str] = collections.Counter()
     self._max_occupancy = 0
@@ -126,6 +143,7 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
     if dispenser_state is not None:
       self.dispenser.load_state_dict(dispenser_state)
       self._version = self.dispenser.policy_version
+      self._max_version = max(self._max_version, self._version)
     with self._cond:
       result = restore_buffer(self.config.log_dir, self.dispenser, self._buffer)
       self._accepted_keys = result.accepted_keys
@@ -185,10 +203,17 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
   # ----------------------------------------------------------------------------------------------------------------
   # Learner-side API.
 
+  def announce_policy_version(self, version: int) -> None:
+    """Engines are about to load `version`: trajectories tagged with it are accepted from now on (before, they are
+    FUTURE_POLICY). Call it before telling the engines, then `set_policy_version` once they serve it."""
+    with self._cond:
+      self._max_version = max(self._max_version, int(version))
+
   def set_policy_version(self, version: int) -> None:
     """The policy version engines now serve: the staleness bound moves, evaluations get scheduled."""
     with self._cond:
       self._version = int(version)
+      self._max_version = max(self._max_version, self._version)
       self.dispenser.set_policy_version(version)
 
   @property
@@ -265,7 +290,7 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
                                  retry_after_ms=0 if tasks else self.config.no_work_retry_ms)
 
   def Heartbeat(self, request: sao_pb2.HeartbeatRequest, context) -> sao_pb2.HeartbeatResponse:
-    extended, expired = self.dispenser.heartbeat(list(request.lease_ids))
+    extended, expired = self.dispenser.heartbeat(list(request.lease_ids), request.worker_id)
     return sao_pb2.HeartbeatResponse(extended_lease_ids=extended, expired_lease_ids=expired,
                                      policy_version=self._version)
 
@@ -293,18 +318,21 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
       return [reject_result(err, self.config.backpressure_retry_ms) for _ in request.trajectories]
     results: list[sao_pb2.SubmitResult | None] = [None] * len(request.trajectories)
     first_of: dict[log_lib.SampleKey, int] = {}
-    admitted: list[tuple[int, Trajectory, Any]] = []
+    admitted: list[tuple[int, Trajectory, Lease]] = []
     for i, msg in enumerate(request.trajectories):
       key = (msg.lease_id, msg.sample_index)
-      if key in self._accepted_keys:
-        results[i] = sao_pb2.SubmitResult(accepted=True, reason=sao_pb2.REJECT_REASON_DUPLICATE,
-                                          message=f"already accepted: lease {key[0]!r} sample {key[1]}")
-        continue
       if key in first_of:
         continue  # same key twice in one request: gets the first copy's verdict below
       first_of[key] = i
       try:
-        traj, lease = self._admit(msg)
+        traj = Trajectory.from_proto(msg)
+        # Content first, even for a re-send: an invalid record is never acknowledged, DUPLICATE or not.
+        self._limits.check(traj, self._max_version)
+        if key in self._accepted_keys:
+          results[i] = sao_pb2.SubmitResult(accepted=True, reason=sao_pb2.REJECT_REASON_DUPLICATE,
+                                            message=f"already accepted: lease {key[0]!r} sample {key[1]}")
+          continue
+        lease = self._admit(traj, request.worker_id)
       except TrajectoryError as e:
         retry = self.config.backpressure_retry_ms if e.reason_code == ReasonCode.BACKPRESSURE else 0
         results[i] = reject_result(e, retry)
@@ -318,6 +346,8 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
       self._log.append_batch([t for _, t, lease in admitted if not lease.is_validation])
     except Exception as e:  # a disk error must not be acknowledged: the worker retries later
       logger.exception("trajectory log append of %d trajectories failed; rejecting them as INTERNAL", len(admitted))
+      for _, t, lease in admitted:
+        self.dispenser.abort_submission(lease, t)
       with self._cond:
         for _, t, _ in admitted:
           self._buffer.release_if_empty(t.group_id)
@@ -348,22 +378,25 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
       self._counts["duplicates"] += sum(1 for r in results if r.accepted and r.reason)
     return results
 
-  def _admit(self, msg: sao_pb2.Trajectory) -> tuple[Trajectory, Any]:
-    """Decodes and checks one trajectory, reserving buffer room; raises `TrajectoryError` with the reason."""
-    traj = Trajectory.from_proto(msg)
-    traj.validate(self.config.vocab_size)
-    lease = self.dispenser.check_submission(traj)
-    if not traj.group_id:
-      traj.group_id = lease.group_id  # workers may leave it to the lease; the stored record carries it
-    if lease.is_validation:
-      return traj, lease
-    oldest = self._version - self.config.max_staleness
-    if traj.policy_version < oldest:
-      raise TrajectoryError("policy_version", ReasonCode.STALE_POLICY,
-                            f"version {traj.policy_version} older than {oldest} (current {self._version}, "
-                            f"max_staleness {self.config.max_staleness})")
-    with self._cond:
-      if not self._buffer.reserve(traj.group_id, self.dispenser.group_size_of(traj.group_id)):
-        raise TrajectoryError("trajectories", ReasonCode.BACKPRESSURE,
-                              f"buffer full ({self._buffer.occupancy}/{self.config.buffer_capacity}); retry later")
-    return traj, lease
+  def _admit(self, traj: Trajectory, worker_id: str) -> Lease:
+    """Holds `traj`'s lease (`TaskDispenser.begin_submission`), checks staleness and reserves buffer room; raises
+    `TrajectoryError` with the reason (releasing the hold). The caller completes or aborts the submission."""
+    lease = self.dispenser.begin_submission(traj, worker_id)
+    try:
+      if not traj.group_id:
+        traj.group_id = lease.group_id  # workers may leave it to the lease; the stored record carries it
+      if lease.is_validation:
+        return lease
+      oldest = self._version - self.config.max_staleness
+      if traj.policy_version < oldest:
+        raise TrajectoryError("policy_version", ReasonCode.STALE_POLICY,
+                              f"version {traj.policy_version} older than {oldest} (current {self._version}, "
+                              f"max_staleness {self.config.max_staleness})")
+      with self._cond:
+        if not self._buffer.reserve(traj.group_id, self.dispenser.group_size_of(traj.group_id)):
+          raise TrajectoryError("trajectories", ReasonCode.BACKPRESSURE,
+                                f"buffer full ({self._buffer.occupancy}/{self.config.buffer_capacity}); retry later")
+    except BaseException:
+      self.dispenser.abort_submission(lease, traj)
+      raise
+    return lease
