@@ -37,7 +37,7 @@ from sao.transport.dispenser import Lease, TaskDispenser
 from sao.transport.evaluation import EvalResult
 from sao.transport.group_buffer import GroupBuffer
 from sao.transport.restore import restore_buffer
-from sao.transport.trajectory import ReasonCode, Trajectory, TrajectoryError, reject_result
+from sao.transport.trajectory import ReasonCode, Trajectory, TrajectoryError, field_summary, reject_result
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +125,7 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
     self._max_occupancy = 0
     self._log: log_lib.TrajectoryLog | None = None
     self._ledger: log_lib.ConsumedLedger | None = None
+    self._quarantine = log_lib.QuarantineLedger(config.log_dir)
     self._grpc: grpc.Server | None = None
     self._restored = False
     self.port: int | None = None
@@ -145,12 +146,18 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
       self._version = self.dispenser.policy_version
       self._max_version = max(self._max_version, self._version)
     with self._cond:
-      result = restore_buffer(self.config.log_dir, self.dispenser, self._buffer)
+      result = restore_buffer(self.config.log_dir, self.dispenser, self._buffer, self._limits)
       self._accepted_keys = result.accepted_keys
       self._counts["accepted"] = len(result.accepted_keys)
-      self._counts["consumed"] = result.num_consumed
+      self._counts["consumed"] = result.num_consumed + len(result.to_quarantine)
       self._counts["restore_dropped"] = result.num_dropped
+      self._counts["log_skipped_spans"] = result.log_report.skipped_spans
+      self._counts["log_skipped_bytes"] = result.log_report.skipped_bytes
+      self._counts["log_undecodable"] = result.log_report.undecodable
       self._restored = True
+    if result.to_quarantine:
+      self.quarantine([(t, f"at restore: {e}") for t, e in result.to_quarantine], step=-1)
+    with self._cond:
       logger.info("restore from %s: %d accepted keys, %d consumed, %d buffered", self.config.log_dir,
                   len(self._accepted_keys), self._counts["consumed"], self._buffer.held)
       return self._buffer.held
@@ -195,7 +202,7 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
       self._grpc.stop(grace_s).wait(timeout=(grace_s or 0) + 5)
       self._grpc = None
     with self._submit_lock:
-      for f in (self._log, self._ledger):
+      for f in (self._log, self._ledger, self._quarantine):
         if f is not None:
           f.close()
       self._log = self._ledger = None
@@ -248,12 +255,26 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
       self._counts["consumed"] += len(trajs)
       self._counts["in_learner"] -= len(trajs)
 
+  def quarantine(self, records: Sequence[tuple[Trajectory, str]], step: int) -> None:
+    """Sets aside accepted records the learner cannot use, each with its reason: logged, counted (`quarantined`)
+    and persisted (fsynced) in the log directory, so no restart ever buffers them again. `step` is the trainer
+    step that found them (-1: the restore). The learner still `mark_consumed`s them with the rest of its batch."""
+    if not records:
+      return
+    for traj, reason in records:
+      logger.error("quarantined trajectory (lease %r, sample %d, task %r): %s", traj.lease_id, traj.sample_index,
+                   traj.task_id, reason)
+    self._quarantine.add([(log_lib.sample_key(t), reason, field_summary(t)) for t, reason in records], step)
+    with self._cond:
+      self._counts["quarantined"] += len(records)
+
   def eval_results(self) -> list[EvalResult]:
     """Evaluations that finished since the last call (`TaskDispenser.pop_eval_results`)."""
     return self.dispenser.pop_eval_results()
 
   def stats(self) -> dict[str, Any]:
-    """Counters (accepted, duplicates, rejected by reason, buffered, consumed, in_learner, leased, occupancy)."""
+    """Counters: accepted, duplicates, rejected (by reason), buffered, consumed (quarantined ones included),
+    in_learner, leased, occupancy, quarantined, and what the last restore lost reading the log."""
     with self._cond:
       return {"policy_version": self._version, "accepted": self._counts["accepted"],
               "duplicates": self._counts["duplicates"], "eval_accepted": self._counts["eval_accepted"],
@@ -261,7 +282,11 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
               "rejected_by_reason": dict(self._rejected), "buffered": self._buffer.held,
               "consumed": self._counts["consumed"], "in_learner": self._counts["in_learner"],
               "leased": self.dispenser.num_leased, "occupancy": self._buffer.occupancy,
-              "max_occupancy": self._max_occupancy, "buffer_capacity": self.config.buffer_capacity}
+              "max_occupancy": self._max_occupancy, "buffer_capacity": self.config.buffer_capacity,
+              "quarantined": self._counts["quarantined"], "restore_dropped": self._counts["restore_dropped"],
+              "log_skipped_spans": self._counts["log_skipped_spans"],
+              "log_skipped_bytes": self._counts["log_skipped_bytes"],
+              "log_undecodable": self._counts["log_undecodable"]}
 
   # ----------------------------------------------------------------------------------------------------------------
   # gRPC handlers.
