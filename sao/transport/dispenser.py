@@ -44,92 +44,12 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from sao.transport.evaluation import EvalCollector, EvalResult
+from sao.transport.leases import DispenserConfig, Group, Lease, Work
 from sao.transport.trajectory import ReasonCode, Trajectory, TrajectoryError
 
 logger = logging.getLogger(__name__)
 
 _STATE_FORMAT = 1
-
-
-@dataclasses.dataclass
-class DispenserConfig:
-  """Knobs of the task dispenser.
-
-  Attributes:
-    mode: "sao" (one sample per task) or "group" (G samples per task in one lease).
-    group_size: G in group mode; must be 1 in SAO mode.
-    seed: seeds the per-epoch shuffle.
-    lease_ttl_s: a lease lapses this long after issue or its last heartbeat.
-    num_epochs: passes over the training tasks; None for no limit.
-    id_key: the task dict's id field.
-    env_name: registry name sent with every lease (sao.rollout.envs.make).
-    train_temperature, eval_temperature: sampling temperatures for training and validation leases.
-    eval_every: evaluate the validation split at policy versions divisible by this; 0 disables.
-    success_threshold: an eval episode succeeded when its reward >= this.
-  """
-  mode: str = "sao"
-  group_size: int = 1
-  seed: int = 0
-  lease_ttl_s: float = 600.0
-  num_epochs: int | None = None
-  id_key: str = "id"
-  env_name: str = ""
-  train_temperature: float = 1.0
-  eval_temperature: float = 0.0
-  eval_every: int = 0
-  success_threshold: float = 1.0
-
-  def __post_init__(self):
-    if self.mode not in ("sao", "group"):
-      raise ValueError(f"DispenserConfig.mode must be 'sao' or 'group', got {self.mode!r}")
-    if self.group_size < 1 or (self.mode == "sao" and self.group_size != 1):
-      raise ValueError(f"DispenserConfig.group_size must be >= 1 (and 1 in sao mode), got {self.group_size} "
-                       f"in mode {self.mode!r}")
-    if self.lease_ttl_s <= 0:
-      raise ValueError(f"DispenserConfig.lease_ttl_s must be > 0, got {self.lease_ttl_s}")
-    if self.num_epochs is not None and self.num_epochs < 1:
-      raise ValueError(f"DispenserConfig.num_epochs must be >= 1 or None, got {self.num_epochs}")
-    if self.eval_every < 0:
-      raise ValueError(f"DispenserConfig.eval_every must be >= 0, got {self.eval_every}")
-
-
-@dataclasses.dataclass
-class _Work:
-  """Samples of one task still to be leased. `eval_version` is -1 for training work."""
-  task_index: int
-  is_validation: bool
-  group_id: str
-  sample_indices: tuple[int, ...]
-  eval_version: int = -1
-
-
-@dataclasses.dataclass
-class Lease:
-  """One outstanding lease: a worker runs `sample_indices` of `task` and submits one trajectory per index."""
-  lease_id: str
-  worker_id: str
-  task_id: str
-  task_json: str
-  group_id: str
-  sample_indices: tuple[int, ...]
-  is_validation: bool
-  temperature: float
-  env_name: str
-  eval_version: int
-  expires_at: float
-  work: _Work
-  pending: set[int] = dataclasses.field(default_factory=set)  # indices not yet accepted
-  submitting: set[int] = dataclasses.field(default_factory=set)  # indices between begin_submission and its end
-
-  @property
-  def num_samples(self) -> int:
-    return len(self.sample_indices)
-
-
-@dataclasses.dataclass
-class _Group:
-  size: int
-  accepted: set[int] = dataclasses.field(default_factory=set)
 
 
 def _task_id(task: Mapping[str, Any], id_key: str, where: str) -> str:
@@ -160,10 +80,10 @@ class TaskDispenser:
     self._position = 0
     self._order = self._permutation(0)
     self._policy_version = 0
-    self._retry: collections.deque[_Work] = collections.deque()
-    self._eval_queue: collections.deque[_Work] = collections.deque()
+    self._retry: collections.deque[Work] = collections.deque()
+    self._eval_queue: collections.deque[Work] = collections.deque()
     self._leases: dict[str, Lease] = {}
-    self._groups: dict[str, _Group] = {}
+    self._groups: dict[str, Group] = {}
     self._evals = EvalCollector(self.config.success_threshold)
 
   def _encode(self, tasks: Sequence[Mapping[str, Any]], where: str) -> list[tuple[str, str]]:
@@ -199,7 +119,7 @@ class TaskDispenser:
         out.append(self._issue(worker_id, work))
       return out
 
-  def _next_work(self) -> _Work | None:
+  def _next_work(self) -> Work | None:
     while self._retry:
       work = self._retry.popleft()
       group = self._groups.get(work.group_id)
@@ -211,13 +131,13 @@ class TaskDispenser:
       return self._eval_queue.popleft()
     return self._next_fresh()
 
-  def _next_fresh(self) -> _Work | None:
+  def _next_fresh(self) -> Work | None:
     if self.config.num_epochs is not None and self._epoch >= self.config.num_epochs:
       return None
     index = int(self._order[self._position])
     task_id = self._splits[False][index][0]
-    work = _Work(index, False, f"e{self._epoch}:{task_id}", tuple(range(self.config.group_size)))
-    self._groups[work.group_id] = _Group(self.config.group_size)
+    work = Work(index, False, f"e{self._epoch}:{task_id}", tuple(range(self.config.group_size)))
+    self._groups[work.group_id] = Group(self.config.group_size)
     self._position += 1
     if self._position == len(self._order):
       self._epoch += 1
@@ -225,7 +145,7 @@ class TaskDispenser:
       self._order = self._permutation(self._epoch)
     return work
 
-  def _issue(self, worker_id: str, work: _Work, lease_id: str | None = None,
+  def _issue(self, worker_id: str, work: Work, lease_id: str | None = None,
              expires_at: float | None = None) -> Lease:
     task_id, task_json = self._splits[work.is_validation][work.task_index]
     temperature = self.config.eval_temperature if work.is_validation else self.config.train_temperature
@@ -372,8 +292,8 @@ class TaskDispenser:
       for repeat in range(repeats):
         for index, (task_id, _) in enumerate(val):
           group_id = f"eval{version}:{task_id}" + (f"#r{repeat}" if repeat else "")
-          self._groups[group_id] = _Group(1)
-          self._eval_queue.append(_Work(index, True, group_id, (0,), version))
+          self._groups[group_id] = Group(1)
+          self._eval_queue.append(Work(index, True, group_id, (0,), version))
       return True
 
   def pop_eval_results(self) -> list[EvalResult]:
@@ -449,7 +369,7 @@ class TaskDispenser:
         raise ValueError(f"dispenser state {key}={state[key]!r} does not match this dispenser's {mine!r}")
 
     def work(d):
-      return _Work(d["task_index"], d["is_validation"], d["group_id"], tuple(d["sample_indices"]),
+      return Work(d["task_index"], d["is_validation"], d["group_id"], tuple(d["sample_indices"]),
                    d["eval_version"])
 
     with self._lock:
@@ -459,7 +379,7 @@ class TaskDispenser:
       self._policy_version = int(state["policy_version"])
       self._retry = collections.deque(work(w) for w in state["retry"])
       self._eval_queue = collections.deque(work(w) for w in state["eval_queue"])
-      self._groups = {gid: _Group(g["size"], set(g["accepted"])) for gid, g in state["groups"].items()}
+      self._groups = {gid: Group(g["size"], set(g["accepted"])) for gid, g in state["groups"].items()}
       self._leases = {}
       for l in state["leases"]:
         lease = self._issue(l["worker_id"], work(l["work"]), lease_id=l["lease_id"],

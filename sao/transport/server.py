@@ -11,7 +11,8 @@ which also holds the lease against expiry until the record is stored), its
 the response goes out, then buffered. Validation trajectories go to the dispenser's eval collector instead.
 
 The parts live in their own modules: the bounded buffer with group reservations (`group_buffer`), the restart
-from the log (`restore`), the token check (`auth`), leases (`dispenser`) and validation results (`evaluation`).
+from the log (`restore`), the token check (`auth`), the content limits (`admission`), leasing (`dispenser`,
+`leases`) and validation results (`evaluation`); the durable log and its ledgers (`log`, `ledger`).
 
 Submissions are serialised by one lock (their cost is the fsync); `take_batch` waits on a separate condition so
 the learner is never blocked behind a disk write.
@@ -33,7 +34,8 @@ from sao.transport import sao_pb2
 from sao.transport import sao_pb2_grpc
 from sao.transport.auth import TokenInterceptor, is_loopback
 from sao.transport.admission import DEFAULT_MAX_ABS_REWARD, DEFAULT_MIN_LOGPROB, ContentLimits
-from sao.transport.dispenser import Lease, TaskDispenser
+from sao.transport.dispenser import TaskDispenser
+from sao.transport.leases import Lease
 from sao.transport.evaluation import EvalResult
 from sao.transport.group_buffer import GroupBuffer
 from sao.transport.restore import restore_buffer
