@@ -118,7 +118,9 @@ def base_config() -> ml_collections.ConfigDict:
           eval_harness="",
       ),
       server=dict(host="127.0.0.1", port=0, token_env="SAO_TRAINER_TOKEN", buffer_capacity=512, max_staleness=4,
-                  max_outstanding=0),  # leased + buffered samples; 0 = 2 batches, so staleness stays ~1
+                  max_outstanding=0,  # leased + buffered samples; 0 = 2 batches, so staleness stays ~1
+                  # Submissions outside these ranges are rejected (sao.transport.admission says why -80).
+                  max_abs_reward=1e4, min_logprob=-80.0),
       learner=learner,
   ))
   c = config.learner

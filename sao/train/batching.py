@@ -133,3 +133,35 @@ def check_batch(batch: dict[str, np.ndarray]) -> None:
   for name in ("rollout_logprobs", "rewards", "token_rewards"):
     if not np.all(np.isfinite(batch[name])):
       raise ValueError(f"batch: field {name!r} has non-finite values")
+
+
+def split_unbatchable(trajectories: Sequence[Trajectory], batcher: Batcher
+                      ) -> tuple[list[Trajectory], list[tuple[Trajectory, str]]]:
+  """(usable, [(unusable, why)]): the trainable `trajectories` that `batcher` + `check_batch` can take, and those
+  they cannot, each with the error it raised alone.
+
+  Submission-time validation should keep every such record out; this is the learner's last line, so that a record
+  that still gets through (or was logged by an older trainer) is quarantined instead of failing every step that
+  reads it. The whole batch is tried first (the common case costs one extra host batch build); only on failure
+  is each record tried alone, with a throwaway batcher so that no probe's shape is logged as the learner's. If
+  every record passes alone the failure is not theirs, and the original error is raised.
+  """
+  if not trajectories:
+    return [], []
+  try:
+    check_batch(batcher(trajectories)[0])
+    return list(trajectories), []
+  except Exception as whole:  # pylint: disable=broad-except  (attributed per record below, or re-raised)
+    probe = Batcher(batcher.bucket_lengths)
+    usable, unusable = [], []
+    for traj in trajectories:
+      try:
+        check_batch(probe([traj])[0])
+        usable.append(traj)
+      except Exception as e:  # pylint: disable=broad-except
+        unusable.append((traj, f"{type(e).__name__}: {e}"))
+    if not unusable:
+      raise whole
+    logging.error("batching: %d of %d trajectories cannot be batched (first: %s); quarantining them",
+                  len(unusable), len(trajectories), unusable[0][1])
+    return usable, unusable

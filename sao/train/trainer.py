@@ -33,6 +33,7 @@ from sao.engines.sglang_client import SGLangEngine
 from sao.models import hf, transformer
 from sao.models.config import ModelConfig
 from sao.models.tokenizer import Tokenizer
+from sao.train import batching
 from sao.train import checkpoint as ckpt_lib
 from sao.train import writers as writers_lib
 from sao.train.learner import Learner
@@ -149,7 +150,9 @@ class Trainer:
         log_dir=os.path.join(self.workdir, "trajectories"), vocab_size=model_config.vocab_size,
         host=c.server.host, port=c.server.port, token=os.environ.get(c.server.token_env) or None,
         buffer_capacity=c.server.buffer_capacity, max_staleness=c.server.max_staleness,
-        max_outstanding=c.server.max_outstanding, engine_urls=tuple(engine_urls)), dispenser)
+        max_outstanding=c.server.max_outstanding, engine_urls=tuple(engine_urls),
+        max_tokens=c.learner.batching.bucket_lengths[-1], max_abs_reward=c.server.max_abs_reward,
+        min_logprob=c.server.min_logprob), dispenser)
 
   # ------------------------------------------------------------------------------------------------ the run
   def run(self, launcher: Launcher, demonstrations: Callable[[], Sequence[Trajectory]] | None = None
@@ -232,6 +235,7 @@ class Trainer:
     version = learner.version
     path = os.path.join(self.workdir, "policy", f"v{version}")
     export_policy(model_config, learner.actor_params, self.tokenizer, path)
+    server.announce_policy_version(version)  # before the engines serve it: their trajectories are not "future"
     asyncio.run(_publish(self.engine_urls, path, version))
     server.set_policy_version(version)
     old = os.path.join(self.workdir, "policy", f"v{version - self.config.keep_policy_exports}")
@@ -276,6 +280,9 @@ class Trainer:
       fresh = [learner.version - t.policy_version <= c.server.max_staleness for t in trajectories]
       trainable = [t for t, ok in zip(trajectories, fresh) if t.is_trainable and ok]
       stale = sum(1 for t, ok in zip(trajectories, fresh) if t.is_trainable and not ok)
+      # Records the batcher cannot take are quarantined (persisted, never re-read), not a crash on every restart.
+      trainable, unusable = batching.split_unbatchable(trainable, learner.batcher)
+      server.quarantine(unusable, step)
       version_before = learner.version
       metrics = self._update(learner, trainable, step, phase) if trainable else {}
       server.mark_consumed(trajectories, step)
@@ -298,6 +305,7 @@ class Trainer:
           "traj_per_s": len(trajectories) / max(now - last, 1e-9),
           "dropped": float(len(trajectories) - len(trainable)),
           "dropped_stale": float(stale),
+          "quarantined": float(len(unusable)),
           "policy_version": float(learner.version),
       }
       last = now

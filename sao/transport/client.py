@@ -22,7 +22,7 @@ import grpc
 
 from sao.transport import sao_pb2
 from sao.transport import sao_pb2_grpc
-from sao.transport.server import AUTH_METADATA_KEY
+from sao.transport.auth import AUTH_METADATA_KEY
 from sao.transport.trajectory import ReasonCode, Trajectory
 
 logger = logging.getLogger(__name__)

@@ -11,11 +11,21 @@ Modes:
 Leases expire `lease_ttl_s` after issue or the last heartbeat. Expired work (the samples not yet accepted) is
 re-leased before any fresh task, under a *new* lease id with the same `group_id` and only the missing sample
 indices, so a dead worker loses nothing. A late submission under an expired lease is rejected as UNKNOWN_LEASE
-(`check_submission`), whether or not its work was re-leased yet: one rule, no race about who wins.
+(`begin_submission`), whether or not its work was re-leased yet: one rule, no race about who wins.
+
+A lease belongs to the worker that took it: a submission or heartbeat naming another worker is refused
+(WRONG_WORKER / reported expired). Worker ids are self-declared, so this catches misrouted work, not an
+attacker: every holder of the service token is trusted alike (docs/security.md).
+
+Submissions are atomic with respect to expiry: `begin_submission` checks the lease *and* marks the sample as being
+submitted in one locked step; a lease with a sample in submission does not expire (nor is re-leased) until the
+server either `complete`s it (the record is durable) or `abort_submission`s it (it was not stored). Without this
+hold a lease lapsing while its record was being written was re-leased and the sample accepted twice.
 
 Evaluation: every `eval_every` policy versions (`set_policy_version`) the whole validation split is queued as
-single-sample, `is_validation` leases at `eval_temperature`; their results feed an eval collector (never the
-training buffer) and `pop_eval_results()` reports a version's success rate once all of its eval tasks returned.
+single-sample, `is_validation` leases at `eval_temperature`; their results feed the eval collector
+(`sao.transport.evaluation`, never the training buffer) and `pop_eval_results()` reports a version's success rate
+once all of its eval tasks returned.
 
 Order: re-leases first, then queued evaluation, then fresh training tasks in a per-epoch shuffle that depends only
 on (seed, epoch), so `state_dict()` = (epoch, position, outstanding work) reproduces the order after a restart.
@@ -33,109 +43,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from sao.transport.evaluation import EvalCollector, EvalResult
+from sao.transport.leases import DispenserConfig, Group, Lease, Work
 from sao.transport.trajectory import ReasonCode, Trajectory, TrajectoryError
 
 logger = logging.getLogger(__name__)
 
 _STATE_FORMAT = 1
-
-
-@dataclasses.dataclass
-class DispenserConfig:
-  """Knobs of the task dispenser.
-
-  Attributes:
-    mode: "sao" (one sample per task) or "group" (G samples per task in one lease).
-    group_size: G in group mode; must be 1 in SAO mode.
-    seed: seeds the per-epoch shuffle.
-    lease_ttl_s: a lease lapses this long after issue or its last heartbeat.
-    num_epochs: passes over the training tasks; None for no limit.
-    id_key: the task dict's id field.
-    env_name: registry name sent with every lease (sao.rollout.envs.make).
-    train_temperature, eval_temperature: sampling temperatures for training and validation leases.
-    eval_every: evaluate the validation split at policy versions divisible by this; 0 disables.
-    success_threshold: an eval episode succeeded when its reward >= this.
-  """
-  mode: str = "sao"
-  group_size: int = 1
-  seed: int = 0
-  lease_ttl_s: float = 600.0
-  num_epochs: int | None = None
-  id_key: str = "id"
-  env_name: str = ""
-  train_temperature: float = 1.0
-  eval_temperature: float = 0.0
-  eval_every: int = 0
-  success_threshold: float = 1.0
-
-  def __post_init__(self):
-    if self.mode not in ("sao", "group"):
-      raise ValueError(f"DispenserConfig.mode must be 'sao' or 'group', got {self.mode!r}")
-    if self.group_size < 1 or (self.mode == "sao" and self.group_size != 1):
-      raise ValueError(f"DispenserConfig.group_size must be >= 1 (and 1 in sao mode), got {self.group_size} "
-                       f"in mode {self.mode!r}")
-    if self.lease_ttl_s <= 0:
-      raise ValueError(f"DispenserConfig.lease_ttl_s must be > 0, got {self.lease_ttl_s}")
-    if self.num_epochs is not None and self.num_epochs < 1:
-      raise ValueError(f"DispenserConfig.num_epochs must be >= 1 or None, got {self.num_epochs}")
-    if self.eval_every < 0:
-      raise ValueError(f"DispenserConfig.eval_every must be >= 0, got {self.eval_every}")
-
-
-@dataclasses.dataclass
-class _Work:
-  """Samples of one task still to be leased. `eval_version` is -1 for training work."""
-  task_index: int
-  is_validation: bool
-  group_id: str
-  sample_indices: tuple[int, ...]
-  eval_version: int = -1
-
-
-@dataclasses.dataclass
-class Lease:
-  """One outstanding lease: a worker runs `sample_indices` of `task` and submits one trajectory per index."""
-  lease_id: str
-  worker_id: str
-  task_id: str
-  task_json: str
-  group_id: str
-  sample_indices: tuple[int, ...]
-  is_validation: bool
-  temperature: float
-  env_name: str
-  eval_version: int
-  expires_at: float
-  work: _Work
-  pending: set[int] = dataclasses.field(default_factory=set)  # indices not yet accepted
-
-  @property
-  def num_samples(self) -> int:
-    return len(self.sample_indices)
-
-
-@dataclasses.dataclass
-class _Group:
-  size: int
-  accepted: set[int] = dataclasses.field(default_factory=set)
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalResult:
-  """Validation outcome of one policy version (all of its eval tasks returned)."""
-  policy_version: int
-  num_tasks: int
-  num_success: int
-  success_rate: float
-  mean_reward: float
-  by_harness: Mapping[str, float] = dataclasses.field(default_factory=dict)  # harness -> its success rate
-
-
-@dataclasses.dataclass
-class _EvalRun:
-  num_tasks: int
-  rewards: dict[str, float] = dataclasses.field(default_factory=dict)  # group id -> reward
-  harnesses: dict[str, str] = dataclasses.field(default_factory=dict)  # group id -> the harness it ran through
 
 
 def _task_id(task: Mapping[str, Any], id_key: str, where: str) -> str:
@@ -166,13 +80,11 @@ class TaskDispenser:
     self._position = 0
     self._order = self._permutation(0)
     self._policy_version = 0
-    self._retry: collections.deque[_Work] = collections.deque()
-    self._eval_queue: collections.deque[_Work] = collections.deque()
+    self._retry: collections.deque[Work] = collections.deque()
+    self._eval_queue: collections.deque[Work] = collections.deque()
     self._leases: dict[str, Lease] = {}
-    self._groups: dict[str, _Group] = {}
-    self._eval_runs: dict[int, _EvalRun] = {}
-    self._eval_done: dict[int, EvalResult] = {}
-    self._eval_unreported: list[EvalResult] = []
+    self._groups: dict[str, Group] = {}
+    self._evals = EvalCollector(self.config.success_threshold)
 
   def _encode(self, tasks: Sequence[Mapping[str, Any]], where: str) -> list[tuple[str, str]]:
     """(task id, task JSON) per task; fails on duplicate ids or non-JSON tasks now, not at lease time."""
@@ -207,7 +119,7 @@ class TaskDispenser:
         out.append(self._issue(worker_id, work))
       return out
 
-  def _next_work(self) -> _Work | None:
+  def _next_work(self) -> Work | None:
     while self._retry:
       work = self._retry.popleft()
       group = self._groups.get(work.group_id)
@@ -219,13 +131,13 @@ class TaskDispenser:
       return self._eval_queue.popleft()
     return self._next_fresh()
 
-  def _next_fresh(self) -> _Work | None:
+  def _next_fresh(self) -> Work | None:
     if self.config.num_epochs is not None and self._epoch >= self.config.num_epochs:
       return None
     index = int(self._order[self._position])
     task_id = self._splits[False][index][0]
-    work = _Work(index, False, f"e{self._epoch}:{task_id}", tuple(range(self.config.group_size)))
-    self._groups[work.group_id] = _Group(self.config.group_size)
+    work = Work(index, False, f"e{self._epoch}:{task_id}", tuple(range(self.config.group_size)))
+    self._groups[work.group_id] = Group(self.config.group_size)
     self._position += 1
     if self._position == len(self._order):
       self._epoch += 1
@@ -233,7 +145,7 @@ class TaskDispenser:
       self._order = self._permutation(self._epoch)
     return work
 
-  def _issue(self, worker_id: str, work: _Work, lease_id: str | None = None,
+  def _issue(self, worker_id: str, work: Work, lease_id: str | None = None,
              expires_at: float | None = None) -> Lease:
     task_id, task_json = self._splits[work.is_validation][work.task_index]
     temperature = self.config.eval_temperature if work.is_validation else self.config.train_temperature
@@ -247,22 +159,24 @@ class TaskDispenser:
     return lease
 
   def _expire(self, now: float) -> None:
-    for lease_id in [k for k, v in self._leases.items() if v.expires_at <= now]:
+    # A lease with a submission in flight is held: it expires (if still due) once the submission ends.
+    for lease_id in [k for k, v in self._leases.items() if v.expires_at <= now and not v.submitting]:
       lease = self._leases.pop(lease_id)
       missing = tuple(sorted(lease.pending))
       logger.info("lease %s (task %s, worker %s) expired with samples %s missing; re-leasing them",
                   lease_id, lease.task_id, lease.worker_id, missing)
       self._retry.append(dataclasses.replace(lease.work, sample_indices=missing))
 
-  def heartbeat(self, lease_ids: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Extends live leases by `lease_ttl_s`; returns (extended, expired-or-unknown) lease ids."""
+  def heartbeat(self, lease_ids: Sequence[str], worker_id: str | None = None) -> tuple[list[str], list[str]]:
+    """Extends live leases by `lease_ttl_s`; returns (extended, expired-or-unknown) lease ids. With `worker_id`,
+    a lease held by another worker is not extended and is reported with the expired ones."""
     with self._lock:
       now = self._clock()
       self._expire(now)
       extended, expired = [], []
       for lease_id in lease_ids:
         lease = self._leases.get(lease_id)
-        if lease is None:
+        if lease is None or (worker_id is not None and lease.worker_id != worker_id):
           expired.append(lease_id)
         else:
           lease.expires_at = now + self.config.lease_ttl_s
@@ -272,39 +186,56 @@ class TaskDispenser:
   # ----------------------------------------------------------------------------------------------------------------
   # Submissions (the server validates the record; the dispenser checks the lease and does the bookkeeping).
 
-  def check_submission(self, traj: Trajectory) -> Lease:
-    """The live lease `traj` was run under; raises `TrajectoryError` (UNKNOWN_LEASE / INVALID_FIELD) otherwise."""
+  def begin_submission(self, traj: Trajectory, worker_id: str | None = None) -> Lease:
+    """Checks that `traj` belongs to a live lease (held by `worker_id`, when given) and holds that lease against
+    expiry until `complete` or `abort_submission` (module docstring); returns the lease.
+
+    Raises `TrajectoryError`: UNKNOWN_LEASE (unknown/expired lease, sample index not in it, or that sample already
+    in submission), WRONG_WORKER, INVALID_FIELD (task or group id does not match the lease).
+    """
     with self._lock:
+      self._expire(self._clock())
       lease = self._leases.get(traj.lease_id)
-      if lease is None or lease.expires_at <= self._clock():
+      if lease is None:
         raise TrajectoryError("lease_id", ReasonCode.UNKNOWN_LEASE,
                               f"lease {traj.lease_id!r} is unknown or expired (its work is re-leased)")
-      if traj.sample_index not in lease.sample_indices:
+      if worker_id is not None and lease.worker_id != worker_id:
+        raise TrajectoryError("worker_id", ReasonCode.WRONG_WORKER,
+                              f"lease {traj.lease_id!r} is held by worker {lease.worker_id!r}, not {worker_id!r}")
+      if traj.sample_index not in lease.pending:
         raise TrajectoryError("sample_index", ReasonCode.UNKNOWN_LEASE,
-                              f"sample_index {traj.sample_index} not in lease {traj.lease_id!r}'s "
-                              f"{list(lease.sample_indices)}")
+                              f"sample_index {traj.sample_index} is not an outstanding sample of lease "
+                              f"{traj.lease_id!r} (pending {sorted(lease.pending)})")
+      if traj.sample_index in lease.submitting:
+        raise TrajectoryError("sample_index", ReasonCode.UNKNOWN_LEASE,
+                              f"sample {traj.sample_index} of lease {traj.lease_id!r} is already being submitted")
       if traj.task_id != lease.task_id:
         raise TrajectoryError("task_id", ReasonCode.INVALID_FIELD,
                               f"{traj.task_id!r} does not match lease {traj.lease_id!r}'s task {lease.task_id!r}")
       if traj.group_id and traj.group_id != lease.group_id:
         raise TrajectoryError("group_id", ReasonCode.INVALID_FIELD,
                               f"{traj.group_id!r} does not match lease {traj.lease_id!r}'s group {lease.group_id!r}")
+      lease.submitting.add(traj.sample_index)
       return lease
 
-  def complete(self, lease: Lease, traj: Trajectory) -> bool:
-    """Records an accepted sample of `lease`; True when it completes its group (all G samples accepted).
-
-    Works even if the lease expired since `check_submission` (a submission racing its expiry): the sample counts
-    and a re-lease skips it.
-    """
+  def abort_submission(self, lease: Lease, traj: Trajectory) -> None:
+    """Ends a `begin_submission` whose record was not stored: the sample is outstanding again, and the lease expires
+    as usual (at once, if it is past its expiry)."""
     with self._lock:
-      live = self._leases.get(lease.lease_id)
-      if live is not None:
-        live.pending.discard(traj.sample_index)
-        if not live.pending:
-          del self._leases[lease.lease_id]
+      lease.submitting.discard(traj.sample_index)
+      self._expire(self._clock())
+
+  def complete(self, lease: Lease, traj: Trajectory) -> bool:
+    """Ends a `begin_submission` whose record is durable: the sample is accepted. True when it completes its
+    group (all G samples accepted)."""
+    with self._lock:
+      lease.submitting.discard(traj.sample_index)
+      lease.pending.discard(traj.sample_index)
+      if not lease.pending and self._leases.get(lease.lease_id) is lease:
+        del self._leases[lease.lease_id]
       group = self._groups.get(lease.group_id)
       if group is None or traj.sample_index in group.accepted:
+        # Cannot happen through begin_submission (the hold keeps the sample from being re-leased); kept loud.
         logger.warning("sample %d of group %s completed twice or after its group finished; ignored",
                        traj.sample_index, lease.group_id)
         return False
@@ -313,7 +244,7 @@ class TaskDispenser:
         return False
       del self._groups[lease.group_id]
       if lease.is_validation:
-        self._record_eval(lease, traj)
+        self._evals.record(lease.eval_version, lease.group_id, traj.reward, traj.harness)
       return True
 
   def restore_sample(self, traj: Trajectory) -> bool | None:
@@ -338,27 +269,6 @@ class TaskDispenser:
       del self._groups[traj.group_id]
       return True
 
-  def _record_eval(self, lease: Lease, traj: Trajectory) -> None:
-    run = self._eval_runs.get(lease.eval_version)
-    if run is None:
-      logger.warning("eval trajectory for version %d without an eval run; ignored", lease.eval_version)
-      return
-    run.rewards[lease.group_id] = traj.reward
-    run.harnesses[lease.group_id] = traj.harness
-    if len(run.rewards) == run.num_tasks:
-      rewards = np.asarray(list(run.rewards.values()), np.float64)
-      success = int((rewards >= self.config.success_threshold).sum())
-      by_harness: dict[str, list[float]] = {}
-      for group_id, reward in run.rewards.items():
-        by_harness.setdefault(run.harnesses.get(group_id, ""), []).append(reward >= self.config.success_threshold)
-      result = EvalResult(lease.eval_version, run.num_tasks, success, success / run.num_tasks,
-                          float(rewards.mean()), {h: float(np.mean(v)) for h, v in sorted(by_harness.items())})
-      del self._eval_runs[lease.eval_version]
-      self._eval_done[lease.eval_version] = result
-      self._eval_unreported.append(result)
-      logger.info("eval of policy version %d: success rate %.4f over %d tasks", result.policy_version,
-                  result.success_rate, result.num_tasks)
-
   # ----------------------------------------------------------------------------------------------------------------
   # Policy versions and evaluation.
 
@@ -377,25 +287,23 @@ class TaskDispenser:
       raise ValueError(f"repeats: must be >= 1, got {repeats}")
     with self._lock:
       val = self._splits[True]
-      if not val or version in self._eval_runs or version in self._eval_done:
+      if not val or not self._evals.start(version, len(val) * repeats):
         return False
-      self._eval_runs[version] = _EvalRun(len(val) * repeats)
       for repeat in range(repeats):
         for index, (task_id, _) in enumerate(val):
           group_id = f"eval{version}:{task_id}" + (f"#r{repeat}" if repeat else "")
-          self._groups[group_id] = _Group(1)
-          self._eval_queue.append(_Work(index, True, group_id, (0,), version))
+          self._groups[group_id] = Group(1)
+          self._eval_queue.append(Work(index, True, group_id, (0,), version))
       return True
 
   def pop_eval_results(self) -> list[EvalResult]:
     """Evaluations finished since the last call, in completion order."""
     with self._lock:
-      out, self._eval_unreported = self._eval_unreported, []
-      return out
+      return self._evals.pop()
 
   def eval_result(self, version: int) -> EvalResult | None:
     with self._lock:
-      return self._eval_done.get(version)
+      return self._evals.result(version)
 
   # ----------------------------------------------------------------------------------------------------------------
   # Introspection.
@@ -448,9 +356,7 @@ class TaskDispenser:
                       "pending": sorted(l.pending), "ttl_left_s": max(0.0, l.expires_at - now)}
                      for l in self._leases.values()],
           "groups": {gid: {"size": g.size, "accepted": sorted(g.accepted)} for gid, g in self._groups.items()},
-          "eval_runs": {str(v): {"num_tasks": r.num_tasks, "rewards": r.rewards,
-                                   "harnesses": r.harnesses} for v, r in self._eval_runs.items()},
-          "eval_done": [dataclasses.asdict(r) for r in self._eval_done.values()],
+          **self._evals.state_dict(),
       }
 
   def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -463,7 +369,7 @@ class TaskDispenser:
         raise ValueError(f"dispenser state {key}={state[key]!r} does not match this dispenser's {mine!r}")
 
     def work(d):
-      return _Work(d["task_index"], d["is_validation"], d["group_id"], tuple(d["sample_indices"]),
+      return Work(d["task_index"], d["is_validation"], d["group_id"], tuple(d["sample_indices"]),
                    d["eval_version"])
 
     with self._lock:
@@ -473,13 +379,10 @@ class TaskDispenser:
       self._policy_version = int(state["policy_version"])
       self._retry = collections.deque(work(w) for w in state["retry"])
       self._eval_queue = collections.deque(work(w) for w in state["eval_queue"])
-      self._groups = {gid: _Group(g["size"], set(g["accepted"])) for gid, g in state["groups"].items()}
+      self._groups = {gid: Group(g["size"], set(g["accepted"])) for gid, g in state["groups"].items()}
       self._leases = {}
       for l in state["leases"]:
         lease = self._issue(l["worker_id"], work(l["work"]), lease_id=l["lease_id"],
                             expires_at=now + float(l["ttl_left_s"]))
         lease.pending = set(l["pending"])
-      self._eval_runs = {int(v): _EvalRun(r["num_tasks"], dict(r["rewards"]), dict(r.get("harnesses", {})))
-                         for v, r in state["eval_runs"].items()}
-      self._eval_done = {int(r["policy_version"]): EvalResult(**r) for r in state["eval_done"]}
-      self._eval_unreported = []
+      self._evals.load_state_dict(state)

@@ -6,22 +6,28 @@ learner (the consumed ledger says which keys the learner used, at which step).
 
 On-disk layout of a log directory:
   segment-000000.log, segment-000001.log, ...   records, in append order
-  consumed.jsonl                                one JSON line per `ConsumedLedger.mark` call
+  consumed.jsonl                                one JSON line per `ConsumedLedger.mark` call (`ledger`)
+  quarantine.jsonl                              records the learner could not use, with why (`ledger`)
 
-Record framing (little endian), repeated until the end of a segment:
-  magic  4 bytes  b"SAOT"
-  length u32      payload bytes
-  crc32  u32      zlib.crc32 of the payload
-  payload         `Trajectory.to_bytes()` (the `sao.transport.v1.Trajectory` proto)
+Record framing (little endian), repeated until the end of a segment (format 2, written since the header CRC):
+  magic       4 bytes  b"SAO2"
+  length      u32      payload bytes
+  crc32       u32      zlib.crc32 of the payload
+  header_crc  u32      zlib.crc32 of the 12 bytes before it (magic, length, crc32)
+  payload              `Trajectory.to_bytes()` (the `sao.transport.v1.Trajectory` proto)
 
-A crash mid-write leaves a torn last record; a reader detects it by length/CRC, warns naming the segment and the
-offset, and skips it (earlier records are kept). A writer never appends after an existing tail: each `TrajectoryLog`
-opens a fresh segment, so a torn tail stays the last thing in its own segment.
+Format 1 (b"SAOT", the same without `header_crc`) is still read, so logs written before stay restorable; nothing
+writes it any more. A record is trusted only when its header (format 2: its header CRC) and its payload CRC check.
+At a record that does not, the reader resynchronises: it scans forward for the next magic that starts a record
+passing both checks and resumes there, so a flipped bit anywhere in a record (its length field included) costs
+that record, not the rest of its segment. Each skipped span is warned about (segment, offset, bytes) and counted
+in an optional `LogReadReport`. A crash mid-write leaves a torn last record: the same path skips it to the end.
+A writer never appends after an existing tail: each `TrajectoryLog` opens a fresh segment, so a torn tail stays
+the last thing in its own segment.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import pathlib
@@ -29,27 +35,28 @@ import re
 import struct
 import threading
 import zlib
-from typing import Iterable, Iterator, Sequence
+from typing import Iterator, Sequence
 
+from sao.transport.ledger import (LEDGER_NAME, QUARANTINE_NAME, ConsumedLedger, QuarantineLedger, SampleKey,
+                                  fsync_dir, read_consumed, read_quarantined, sample_key)
 from sao.transport.trajectory import Trajectory, TrajectoryError
 
-_MAGIC = b"SAOT"
-_HEADER = struct.Struct("<4sII")
+# The ledgers live in `sao.transport.ledger`; their names stay importable from here, next to the records.
+__all__ = ["HEADER_BYTES", "LEDGER_NAME", "QUARANTINE_NAME", "ConsumedLedger", "LogReadReport", "LogRecord",
+           "QuarantineLedger", "SampleKey", "TrajectoryLog", "encode_record", "read_consumed", "read_quarantined",
+           "read_records", "read_trajectories", "sample_key", "unconsumed"]
+
+_MAGIC = b"SAO2"
+_HEADER = struct.Struct("<4sIII")  # magic, payload length, payload CRC, header CRC
+_HEADER_CRC_SPAN = 12  # the header CRC covers magic, length and payload CRC
+_MAGIC_V1 = b"SAOT"
+_HEADER_V1 = struct.Struct("<4sII")  # format 1: no header CRC
+HEADER_BYTES = _HEADER.size
 _SEGMENT_RE = re.compile(r"^segment-(\d{6,})\.log$")
-LEDGER_NAME = "consumed.jsonl"
 # A single record larger than this is certainly a corrupt length field (trajectories are at most a few MB).
 _MAX_RECORD_BYTES = 1 << 30
 
 logger = logging.getLogger(__name__)
-
-# Identifies one sample of one lease: submissions are idempotent by this key.
-SampleKey = tuple[str, int]
-
-
-def sample_key(traj: Trajectory) -> SampleKey:
-  """The idempotency key of a trajectory: (lease_id, sample_index)."""
-  return (traj.lease_id, traj.sample_index)
-
 
 @dataclasses.dataclass(frozen=True)
 class LogRecord:
@@ -79,18 +86,24 @@ def _segments(directory: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
   return sorted(found)
 
 
-def _fsync_dir(directory: pathlib.Path) -> None:
-  """Makes a newly created file's directory entry durable (an fsynced file is useless if its name is lost)."""
-  fd = os.open(directory, os.O_RDONLY)
-  try:
-    os.fsync(fd)
-  finally:
-    os.close(fd)
-
-
 def encode_record(payload: bytes) -> bytes:
-  """Frames one payload (header + payload)."""
-  return _HEADER.pack(_MAGIC, len(payload), zlib.crc32(payload)) + payload
+  """Frames one payload (format-2 header + payload)."""
+  head = struct.pack("<4sII", _MAGIC, len(payload), zlib.crc32(payload))
+  return head + struct.pack("<I", zlib.crc32(head)) + payload
+
+
+@dataclasses.dataclass
+class LogReadReport:
+  """What a read of the log lost: spans of bytes skipped because no valid record started there (a corrupt or torn
+  record, a damaged header), and records whose bytes checked but did not decode."""
+  records: int = 0
+  skipped_spans: int = 0
+  skipped_bytes: int = 0
+  undecodable: int = 0
+
+  @property
+  def lossless(self) -> bool:
+    return not (self.skipped_spans or self.undecodable)
 
 
 class TrajectoryLog:
@@ -125,7 +138,7 @@ class TrajectoryLog:
     self._file = open(self.directory / self._file_name, "xb")
     self._file_size = 0
     if self._fsync:
-      _fsync_dir(self.directory)
+      fsync_dir(self.directory)
 
   def append(self, traj: Trajectory) -> None:
     """Appends one trajectory; returns only after its bytes are fsynced."""
@@ -175,44 +188,80 @@ class TrajectoryLog:
     self.close()
 
 
-def _read_segment(path: pathlib.Path) -> Iterator[LogRecord]:
-  """Records of one segment; warns about and skips a torn or corrupt record."""
+def _parse_at(data: bytes, offset: int) -> tuple[int, int] | str:
+  """The (payload start, payload end) of a record starting at `offset` whose header and payload check; else why
+  not (a short phrase for the warning)."""
+  magic = data[offset:offset + 4]
+  if magic == _MAGIC:
+    header = _HEADER
+  elif magic == _MAGIC_V1:
+    header = _HEADER_V1
+  else:
+    return "bad record header (magic)"
+  if len(data) - offset < header.size:
+    return "torn record header"
+  if header is _HEADER:
+    _, length, crc, header_crc = _HEADER.unpack_from(data, offset)
+    if zlib.crc32(data[offset:offset + _HEADER_CRC_SPAN]) != header_crc:
+      return "bad record header (header CRC mismatch)"
+  else:
+    _, length, crc = _HEADER_V1.unpack_from(data, offset)
+  if length > _MAX_RECORD_BYTES:
+    return f"bad record header (length {length})"
+  start = offset + header.size
+  if start + length > len(data):
+    return f"torn record (length {length}, only {len(data) - start} bytes present)"
+  if zlib.crc32(data[start:start + length]) != crc:
+    return "CRC mismatch"
+  return start, start + length
+
+
+def _resync(data: bytes, offset: int) -> int:
+  """The first offset >= `offset` where a valid record starts (either format), or len(data)."""
+  while True:
+    found = [i for i in (data.find(_MAGIC, offset), data.find(_MAGIC_V1, offset)) if i >= 0]
+    if not found:
+      return len(data)
+    candidate = min(found)
+    if not isinstance(_parse_at(data, candidate), str):
+      return candidate
+    offset = candidate + 1
+
+
+def _read_segment(path: pathlib.Path, report: LogReadReport) -> Iterator[LogRecord]:
+  """Records of one segment; a span without a valid record is warned about, counted and skipped (module doc)."""
   data = path.read_bytes()
   offset = 0
   while offset < len(data):
-    if len(data) - offset < _HEADER.size:
-      logger.warning("trajectory log %s: torn record header at offset %d (%d trailing bytes); skipped",
-                     path, offset, len(data) - offset)
-      return
-    magic, length, crc = _HEADER.unpack_from(data, offset)
-    if magic != _MAGIC or length > _MAX_RECORD_BYTES:
-      # Without a trustworthy header the next record's start is unknown: the rest of the segment is lost.
-      logger.warning("trajectory log %s: bad record header at offset %d (magic %r, length %d); skipping the "
-                     "remaining %d bytes of this segment", path, offset, magic, length, len(data) - offset)
-      return
-    start = offset + _HEADER.size
-    if start + length > len(data):
-      logger.warning("trajectory log %s: torn record at offset %d (length %d, only %d bytes present); skipped",
-                     path, offset, length, len(data) - start)
-      return
-    payload = data[start:start + length]
-    if zlib.crc32(payload) != crc:
-      # The header was intact, so the next record starts right after this one.
-      logger.warning("trajectory log %s: CRC mismatch in record at offset %d (length %d); skipped",
-                     path, offset, length)
+    parsed = _parse_at(data, offset)
+    if isinstance(parsed, str):
+      resume = _resync(data, offset + 1)
+      report.skipped_spans += 1
+      report.skipped_bytes += resume - offset
+      where = f"resumed at the next valid record, offset {resume}" if resume < len(data) else "to the end of segment"
+      logger.warning("trajectory log %s: %s at offset %d; skipped %d bytes (%s)", path, parsed, offset,
+                     resume - offset, where)
+      offset = resume
+      continue
+    start, end = parsed
+    try:
+      trajectory = Trajectory.from_bytes(data[start:end])
+    except (TrajectoryError, ValueError) as e:  # protobuf's DecodeError is a ValueError subclass
+      report.undecodable += 1
+      logger.warning("trajectory log %s: record at offset %d passed its CRC but does not decode (%s); skipped",
+                     path, offset, e)
     else:
-      try:
-        yield LogRecord(path.name, offset, Trajectory.from_bytes(payload))
-      except (TrajectoryError, ValueError) as e:  # protobuf's DecodeError is a ValueError subclass
-        logger.warning("trajectory log %s: record at offset %d passed its CRC but does not decode (%s); skipped",
-                       path, offset, e)
-    offset = start + length
+      report.records += 1
+      yield LogRecord(path.name, offset, trajectory)
+    offset = end
 
 
-def read_records(directory: str | os.PathLike) -> Iterator[LogRecord]:
-  """Every readable record of the log in `directory`, in append order (torn/corrupt records skipped, warned)."""
+def read_records(directory: str | os.PathLike, report: LogReadReport | None = None) -> Iterator[LogRecord]:
+  """Every readable record of the log in `directory`, in append order (torn/corrupt records skipped, warned, and
+  counted in `report` when given)."""
+  report = report if report is not None else LogReadReport()
   for _, path in _segments(pathlib.Path(directory)):
-    yield from _read_segment(path)
+    yield from _read_segment(path, report)
 
 
 def read_trajectories(directory: str | os.PathLike) -> Iterator[Trajectory]:
@@ -221,78 +270,10 @@ def read_trajectories(directory: str | os.PathLike) -> Iterator[Trajectory]:
     yield record.trajectory
 
 
-class ConsumedLedger:
-  """Which sample keys the learner consumed, at which trainer step: append-only, fsynced JSON lines.
-
-  Each line is `{"step": int, "keys": [[lease_id, sample_index], ...]}`. A torn last line (crash mid-write) is
-  warned about and ignored, which errs on the side of re-training those samples rather than losing them.
-  """
-
-  def __init__(self, directory: str | os.PathLike, fsync: bool = True):
-    self.path = pathlib.Path(directory) / LEDGER_NAME
-    self.path.parent.mkdir(parents=True, exist_ok=True)
-    self._fsync = fsync
-    self._lock = threading.Lock()
-    self._file = None
-    self._torn_tail = self._has_torn_tail()
-
-  def _has_torn_tail(self) -> bool:
-    """A file not ending in a newline was cut mid-line; the next write must start on a fresh line."""
-    if not self.path.exists() or self.path.stat().st_size == 0:
-      return False
-    with open(self.path, "rb") as f:
-      f.seek(-1, os.SEEK_END)
-      return f.read(1) != b"\n"
-
-  def mark(self, keys: Iterable[SampleKey], step: int) -> None:
-    """Records that the learner consumed `keys` at trainer `step`; returns after fsync."""
-    line = json.dumps({"step": int(step), "keys": [[str(k[0]), int(k[1])] for k in keys]}) + "\n"
-    with self._lock:
-      if self._file is None:
-        new = not self.path.exists()
-        self._file = open(self.path, "ab")
-        if new and self._fsync:
-          _fsync_dir(self.path.parent)
-      if self._torn_tail:
-        line = "\n" + line
-        self._torn_tail = False
-      self._file.write(line.encode())
-      self._file.flush()
-      if self._fsync:
-        os.fsync(self._file.fileno())
-
-  def close(self) -> None:
-    with self._lock:
-      if self._file is not None:
-        self._file.close()
-        self._file = None
-
-
-def read_consumed(directory: str | os.PathLike) -> dict[SampleKey, int]:
-  """Consumed key -> the trainer step that consumed it (the first step, if marked twice)."""
-  path = pathlib.Path(directory) / LEDGER_NAME
-  consumed: dict[SampleKey, int] = {}
-  if not path.exists():
-    return consumed
-  for lineno, line in enumerate(path.read_text().splitlines(), 1):
-    if not line.strip():
-      continue
-    try:
-      entry = json.loads(line)
-      step = int(entry["step"])
-      keys = [(str(k[0]), int(k[1])) for k in entry["keys"]]
-    except (ValueError, KeyError, TypeError, IndexError) as e:
-      logger.warning("consumed ledger %s: line %d unreadable (%s); ignored (those samples count as unconsumed)",
-                     path, lineno, e)
-      continue
-    for key in keys:
-      consumed.setdefault(key, step)
-  return consumed
-
-
 def unconsumed(directory: str | os.PathLike) -> list[LogRecord]:
-  """Accepted-but-unconsumed records, in append order, each key once (a key logged twice keeps its first record)."""
-  consumed = read_consumed(directory)
+  """Accepted-but-unconsumed records, in append order, each key once (a key logged twice keeps its first record).
+  Quarantined records count as consumed: they are never read back for training."""
+  consumed = {**read_consumed(directory), **read_quarantined(directory)}
   seen: set[SampleKey] = set()
   out = []
   for record in read_records(directory):

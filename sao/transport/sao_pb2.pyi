@@ -29,11 +29,15 @@ class RejectReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REJECT_REASON_UNKNOWN_STATUS: _ClassVar[RejectReason]
     REJECT_REASON_BAD_TURN_BOUNDARIES: _ClassVar[RejectReason]
     REJECT_REASON_NEGATIVE_POLICY_VERSION: _ClassVar[RejectReason]
+    REJECT_REASON_OUT_OF_RANGE: _ClassVar[RejectReason]
+    REJECT_REASON_TOO_LONG: _ClassVar[RejectReason]
     REJECT_REASON_UNKNOWN_LEASE: _ClassVar[RejectReason]
     REJECT_REASON_STALE_POLICY: _ClassVar[RejectReason]
     REJECT_REASON_DUPLICATE: _ClassVar[RejectReason]
     REJECT_REASON_BACKPRESSURE: _ClassVar[RejectReason]
     REJECT_REASON_INTERNAL: _ClassVar[RejectReason]
+    REJECT_REASON_FUTURE_POLICY: _ClassVar[RejectReason]
+    REJECT_REASON_WRONG_WORKER: _ClassVar[RejectReason]
 TRAJECTORY_STATUS_UNSPECIFIED: TrajectoryStatus
 TRAJECTORY_STATUS_OK: TrajectoryStatus
 TRAJECTORY_STATUS_TIMEOUT: TrajectoryStatus
@@ -51,11 +55,15 @@ REJECT_REASON_OBSERVATION_LOGPROB: RejectReason
 REJECT_REASON_UNKNOWN_STATUS: RejectReason
 REJECT_REASON_BAD_TURN_BOUNDARIES: RejectReason
 REJECT_REASON_NEGATIVE_POLICY_VERSION: RejectReason
+REJECT_REASON_OUT_OF_RANGE: RejectReason
+REJECT_REASON_TOO_LONG: RejectReason
 REJECT_REASON_UNKNOWN_LEASE: RejectReason
 REJECT_REASON_STALE_POLICY: RejectReason
 REJECT_REASON_DUPLICATE: RejectReason
 REJECT_REASON_BACKPRESSURE: RejectReason
 REJECT_REASON_INTERNAL: RejectReason
+REJECT_REASON_FUTURE_POLICY: RejectReason
+REJECT_REASON_WRONG_WORKER: RejectReason
 
 class Trajectory(_message.Message):
     __slots__ = ("task_id", "sample_index", "group_id", "policy_version", "token_ids", "action_mask", "rollout_logprobs", "reward", "turn_boundaries", "num_turns", "status", "harness", "timings", "metrics", "lease_id", "metadata")

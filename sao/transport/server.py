@@ -1,15 +1,18 @@
 """The trainer-side gRPC `TrajectoryService`: leases tasks, validates and durably stores trajectories, buffers them.
 
-A submitted trajectory is accepted only if (in this order) it decodes, it is not a re-send of an accepted one
-(a re-send is acknowledged as accepted with reason DUPLICATE and counted once: submissions are idempotent by
-(lease_id, sample_index)), `validate(vocab_size)` passes, its lease is live (`TaskDispenser.check_submission`),
-its `policy_version >= current_version - max_staleness`, and the bounded buffer has room (else BACKPRESSURE with
+A submitted trajectory is accepted only if (in this order) it decodes, its content is one the learner can take
+(`Trajectory.validate` and the trainer's `admission.ContentLimits`: length, reward and log-prob ranges, a policy
+version no newer than the trainer published), it is not a re-send of an accepted one (a valid re-send is
+acknowledged as accepted with reason DUPLICATE and counted once: submissions are idempotent by
+(lease_id, sample_index)), its lease is live and held by the submitting worker (`TaskDispenser.begin_submission`,
+which also holds the lease against expiry until the record is stored), its
+`policy_version >= current_version - max_staleness`, and the bounded buffer has room (else BACKPRESSURE with
 `retry_after_ms`). Accepted training trajectories are appended to the durable log (one fsync per request) *before*
 the response goes out, then buffered. Validation trajectories go to the dispenser's eval collector instead.
 
-Buffer bound: in group mode the first accepted sample of a group reserves G slots, so a group's later samples are
-never pushed back (a buffer full of half groups would otherwise deadlock); occupancy = buffered trajectories +
-unfilled reservations <= `buffer_capacity`, always.
+The parts live in their own modules: the bounded buffer with group reservations (`group_buffer`), the restart
+from the log (`restore`), the token check (`auth`), the content limits (`admission`), leasing (`dispenser`,
+`leases`) and validation results (`evaluation`); the durable log and its ledgers (`log`, `ledger`).
 
 Submissions are serialised by one lock (their cost is the fsync); `take_batch` waits on a separate condition so
 the learner is never blocked behind a disk write.
@@ -18,9 +21,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import dataclasses
-import hmac
-import ipaddress
 import logging
 import threading
 import time
@@ -31,140 +31,16 @@ import grpc
 from sao.transport import log as log_lib
 from sao.transport import sao_pb2
 from sao.transport import sao_pb2_grpc
-from sao.transport.dispenser import EvalResult, TaskDispenser
-from sao.transport.trajectory import ReasonCode, Trajectory, TrajectoryError, reject_result
+from sao.transport.auth import TokenInterceptor, is_loopback
+from sao.transport.dispenser import TaskDispenser
+from sao.transport.evaluation import EvalResult
+from sao.transport.group_buffer import GroupBuffer
+from sao.transport.leases import Lease
+from sao.transport.restore import restore_buffer
+from sao.transport.server_config import ServerConfig
+from sao.transport.trajectory import ReasonCode, Trajectory, TrajectoryError, field_summary, reject_result
 
 logger = logging.getLogger(__name__)
-
-AUTH_METADATA_KEY = "authorization"
-
-
-@dataclasses.dataclass
-class ServerConfig:
-  """Knobs of the trainer-side service.
-
-  Attributes:
-    log_dir: the durable trajectory log directory (e.g. `<workdir>/trajectories`).
-    vocab_size: token ids must lie in [0, vocab_size).
-    host, port: bind address; port 0 picks a free port (`TrajectoryServer.port` tells which).
-    token: shared secret workers send as `authorization: Bearer <token>`; required for a non-loopback host.
-    tls_cert_path, tls_key_path: PEM files; when given the port is TLS-only.
-    buffer_capacity: the most trajectories held (buffered + reserved for open groups).
-    max_staleness: accept `policy_version >= current_version - max_staleness`.
-    backpressure_retry_ms: the retry hint sent with BACKPRESSURE (and INTERNAL) rejects.
-    no_work_retry_ms: the retry hint of an empty lease response.
-    max_lease_per_call: cap on `max_tasks` of one LeaseTasks call.
-    max_outstanding: the most training samples leased or buffered at once (0 = no limit): bounds how far rollouts
-      run ahead of the learner, hence staleness.
-    engine_urls: sent to workers with every lease.
-    max_workers: gRPC handler threads.
-    max_message_bytes: gRPC receive limit (a request holds whole trajectories).
-    segment_bytes: log segment rotation size.
-  """
-  log_dir: str
-  vocab_size: int
-  host: str = "127.0.0.1"
-  port: int = 0
-  token: str | None = None
-  tls_cert_path: str | None = None
-  tls_key_path: str | None = None
-  buffer_capacity: int = 1024
-  max_staleness: int = 1
-  backpressure_retry_ms: int = 200
-  no_work_retry_ms: int = 1000
-  max_lease_per_call: int = 64
-  max_outstanding: int = 0
-  engine_urls: tuple[str, ...] = ()
-  max_workers: int = 16
-  max_message_bytes: int = 64 << 20
-  segment_bytes: int = 64 << 20
-
-  def __post_init__(self):
-    for name in ("vocab_size", "buffer_capacity", "max_lease_per_call", "max_workers", "max_message_bytes"):
-      if getattr(self, name) <= 0:
-        raise ValueError(f"ServerConfig.{name} must be > 0, got {getattr(self, name)}")
-    if self.max_staleness < 0:
-      raise ValueError(f"ServerConfig.max_staleness must be >= 0, got {self.max_staleness}")
-    if (self.tls_cert_path is None) != (self.tls_key_path is None):
-      raise ValueError("ServerConfig.tls_cert_path and tls_key_path must be given together")
-
-
-def is_loopback(host: str) -> bool:
-  if host == "localhost":
-    return True
-  try:
-    return ipaddress.ip_address(host.strip("[]")).is_loopback
-  except ValueError:
-    return False
-
-
-class _TokenInterceptor(grpc.ServerInterceptor):
-  """Rejects every call whose `authorization` metadata is not `Bearer <token>` with UNAUTHENTICATED."""
-
-  def __init__(self, token: str):
-    self._expected = f"Bearer {token}".encode()
-
-    def deny(request, context):
-      context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong shared-secret token (authorization metadata)")
-
-    self._deny = grpc.unary_unary_rpc_method_handler(deny)
-
-  def intercept_service(self, continuation, handler_call_details):
-    sent = dict(handler_call_details.invocation_metadata or ()).get(AUTH_METADATA_KEY, "")
-    if isinstance(sent, str) and hmac.compare_digest(sent.encode(), self._expected):
-      return continuation(handler_call_details)
-    return self._deny
-
-
-class _Buffer:
-  """Accepted, unconsumed training trajectories: complete units (a single SAO sample or a whole group) in arrival
-  order, plus open groups with their reserved slots. Not thread-safe: the server guards it with its condition."""
-
-  def __init__(self, capacity: int):
-    self.capacity = capacity
-    self.ready: collections.deque[list[Trajectory]] = collections.deque()
-    self.ready_count = 0
-    self.open: dict[str, dict[int, Trajectory]] = {}
-    self.open_size: dict[str, int] = {}
-
-  @property
-  def occupancy(self) -> int:
-    return self.ready_count + sum(self.open_size.values())
-
-  @property
-  def held(self) -> int:
-    return self.ready_count + sum(len(g) for g in self.open.values())
-
-  def reserve(self, group_id: str, size: int, force: bool = False) -> bool:
-    if group_id in self.open:
-      return True
-    if not force and self.occupancy + size > self.capacity:
-      return False
-    self.open[group_id], self.open_size[group_id] = {}, size
-    return True
-
-  def release_if_empty(self, group_id: str) -> None:
-    if group_id in self.open and not self.open[group_id]:
-      del self.open[group_id], self.open_size[group_id]
-
-  def add(self, traj: Trajectory) -> None:
-    self.open[traj.group_id][traj.sample_index] = traj
-
-  def close(self, group_id: str) -> None:
-    """Moves a complete group to the ready queue, ordered by sample index."""
-    group = self.open.pop(group_id)
-    del self.open_size[group_id]
-    self.ready.append([group[i] for i in sorted(group)])
-    self.ready_count += len(group)
-
-  def take(self, n: int) -> list[Trajectory] | None:
-    if self.ready_count < n:
-      return None
-    out: list[Trajectory] = []
-    while len(out) < n:
-      out.extend(self.ready.popleft())
-    self.ready_count -= len(out)
-    return out
 
 
 class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
@@ -179,14 +55,17 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
     self.dispenser = dispenser
     self._submit_lock = threading.Lock()
     self._cond = threading.Condition()
-    self._buffer = _Buffer(config.buffer_capacity)
+    self._buffer = GroupBuffer(config.buffer_capacity)
     self._accepted_keys: set[log_lib.SampleKey] = set()
     self._version = dispenser.policy_version
+    self._max_version = self._version  # the newest version engines may serve (`announce_policy_version`)
+    self._limits = config.content_limits()
     self._counts: collections.Counter[str] = collections.Counter()
     self._rejected: collections.Counter[str] = collections.Counter()
     self._max_occupancy = 0
     self._log: log_lib.TrajectoryLog | None = None
     self._ledger: log_lib.ConsumedLedger | None = None
+    self._quarantine = log_lib.QuarantineLedger(config.log_dir)
     self._grpc: grpc.Server | None = None
     self._restored = False
     self.port: int | None = None
@@ -198,49 +77,27 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
     """Loads the dispenser checkpoint (if given), then reloads accepted-but-unconsumed trajectories from the log
     into the buffer and remembers every logged key (so re-sends stay duplicates). Returns the number buffered.
 
-    A partial group whose group the dispenser does not know (the checkpoint predates its lease) is not buffered:
-    its task is leased afresh. Restored trajectories are buffered even beyond `buffer_capacity` (warned): losing
-    acknowledged work would be worse.
+    See `sao.transport.restore` for partial groups and the capacity.
     """
     if self._grpc is not None:
       raise RuntimeError("restore() must be called before start()")
     if dispenser_state is not None:
       self.dispenser.load_state_dict(dispenser_state)
       self._version = self.dispenser.policy_version
-    consumed = log_lib.read_consumed(self.config.log_dir)
-    groups: dict[str, list[Trajectory]] = {}
-    for record in log_lib.read_records(self.config.log_dir):
-      if record.key in self._accepted_keys:
-        continue
-      self._accepted_keys.add(record.key)
-      if record.key not in consumed:
-        groups.setdefault(record.trajectory.group_id, []).append(record.trajectory)
+      self._max_version = max(self._max_version, self._version)
     with self._cond:
-      self._counts["accepted"] = len(self._accepted_keys)
-      self._counts["consumed"] = len(consumed.keys() & self._accepted_keys)
-      dropped = 0
-      for group_id, trajs in groups.items():
-        size = self.dispenser.group_size_of(group_id)
-        if len(trajs) < size:
-          states = [self.dispenser.restore_sample(t) for t in trajs]
-          if states[-1] is None:
-            dropped += len(trajs)
-            logger.warning("restore: partial group %s (%d of %d samples) is unknown to the dispenser; not "
-                           "buffered (its task is leased afresh)", group_id, len(trajs), size)
-            continue
-          complete = any(states)
-        else:
-          complete = True
-        self._buffer.reserve(group_id, size, force=True)
-        for t in trajs:
-          self._buffer.add(t)
-        if complete:
-          self._buffer.close(group_id)
-      self._counts["restore_dropped"] = dropped
-      if self._buffer.occupancy > self.config.buffer_capacity:
-        logger.warning("restore: %d trajectories restored exceed buffer_capacity %d", self._buffer.occupancy,
-                       self.config.buffer_capacity)
+      result = restore_buffer(self.config.log_dir, self.dispenser, self._buffer, self._limits)
+      self._accepted_keys = result.accepted_keys
+      self._counts["accepted"] = len(result.accepted_keys)
+      self._counts["consumed"] = result.num_consumed + len(result.to_quarantine)
+      self._counts["restore_dropped"] = result.num_dropped
+      self._counts["log_skipped_spans"] = result.log_report.skipped_spans
+      self._counts["log_skipped_bytes"] = result.log_report.skipped_bytes
+      self._counts["log_undecodable"] = result.log_report.undecodable
       self._restored = True
+    if result.to_quarantine:
+      self.quarantine([(t, f"at restore: {e}") for t, e in result.to_quarantine], step=-1)
+    with self._cond:
       logger.info("restore from %s: %d accepted keys, %d consumed, %d buffered", self.config.log_dir,
                   len(self._accepted_keys), self._counts["consumed"], self._buffer.held)
       return self._buffer.held
@@ -256,7 +113,7 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
     self._ledger = log_lib.ConsumedLedger(cfg.log_dir)
     server = grpc.server(
         concurrent.futures.ThreadPoolExecutor(max_workers=cfg.max_workers, thread_name_prefix="sao-transport"),
-        interceptors=[_TokenInterceptor(cfg.token)] if cfg.token else None,
+        interceptors=[TokenInterceptor(cfg.token)] if cfg.token else None,
         # so_reuseport 0: a second server on a port still in use must fail, not silently share it.
         options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", cfg.max_message_bytes)])
     sao_pb2_grpc.add_TrajectoryServiceServicer_to_server(self, server)
@@ -285,7 +142,7 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
       self._grpc.stop(grace_s).wait(timeout=(grace_s or 0) + 5)
       self._grpc = None
     with self._submit_lock:
-      for f in (self._log, self._ledger):
+      for f in (self._log, self._ledger, self._quarantine):
         if f is not None:
           f.close()
       self._log = self._ledger = None
@@ -293,10 +150,17 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
   # ----------------------------------------------------------------------------------------------------------------
   # Learner-side API.
 
+  def announce_policy_version(self, version: int) -> None:
+    """Engines are about to load `version`: trajectories tagged with it are accepted from now on (before, they are
+    FUTURE_POLICY). Call it before telling the engines, then `set_policy_version` once they serve it."""
+    with self._cond:
+      self._max_version = max(self._max_version, int(version))
+
   def set_policy_version(self, version: int) -> None:
     """The policy version engines now serve: the staleness bound moves, evaluations get scheduled."""
     with self._cond:
       self._version = int(version)
+      self._max_version = max(self._max_version, self._version)
       self.dispenser.set_policy_version(version)
 
   @property
@@ -331,12 +195,26 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
       self._counts["consumed"] += len(trajs)
       self._counts["in_learner"] -= len(trajs)
 
+  def quarantine(self, records: Sequence[tuple[Trajectory, str]], step: int) -> None:
+    """Sets aside accepted records the learner cannot use, each with its reason: logged, counted (`quarantined`)
+    and persisted (fsynced) in the log directory, so no restart ever buffers them again. `step` is the trainer
+    step that found them (-1: the restore). The learner still `mark_consumed`s them with the rest of its batch."""
+    if not records:
+      return
+    for traj, reason in records:
+      logger.error("quarantined trajectory (lease %r, sample %d, task %r): %s", traj.lease_id, traj.sample_index,
+                   traj.task_id, reason)
+    self._quarantine.add([(log_lib.sample_key(t), reason, field_summary(t)) for t, reason in records], step)
+    with self._cond:
+      self._counts["quarantined"] += len(records)
+
   def eval_results(self) -> list[EvalResult]:
     """Evaluations that finished since the last call (`TaskDispenser.pop_eval_results`)."""
     return self.dispenser.pop_eval_results()
 
   def stats(self) -> dict[str, Any]:
-    """Counters (accepted, duplicates, rejected by reason, buffered, consumed, in_learner, leased, occupancy)."""
+    """Counters: accepted, duplicates, rejected (by reason), buffered, consumed (quarantined ones included),
+    in_learner, leased, occupancy, quarantined, and what the last restore lost reading the log."""
     with self._cond:
       return {"policy_version": self._version, "accepted": self._counts["accepted"],
               "duplicates": self._counts["duplicates"], "eval_accepted": self._counts["eval_accepted"],
@@ -344,7 +222,11 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
               "rejected_by_reason": dict(self._rejected), "buffered": self._buffer.held,
               "consumed": self._counts["consumed"], "in_learner": self._counts["in_learner"],
               "leased": self.dispenser.num_leased, "occupancy": self._buffer.occupancy,
-              "max_occupancy": self._max_occupancy, "buffer_capacity": self.config.buffer_capacity}
+              "max_occupancy": self._max_occupancy, "buffer_capacity": self.config.buffer_capacity,
+              "quarantined": self._counts["quarantined"], "restore_dropped": self._counts["restore_dropped"],
+              "log_skipped_spans": self._counts["log_skipped_spans"],
+              "log_skipped_bytes": self._counts["log_skipped_bytes"],
+              "log_undecodable": self._counts["log_undecodable"]}
 
   # ----------------------------------------------------------------------------------------------------------------
   # gRPC handlers.
@@ -373,7 +255,7 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
                                  retry_after_ms=0 if tasks else self.config.no_work_retry_ms)
 
   def Heartbeat(self, request: sao_pb2.HeartbeatRequest, context) -> sao_pb2.HeartbeatResponse:
-    extended, expired = self.dispenser.heartbeat(list(request.lease_ids))
+    extended, expired = self.dispenser.heartbeat(list(request.lease_ids), request.worker_id)
     return sao_pb2.HeartbeatResponse(extended_lease_ids=extended, expired_lease_ids=expired,
                                      policy_version=self._version)
 
@@ -401,18 +283,21 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
       return [reject_result(err, self.config.backpressure_retry_ms) for _ in request.trajectories]
     results: list[sao_pb2.SubmitResult | None] = [None] * len(request.trajectories)
     first_of: dict[log_lib.SampleKey, int] = {}
-    admitted: list[tuple[int, Trajectory, Any]] = []
+    admitted: list[tuple[int, Trajectory, Lease]] = []
     for i, msg in enumerate(request.trajectories):
       key = (msg.lease_id, msg.sample_index)
-      if key in self._accepted_keys:
-        results[i] = sao_pb2.SubmitResult(accepted=True, reason=sao_pb2.REJECT_REASON_DUPLICATE,
-                                          message=f"already accepted: lease {key[0]!r} sample {key[1]}")
-        continue
       if key in first_of:
         continue  # same key twice in one request: gets the first copy's verdict below
       first_of[key] = i
       try:
-        traj, lease = self._admit(msg)
+        traj = Trajectory.from_proto(msg)
+        # Content first, even for a re-send: an invalid record is never acknowledged, DUPLICATE or not.
+        self._limits.check(traj, self._max_version)
+        if key in self._accepted_keys:
+          results[i] = sao_pb2.SubmitResult(accepted=True, reason=sao_pb2.REJECT_REASON_DUPLICATE,
+                                            message=f"already accepted: lease {key[0]!r} sample {key[1]}")
+          continue
+        lease = self._admit(traj, request.worker_id)
       except TrajectoryError as e:
         retry = self.config.backpressure_retry_ms if e.reason_code == ReasonCode.BACKPRESSURE else 0
         results[i] = reject_result(e, retry)
@@ -426,6 +311,8 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
       self._log.append_batch([t for _, t, lease in admitted if not lease.is_validation])
     except Exception as e:  # a disk error must not be acknowledged: the worker retries later
       logger.exception("trajectory log append of %d trajectories failed; rejecting them as INTERNAL", len(admitted))
+      for _, t, lease in admitted:
+        self.dispenser.abort_submission(lease, t)
       with self._cond:
         for _, t, _ in admitted:
           self._buffer.release_if_empty(t.group_id)
@@ -456,22 +343,25 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
       self._counts["duplicates"] += sum(1 for r in results if r.accepted and r.reason)
     return results
 
-  def _admit(self, msg: sao_pb2.Trajectory) -> tuple[Trajectory, Any]:
-    """Decodes and checks one trajectory, reserving buffer room; raises `TrajectoryError` with the reason."""
-    traj = Trajectory.from_proto(msg)
-    traj.validate(self.config.vocab_size)
-    lease = self.dispenser.check_submission(traj)
-    if not traj.group_id:
-      traj.group_id = lease.group_id  # workers may leave it to the lease; the stored record carries it
-    if lease.is_validation:
-      return traj, lease
-    oldest = self._version - self.config.max_staleness
-    if traj.policy_version < oldest:
-      raise TrajectoryError("policy_version", ReasonCode.STALE_POLICY,
-                            f"version {traj.policy_version} older than {oldest} (current {self._version}, "
-                            f"max_staleness {self.config.max_staleness})")
-    with self._cond:
-      if not self._buffer.reserve(traj.group_id, self.dispenser.group_size_of(traj.group_id)):
-        raise TrajectoryError("trajectories", ReasonCode.BACKPRESSURE,
-                              f"buffer full ({self._buffer.occupancy}/{self.config.buffer_capacity}); retry later")
-    return traj, lease
+  def _admit(self, traj: Trajectory, worker_id: str) -> Lease:
+    """Holds `traj`'s lease (`TaskDispenser.begin_submission`), checks staleness and reserves buffer room; raises
+    `TrajectoryError` with the reason (releasing the hold). The caller completes or aborts the submission."""
+    lease = self.dispenser.begin_submission(traj, worker_id)
+    try:
+      if not traj.group_id:
+        traj.group_id = lease.group_id  # workers may leave it to the lease; the stored record carries it
+      if lease.is_validation:
+        return lease
+      oldest = self._version - self.config.max_staleness
+      if traj.policy_version < oldest:
+        raise TrajectoryError("policy_version", ReasonCode.STALE_POLICY,
+                              f"version {traj.policy_version} older than {oldest} (current {self._version}, "
+                              f"max_staleness {self.config.max_staleness})")
+      with self._cond:
+        if not self._buffer.reserve(traj.group_id, self.dispenser.group_size_of(traj.group_id)):
+          raise TrajectoryError("trajectories", ReasonCode.BACKPRESSURE,
+                                f"buffer full ({self._buffer.occupancy}/{self.config.buffer_capacity}); retry later")
+    except BaseException:
+      self.dispenser.abort_submission(lease, traj)
+      raise
+    return lease

@@ -45,12 +45,17 @@ class ReasonCode(enum.IntEnum):
   UNKNOWN_STATUS = 9
   BAD_TURN_BOUNDARIES = 10
   NEGATIVE_POLICY_VERSION = 11
+  # Raised by the trainer-side content limits (`sao.transport.admission`), which depend on the trainer's config.
+  OUT_OF_RANGE = 12
+  TOO_LONG = 13
   # Transport-level reasons, raised by the trainer-side service rather than by `validate`.
   UNKNOWN_LEASE = 20
   STALE_POLICY = 21
   DUPLICATE = 22
   BACKPRESSURE = 23
   INTERNAL = 24
+  FUTURE_POLICY = 25
+  WRONG_WORKER = 26
 
 
 class TrajectoryError(ValueError):

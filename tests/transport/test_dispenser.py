@@ -29,7 +29,7 @@ def traj_for(lease, sample_index: int = 0, reward: float = 1.0) -> Trajectory:
 
 def submit(d: TaskDispenser, lease, sample_index: int = 0, reward: float = 1.0) -> bool:
   traj = traj_for(lease, sample_index, reward)
-  return d.complete(d.check_submission(traj), traj)
+  return d.complete(d.begin_submission(traj), traj)
 
 
 def test_sao_one_sample_per_task_and_each_epoch_covers_every_task_once():
@@ -75,7 +75,7 @@ def test_submission_checks_lease_sample_index_and_task():
     for k, v in overrides.items():
       setattr(t, k, v)
     with pytest.raises(TrajectoryError) as e:
-      d.check_submission(t)
+      d.begin_submission(t)
     assert e.value.reason_code == code and e.value.field == field
 
 
@@ -89,7 +89,7 @@ def test_expired_lease_is_re_leased_with_missing_samples_and_late_submission_is_
   assert again.task_id == dead.task_id and again.group_id == dead.group_id and again.lease_id != dead.lease_id
   assert again.sample_indices == (0, 2)
   with pytest.raises(TrajectoryError) as e:  # the dead worker's late submission
-    d.check_submission(traj_for(dead, 0))
+    d.begin_submission(traj_for(dead, 0))
   assert e.value.reason_code == ReasonCode.UNKNOWN_LEASE
   assert not submit(d, again, 0) and submit(d, again, 2)  # the group completes from both leases
 
@@ -125,7 +125,7 @@ def test_submission_racing_expiry_still_counts_and_is_not_re_run():
   d = TaskDispenser(TASKS, DispenserConfig(lease_ttl_s=10, num_epochs=1), clock=clock)
   (lease,) = d.lease("w", 1)
   traj = traj_for(lease)
-  checked = d.check_submission(traj)
+  checked = d.begin_submission(traj)
   clock.now += 11
   d.heartbeat([])  # sweeps the lease into the re-lease queue
   assert d.complete(checked, traj)

@@ -1,6 +1,9 @@
-"""Tests for the durable trajectory log: round trip, torn tail, corrupt CRC, rotation, the consumed ledger."""
+"""Tests for the durable trajectory log: round trip, torn tail, corrupt CRC, resync after a damaged header,
+format-1 segments, rotation, the consumed ledger."""
 import logging
 import os
+import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -62,7 +65,7 @@ def test_torn_header_is_warned_and_skipped(tmp_path, caplog):
   (path,) = segment_paths(tmp_path)
   second = list(log_lib.read_records(tmp_path))[1].offset
   with open(path, "r+b") as f:
-    f.truncate(second + 6)  # only part of the 12-byte header made it
+    f.truncate(second + 6)  # only part of the 16-byte header made it
   with caplog.at_level(logging.WARNING, logger=log_lib.__name__):
     kept = list(log_lib.read_records(tmp_path))
   assert [r.trajectory.task_id for r in kept] == ["t0"]
@@ -75,7 +78,7 @@ def test_corrupt_crc_skips_only_that_record(tmp_path, caplog):
   (path,) = segment_paths(tmp_path)
   middle = list(log_lib.read_records(tmp_path))[1].offset
   data = bytearray(path.read_bytes())
-  data[middle + 12 + 3] ^= 0xFF  # flip a payload byte of the middle record
+  data[middle + log_lib.HEADER_BYTES + 3] ^= 0xFF  # flip a payload byte of the middle record
   path.write_bytes(bytes(data))
   with caplog.at_level(logging.WARNING, logger=log_lib.__name__):
     kept = list(log_lib.read_records(tmp_path))
@@ -83,7 +86,7 @@ def test_corrupt_crc_skips_only_that_record(tmp_path, caplog):
   assert "CRC mismatch" in caplog.text and f"offset {middle}" in caplog.text
 
 
-def test_bad_magic_drops_rest_of_segment_but_not_later_segments(tmp_path, caplog):
+def test_bad_magic_costs_only_that_record(tmp_path, caplog):
   with log_lib.TrajectoryLog(tmp_path) as log:
     log.append_batch([make(0), make(1)])
   with log_lib.TrajectoryLog(tmp_path) as log:
@@ -140,3 +143,51 @@ def test_consumed_ledger_torn_line_is_ignored_and_next_mark_starts_fresh(tmp_pat
 def test_invalid_segment_size_is_refused(tmp_path):
   with pytest.raises(ValueError, match="segment_bytes"):
     log_lib.TrajectoryLog(tmp_path, segment_bytes=0)
+
+
+def _segment_of_ten(tmp_path):
+  with log_lib.TrajectoryLog(tmp_path / "clean") as log:
+    log.append_batch([make(i) for i in range(10)])
+  (path,) = segment_paths(tmp_path / "clean")
+  offsets = [r.offset for r in log_lib.read_records(tmp_path / "clean")] + [path.stat().st_size]
+  return path.read_bytes(), offsets
+
+
+@pytest.mark.parametrize("field,start,stop", [("magic", 0, 4), ("length", 4, 8), ("payload crc", 8, 12),
+                                              ("header crc", 12, 16), ("payload", 16, 40)])
+def test_a_flipped_bit_in_any_header_field_costs_one_record_and_is_reported(tmp_path, caplog, field, start, stop):
+  clean, offsets = _segment_of_ten(tmp_path)
+  middle = offsets[4]
+  for byte in range(start, stop):
+    for bit in (0, 3, 7):
+      data = bytearray(clean)
+      data[middle + byte] ^= 1 << bit
+      directory = tmp_path / f"flip{byte}_{bit}"
+      directory.mkdir()
+      (directory / "segment-000000.log").write_bytes(bytes(data))
+      report = log_lib.LogReadReport()
+      caplog.clear()
+      with caplog.at_level(logging.WARNING, logger=log_lib.__name__):
+        kept = [r.trajectory.task_id for r in log_lib.read_records(directory, report)]
+      assert kept == [f"t{i}" for i in range(10) if i != 4], (field, byte, bit)
+      assert (report.records, report.skipped_spans, report.undecodable) == (9, 1, 0), (field, byte, bit)
+      assert report.skipped_bytes == offsets[5] - middle and not report.lossless
+      assert f"offset {middle}" in caplog.text and f"skipped {offsets[5] - middle} bytes" in caplog.text
+
+
+def test_format_1_segments_stay_readable_and_resync_too(tmp_path, caplog):
+  def v1(traj):  # the framing written before the header CRC
+    payload = traj.to_bytes()
+    return struct.pack("<4sII", b"SAOT", len(payload), zlib.crc32(payload)) + payload
+
+  frames = [v1(make(i)) for i in range(5)]
+  data = bytearray(b"".join(frames))
+  data[len(frames[0]) + len(frames[1]) + 7] ^= 0x80  # the length field of record 2: 2^31 more bytes
+  (tmp_path / "segment-000000.log").write_bytes(bytes(data))
+  with log_lib.TrajectoryLog(tmp_path) as log:  # a new writer after an upgrade: format 2 in the next segment
+    log.append(make(5))
+  report = log_lib.LogReadReport()
+  with caplog.at_level(logging.WARNING, logger=log_lib.__name__):
+    kept = [r.trajectory.task_id for r in log_lib.read_records(tmp_path, report)]
+  assert kept == ["t0", "t1", "t3", "t4", "t5"]
+  assert (report.skipped_spans, report.skipped_bytes) == (1, len(frames[2]))

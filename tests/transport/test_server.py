@@ -1,5 +1,4 @@
 """Tests for the trainer-side TrajectoryService and the worker-side client, over real gRPC on 127.0.0.1."""
-import contextlib
 import json
 import shutil
 import subprocess
@@ -14,44 +13,9 @@ from sao.transport import sao_pb2_grpc
 from sao.transport.client import TrajectoryClient
 from sao.transport.dispenser import DispenserConfig, TaskDispenser
 from sao.transport.server import ServerConfig, TrajectoryServer
-from sao.transport.trajectory import ReasonCode, Trajectory
+from sao.transport.trajectory import ReasonCode
 
-VOCAB = 100
-TASKS = [{"id": f"task{i}"} for i in range(16)]
-
-
-def make_traj(task: sao_pb2.LeasedTask, sample_index: int = 0, version: int = 0, **overrides) -> Trajectory:
-  """A valid 6-token trajectory for `task` (prompt 2, action 2, observation 1, action 1)."""
-  kwargs = dict(task_id=task.task_id, lease_id=task.lease_id, sample_index=sample_index, group_id=task.group_id,
-                policy_version=version, token_ids=[1, 2, 10, 11, 3, 12], action_mask=[0, 0, 1, 1, 0, 1],
-                rollout_logprobs=[0, 0, -0.5, -1.0, 0, -0.2], reward=1.0, turn_boundaries=(0, 2, 4, 5),
-                num_turns=2, status="ok")
-  kwargs.update(overrides)
-  return Trajectory(**kwargs)
-
-
-@contextlib.contextmanager
-def running(tmp_path, tasks=TASKS, dispenser_config=None, validation_tasks=(), dispenser_state=None,
-            **server_overrides):
-  """A started server on 127.0.0.1 (port 0 unless given), always stopped afterwards."""
-  dispenser = TaskDispenser(tasks, dispenser_config or DispenserConfig(), validation_tasks)
-  config = ServerConfig(log_dir=str(tmp_path / "trajectories"), vocab_size=VOCAB, **server_overrides)
-  server = TrajectoryServer(config, dispenser)
-  server.restore(dispenser_state)
-  server.start()
-  try:
-    yield server
-  finally:
-    server.stop(grace_s=0.5)
-
-
-def stub_for(server):
-  channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
-  return channel, sao_pb2_grpc.TrajectoryServiceStub(channel)
-
-
-def submit_raw(stub, protos, **kw):
-  return stub.SubmitTrajectories(sao_pb2.SubmitRequest(worker_id="w", trajectories=protos), timeout=10, **kw).results
+from tests.transport.helpers import TASKS, VOCAB, make_traj, running, stub_for, submit_raw
 
 
 def test_lease_heartbeat_status_through_client(tmp_path):
@@ -271,7 +235,7 @@ def test_client_resends_after_server_restart_without_duplicating(tmp_path):
 def test_restart_restores_accepted_but_unconsumed(tmp_path):
   cfg = DispenserConfig(mode="group", group_size=2)
   with running(tmp_path, dispenser_config=cfg) as server, \
-      TrajectoryClient(f"127.0.0.1:{server.port}") as client:
+      TrajectoryClient(f"127.0.0.1:{server.port}", worker_id="w-restart") as client:
     a, b, c = client.lease(3).tasks
     client.submit([make_traj(a, 0), make_traj(a, 1), make_traj(b, 0), make_traj(b, 1), make_traj(c, 0)])
     first = server.take_batch(2, timeout_s=1)
@@ -280,7 +244,7 @@ def test_restart_restores_accepted_but_unconsumed(tmp_path):
     state = server.dispenser.state_dict()
   consumed_group = first[0].group_id
   with running(tmp_path, dispenser_config=cfg, dispenser_state=state) as server, \
-      TrajectoryClient(f"127.0.0.1:{server.port}") as client:
+      TrajectoryClient(f"127.0.0.1:{server.port}", worker_id="w-restart") as client:  # the lease's holder
     stats = server.stats()
     assert (stats["accepted"], stats["consumed"], stats["buffered"]) == (5, 2, 3)
     batch = server.take_batch(2, timeout_s=1)

@@ -1,0 +1,158 @@
+"""The learner's side of the trajectory log: which accepted records it consumed, and which it quarantined.
+
+Both are append-only, fsynced JSON-lines files in the log directory (`sao.transport.log`):
+  consumed.jsonl    `{"step": int, "keys": [[lease_id, sample_index], ...]}` per `ConsumedLedger.mark`
+  quarantine.jsonl  `{"step": int, "key": [lease_id, sample_index], "reason": str, "record": {...}}` per record
+                    the learner could not use (`QuarantineLedger.add`); `record` is a field summary, no tokens.
+A torn last line (crash mid-write) is warned about and ignored; the next write starts on a fresh line.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+import threading
+from typing import Any, Iterable, Mapping, Sequence
+
+from sao.transport.trajectory import Trajectory
+
+LEDGER_NAME = "consumed.jsonl"
+QUARANTINE_NAME = "quarantine.jsonl"
+
+logger = logging.getLogger(__name__)
+
+# Identifies one sample of one lease: submissions are idempotent by this key.
+SampleKey = tuple[str, int]
+
+
+def sample_key(traj: Trajectory) -> SampleKey:
+  """The idempotency key of a trajectory: (lease_id, sample_index)."""
+  return (traj.lease_id, traj.sample_index)
+
+
+def fsync_dir(directory: pathlib.Path) -> None:
+  """Makes a newly created file's directory entry durable (an fsynced file is useless if its name is lost)."""
+  fd = os.open(directory, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+
+class _JsonLines:
+  """An append-only, fsynced JSON-lines file that repairs a torn last line before its first write."""
+
+  def __init__(self, path: pathlib.Path, fsync: bool = True):
+    self.path = path
+    self._fsync = fsync
+    self._lock = threading.Lock()
+    self._file = None
+    self._torn_tail = self._has_torn_tail()
+
+  def _has_torn_tail(self) -> bool:
+    """A file not ending in a newline was cut mid-line; the next write must start on a fresh line."""
+    if not self.path.exists() or self.path.stat().st_size == 0:
+      return False
+    with open(self.path, "rb") as f:
+      f.seek(-1, os.SEEK_END)
+      return f.read(1) != b"\n"
+
+  def append(self, entries: Sequence[Mapping[str, Any]]) -> None:
+    """Appends one line per entry; returns after fsync."""
+    text = "".join(json.dumps(e) + "\n" for e in entries)
+    with self._lock:
+      if self._file is None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        new = not self.path.exists()
+        self._file = open(self.path, "ab")
+        if new and self._fsync:
+          fsync_dir(self.path.parent)
+      if self._torn_tail:
+        text = "\n" + text
+        self._torn_tail = False
+      self._file.write(text.encode())
+      self._file.flush()
+      if self._fsync:
+        os.fsync(self._file.fileno())
+
+  def close(self) -> None:
+    with self._lock:
+      if self._file is not None:
+        self._file.close()
+        self._file = None
+
+
+def _read_lines(path: pathlib.Path) -> Iterable[tuple[int, Any]]:
+  if not path.exists():
+    return
+  for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    if line.strip():
+      yield lineno, line
+
+
+class ConsumedLedger:
+  """Which sample keys the learner consumed, at which trainer step (`consumed.jsonl`, module docstring). A torn
+  last line is ignored on reading, which errs on the side of re-training those samples rather than losing them."""
+
+  def __init__(self, directory: str | os.PathLike, fsync: bool = True):
+    self.path = pathlib.Path(directory) / LEDGER_NAME
+    self._lines = _JsonLines(self.path, fsync)
+
+  def mark(self, keys: Iterable[SampleKey], step: int) -> None:
+    """Records that the learner consumed `keys` at trainer `step`; returns after fsync."""
+    self._lines.append([{"step": int(step), "keys": [[str(k[0]), int(k[1])] for k in keys]}])
+
+  def close(self) -> None:
+    self._lines.close()
+
+
+class QuarantineLedger:
+  """Records the learner could not use, each with its reason (`quarantine.jsonl`, module docstring)."""
+
+  def __init__(self, directory: str | os.PathLike, fsync: bool = True):
+    self.path = pathlib.Path(directory) / QUARANTINE_NAME
+    self._lines = _JsonLines(self.path, fsync)
+
+  def add(self, entries: Sequence[tuple[SampleKey, str, Mapping[str, Any]]], step: int) -> None:
+    """Records `(key, reason, record summary)` entries found at trainer `step`; returns after fsync."""
+    self._lines.append([{"step": int(step), "key": [str(k[0]), int(k[1])], "reason": str(reason),
+                         "record": dict(summary)} for k, reason, summary in entries])
+
+  def close(self) -> None:
+    self._lines.close()
+
+
+def read_consumed(directory: str | os.PathLike) -> dict[SampleKey, int]:
+  """Consumed key -> the trainer step that consumed it (the first step, if marked twice)."""
+  path = pathlib.Path(directory) / LEDGER_NAME
+  consumed: dict[SampleKey, int] = {}
+  for lineno, line in _read_lines(path):
+    try:
+      entry = json.loads(line)
+      step = int(entry["step"])
+      keys = [(str(k[0]), int(k[1])) for k in entry["keys"]]
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+      logger.warning("consumed ledger %s: line %d unreadable (%s); ignored (those samples count as unconsumed)",
+                     path, lineno, e)
+      continue
+    for key in keys:
+      consumed.setdefault(key, step)
+  return consumed
+
+
+def read_quarantined(directory: str | os.PathLike) -> dict[SampleKey, str]:
+  """Quarantined key -> the reason it was quarantined (the first, if quarantined twice)."""
+  path = pathlib.Path(directory) / QUARANTINE_NAME
+  out: dict[SampleKey, str] = {}
+  for lineno, line in _read_lines(path):
+    try:
+      entry = json.loads(line)
+      key = (str(entry["key"][0]), int(entry["key"][1]))
+      reason = str(entry["reason"])
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+      logger.warning("quarantine ledger %s: line %d unreadable (%s); ignored", path, lineno, e)
+      continue
+    out.setdefault(key, reason)
+  return out
