@@ -10,11 +10,12 @@ The token travels in clear text over HTTP: across machines, use a trusted networ
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import os
 from typing import Awaitable, Callable, Iterable
 
 from aiohttp import web
+
+from sao.transport.auth import is_loopback  # one rule for every server: 127.0.0.0/8, ::1, localhost
 
 # Environment variable both `python -m sao.engines.serve` and `SGLangEngine` read when no token is passed (so the
 # secret need not appear on a command line).
@@ -22,16 +23,6 @@ API_KEY_ENV = "SAO_ENGINE_API_KEY"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ErrorResponse = Callable[[int, str], web.StreamResponse]
-
-
-def is_loopback(host: str) -> bool:
-  """True for `localhost` and loopback addresses (127.0.0.0/8, ::1); False for anything else, `0.0.0.0` included."""
-  if host == "localhost":
-    return True
-  try:
-    return ipaddress.ip_address(host.strip("[]")).is_loopback
-  except ValueError:
-    return False
 
 
 def require_token_for_bind(host: str, token: str | None, what: str) -> None:
