@@ -43,7 +43,8 @@ DEFAULT_PYTEST_ARGS = ("-p", "no:cacheprovider", "-q")
 # Both run inside the grading sandbox with `-c <source>` (see their modules).
 _INFRA_SOURCE = pathlib.Path(infra_guard.__file__).read_text(encoding="utf-8")
 _RUNNER_SOURCE = pathlib.Path(pytest_report.__file__).read_text(encoding="utf-8")
-_PATCH_PATH_RE = re.compile(r"^(?:diff --git a/(\S+) b/(\S+)|(?:---|\+\+\+) (?:[ab]/)?(\S+))", re.MULTILINE)
+_PATCH_PATH_RE = re.compile(r"^(?:diff --git a/(\S+) b/(\S+)|(?:---|\+\+\+) (?:[ab]/)?(\S+)"
+                            r"|(?:rename|copy) (?:from|to) (\S+))", re.MULTILINE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,18 +94,18 @@ def touches_git_dir(diff: str) -> bool:
 async def _run_tests(box: sandbox_lib.Sandbox, files: list[str], pytest_args: tuple[str, ...],
                      timeout_s: float) -> tuple[sandbox_lib.CommandResult, dict[str, str] | None]:
   """Runs pytest on `files` under the grader's reporting plugin: (the command's result, id -> outcome word, or None
-  when no report came back — the run crashed, or was killed)."""
+  when not exactly one report came back — the run crashed or was killed, or something printed a second one)."""
   nonce = secrets.token_hex(16)
   request = {"nonce": nonce, "args": [*pytest_args, *files]}
   run = await box.arun(f"python -c {shlex.quote(_RUNNER_SOURCE)}", stdin=json.dumps(request).encode(),
                        timeout_s=timeout_s, max_output_bytes=GRADER_OUTPUT_BYTES)
-  for line in reversed(run.output.splitlines()):
-    if line.startswith(nonce + " "):
-      try:
-        return run, dict(json.loads(line[len(nonce) + 1:])["outcomes"])
-      except (ValueError, KeyError, TypeError):
-        break
-  return run, None
+  reports = [line for line in run.output.splitlines() if line.startswith(nonce + " ")]
+  if len(reports) != 1:  # none (a crash, os._exit) or a second one (forged): no result
+    return run, None
+  try:
+    return run, dict(json.loads(reports[0][len(nonce) + 1:])["outcomes"])
+  except (ValueError, KeyError, TypeError):
+    return run, None
 
 
 async def _apply(box: sandbox_lib.Sandbox, patch: str, fuzzy: bool) -> tuple[bool, str]:

@@ -23,7 +23,6 @@ import dataclasses
 import fcntl
 import os
 import pathlib
-import random
 import shutil
 import stat
 import tempfile
@@ -78,17 +77,16 @@ def _lock_dir() -> pathlib.Path:
   return path
 
 
-def lease(rng: random.Random | None = None) -> Identity:
-  """The identity of a new sandbox; when the trainer is root, a host-wide unique uid (release it with `release`)."""
+def lease() -> Identity:
+  """The identity of a new sandbox; when the trainer is root, the lowest free uid of the range, unique host-wide
+  while leased (release it with `release`). Reusing uids keeps the lock directory as small as the concurrency."""
   if os.geteuid() != 0:
     return Identity(uid=INSIDE_UID, gid=INSIDE_UID, drop=False)
   if shutil.which("setpriv") is None:
     raise IdentityError("the trainer runs as root, so sandboxed commands must drop to an unprivileged uid, which "
                         "needs `setpriv` (util-linux) on PATH; install it")
   directory = _lock_dir()
-  start = (rng or random.SystemRandom()).randrange(UID_COUNT)
-  for k in range(UID_COUNT):
-    uid = UID_BASE + (start + k) % UID_COUNT
+  for uid in range(UID_BASE, UID_BASE + UID_COUNT):
     fd = os.open(directory / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

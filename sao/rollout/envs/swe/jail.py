@@ -13,8 +13,10 @@ uid in a user namespace). Either way the command has no capabilities and cannot 
 """
 from __future__ import annotations
 
+import functools
 import glob
 import os
+import subprocess
 
 from sao.rollout.envs.swe import identity as identity_lib
 
@@ -68,9 +70,11 @@ def bwrap_argv(bwrap: str, identity: identity_lib.Identity, repo_dir: str, passw
     for parent in parents:  # traversable, whatever the host's modes (e.g. /root is 0700)
       argv += ["--perms", "0755", "--dir", parent]
     argv += ["--ro-bind", python_prefix, python_prefix]
-  # bwrap's --proc covers /proc/sys, /proc/sysrq-trigger, /proc/irq and /proc/bus read-only wherever the
-  # command's uid could write them; the command's uid is unprivileged, so the kernel refuses sysctl writes anyway.
-  argv += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev", "--perms", "1777", "--size", str(shm_bytes), "--tmpfs", "/dev/shm",
+  # bwrap's --proc covers /proc/sysrq-trigger, /proc/irq, /proc/bus (and /proc/sys, but only where bwrap itself
+  # could write it) read-only; /proc/sys is bound read-only explicitly (bind sources resolve on the host side, so it
+  # shows the host's values, as any host user can read them). The uid is unprivileged: sysctl writes fail anyway.
+  argv += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys",
+           "--dev", "/dev", "--perms", "1777", "--size", str(shm_bytes), "--tmpfs", "/dev/shm",
            "--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", "/tmp",
            "--bind", repo_dir, WORKDIR, "--chdir", WORKDIR, "--clearenv"]
   for k, v in env.items():
@@ -80,3 +84,23 @@ def bwrap_argv(bwrap: str, identity: identity_lib.Identity, repo_dir: str, passw
     argv += ["setpriv", f"--reuid={identity.uid}", f"--regid={identity.gid}", "--clear-groups",
              "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
   return argv + ["bash", "-c", script]
+
+
+@functools.cache
+def check_drop(bwrap: str) -> None:
+  """Raises `IdentityError` unless root can run bwrap without a user namespace and drop to a sandbox uid there
+  (a root without CAP_SYS_ADMIN, as in an unprivileged container, cannot): never a silent fallback."""
+  uid = identity_lib.UID_BASE + identity_lib.UID_COUNT - 1
+  argv = [bwrap, "--unshare-pid", "--unshare-net", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add",
+          "CAP_SETGID", "--cap-add", "CAP_SETPCAP", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--",
+          "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--bounding-set=-all", "--no-new-privs",
+          "--", "sh", "-c", "id -u"]
+  try:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
+  except (OSError, subprocess.TimeoutExpired) as e:
+    raise identity_lib.IdentityError(f"cannot run {bwrap}: {e}") from e
+  if proc.returncode != 0 or proc.stdout.strip() != str(uid):
+    raise identity_lib.IdentityError(
+        "the trainer runs as root, so sandboxed commands must drop to an unprivileged uid, but bwrap could not "
+        f"(exit {proc.returncode}: {proc.stderr.strip()[-300:]}); root needs CAP_SYS_ADMIN to create the "
+        "namespaces, or run the trainer as an ordinary user")

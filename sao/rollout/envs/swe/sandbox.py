@@ -36,9 +36,7 @@ import glob
 import os
 import pathlib
 import shlex
-import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -46,6 +44,7 @@ import time
 import weakref
 
 from sao.rollout.envs.swe import bwrap
+from sao.rollout.envs.swe import disk
 from sao.rollout.envs.swe import identity as identity_lib
 from sao.rollout.envs.swe import jail
 
@@ -130,50 +129,6 @@ def _truncate(head: bytes, tail: bytes, total: int, limit: int) -> tuple[str, bo
   return head.decode("utf-8", "replace") + marker + kept_tail.decode("utf-8", "replace"), True
 
 
-def _rmtree(path: pathlib.Path) -> None:
-  """Removes `path` even where a command made directories unwritable or unreadable (chmod 000)."""
-
-  def fix(func, p, exc_info):
-    if isinstance(exc_info[1], FileNotFoundError):
-      return
-    parent = os.path.dirname(p)
-    os.chmod(parent, stat.S_IRWXU)
-    if os.path.isdir(p) and not os.path.islink(p):
-      os.chmod(p, stat.S_IRWXU)
-      shutil.rmtree(p, onerror=fix)
-    else:
-      os.unlink(p)
-
-  if path.exists():
-    shutil.rmtree(path, onerror=fix)
-
-
-def tree_bytes(path: pathlib.Path) -> int:
-  """Disk space used under `path` (allocated blocks, each inode once, symlinks not followed). A directory the
-  command made unreadable is made readable again first (it is ours), so nothing can be hidden from the count."""
-  seen, total, stack = set(), 0, [str(path)]
-  while stack:
-    directory = stack.pop()
-    try:
-      entries = list(os.scandir(directory))
-    except PermissionError:
-      os.chmod(directory, stat.S_IRWXU)
-      entries = list(os.scandir(directory))
-    except FileNotFoundError:
-      continue
-    for entry in entries:
-      try:
-        info = entry.stat(follow_symlinks=False)
-      except FileNotFoundError:
-        continue
-      if (info.st_dev, info.st_ino) not in seen:
-        seen.add((info.st_dev, info.st_ino))
-        total += info.st_blocks * 512
-      if stat.S_ISDIR(info.st_mode):
-        stack.append(entry.path)
-  return total
-
-
 def _python_prefix() -> str:
   """The installation directory of this interpreter (mounted read-only, so `python` works inside)."""
   return os.path.realpath(sys.base_prefix)
@@ -208,7 +163,16 @@ class Sandbox:
     self.closed = False
     self.spent = ""  # the limit that ended the episode ("disk"), or ""
     self._bwrap = bwrap.ensure_bwrap() if config.isolation == "bwrap" else None
-    self.identity = identity_lib.lease() if self._bwrap is not None else None
+    try:
+      self.identity = identity_lib.lease() if self._bwrap is not None else None
+    except identity_lib.IdentityError as e:
+      raise SandboxError(str(e)) from e
+    if self.identity is not None and self.identity.drop:
+      try:
+        jail.check_drop(self._bwrap)
+      except identity_lib.IdentityError as e:
+        self.identity.release()
+        raise SandboxError(str(e)) from e
     # Cleanup even when the owner forgets close() or is cancelled mid-episode: runs at GC or interpreter exit.
     self._finalizer = weakref.finalize(self, _cleanup, episode_dir, self.identity)
     # Outside the repository, so not visible in the sandbox.
@@ -220,7 +184,7 @@ class Sandbox:
       self._group_path.write_text(self.identity.group())
       if self.identity.drop:
         identity_lib.chown_tree(self.repo_dir, self.identity.uid, self.identity.gid)
-    self._disk_budget = tree_bytes(self.repo_dir) + config.disk_mb * (1 << 20)
+    self._disk_budget = disk.tree_bytes(self.repo_dir) + config.disk_mb * (1 << 20)
 
   @classmethod
   def create(cls, source_repo: pathlib.Path | str, base_commit: str, config: SandboxConfig = SandboxConfig(),
@@ -246,10 +210,10 @@ class Sandbox:
       refs = git(repo, "for-each-ref", "--format=%(refname)").split()
       if refs:
         git(repo, "update-ref", "--no-deref", "--stdin", input="".join(f"delete {r}\n" for r in refs))
+      return cls(episode_dir, config)
     except BaseException:
-      _rmtree(episode_dir)
+      disk.rmtree(episode_dir)
       raise
-    return cls(episode_dir, config)
 
   @classmethod
   async def acreate(cls, source_repo: pathlib.Path | str, base_commit: str, config: SandboxConfig = SandboxConfig(),
@@ -357,7 +321,7 @@ class Sandbox:
       nonlocal over_disk
       while True:
         await asyncio.sleep(self.config.disk_check_s)
-        if await asyncio.to_thread(tree_bytes, self.repo_dir) > self._disk_budget:
+        if await asyncio.to_thread(disk.tree_bytes, self.repo_dir) > self._disk_budget:
           over_disk = True
           _kill(proc)
           return
@@ -376,7 +340,7 @@ class Sandbox:
         if self._bwrap is None:
           _kill_pipe_holders(pipe_inode)  # e.g. a `setsid` child: outside the process group, no PID namespace
         await proc.wait()
-    if not over_disk and await asyncio.to_thread(tree_bytes, self.repo_dir) > self._disk_budget:
+    if not over_disk and await asyncio.to_thread(disk.tree_bytes, self.repo_dir) > self._disk_budget:
       over_disk = True
     if over_disk:
       self.spent, exit_code, timed_out = "disk", None, False
@@ -401,7 +365,7 @@ def _close_orphan(future: asyncio.Future) -> None:
 
 def _cleanup(episode_dir: pathlib.Path, identity: identity_lib.Identity | None) -> None:
   try:
-    _rmtree(episode_dir)
+    disk.rmtree(episode_dir)
   finally:
     if identity is not None:
       identity.release()  # only once nothing of the episode is left

@@ -59,4 +59,5 @@ def unpack_tarball(tarball: pathlib.Path) -> pathlib.Path:
   children = [c for c in dest.iterdir()]
   if len(children) == 1 and (children[0] / ".git").exists():
     return children[0]
-  raise dataset_lib.DatasetError(f"snapshot {tarball}: holds no git repository at its top level or in one top-level directory")
+  raise dataset_lib.DatasetError(
+      f"snapshot {tarball}: holds no git repository at its top level or in one top-level directory")
