@@ -14,7 +14,7 @@ from sao.rollout.envs.swe import dataset, generator, grader, infra_guard, snapsh
 from sao.rollout.envs.swe.sandbox import SandboxConfig
 from sao.transport.trajectory import Status
 
-from swe_fixtures import OPS_BASE, OPS_FIXED
+from swe_fixtures import OPS_FIXED
 
 CONFIG = SandboxConfig(timeout_s=30)
 # A pytest hook that rewrites every test report to "passed".
@@ -65,6 +65,7 @@ def test_infrastructure_hacks_score_zero_and_do_not_block_a_real_fix(calc):
   results = _grade_all(calc, {**hacks, **{f"{name} + fix": patch + calc.patch for name, patch in hacks.items()}})
   for name in hacks:
     assert results[name].status == Status.OK and results[name].reward == 0.0, (name, results[name].detail)
+    assert results[name].reverted or name == "fake report at exit", name  # that one is source code
     assert results[f"{name} + fix"].reward == 1.0, (name, results[f"{name} + fix"].detail)
 
 

@@ -58,6 +58,8 @@ class GradeResult:
     patch_applied: whether the model patch applied (an empty patch applies trivially).
     detail: one line on why, for logs.
     duration_s: wall-clock seconds of the whole grading.
+    reverted: the test-infrastructure paths the patch changed and the grader reverted (a sign of reward hacking
+      when not empty; logged, not penalised).
   """
   status: Status
   reward: float
@@ -65,6 +67,7 @@ class GradeResult:
   patch_applied: bool = False
   detail: str = ""
   duration_s: float = 0.0
+  reverted: tuple[str, ...] = ()
 
   @property
   def resolved(self) -> bool:
@@ -129,9 +132,10 @@ async def agrade(instance: Instance, model_patch: str, config: sandbox_lib.Sandb
                  test_timeout_s: float = 300.0, pytest_args: tuple[str, ...] = DEFAULT_PYTEST_ARGS) -> GradeResult:
   """Grades `model_patch` (a git diff against `base_commit`) on `instance`. Never raises for what the patch does."""
   start = time.monotonic()
+  reverted: tuple[str, ...] = ()
 
   def result(status, reward=0.0, **kw):
-    return GradeResult(status=status, reward=reward, duration_s=time.monotonic() - start, **kw)
+    return GradeResult(status=status, reward=reward, duration_s=time.monotonic() - start, reverted=reverted, **kw)
 
   try:
     source = await asyncio.to_thread(snapshots.git_source, instance.snapshot)
@@ -146,8 +150,16 @@ async def agrade(instance: Instance, model_patch: str, config: sandbox_lib.Sandb
       return result(Status.OK, detail=f"model patch does not apply: {how}")
     infra = await box.arun(f"python3 -I -S -c {shlex.quote(_INFRA_SOURCE)}",
                            stdin=json.dumps({"base": instance.base_commit}).encode())
-    if infra.exit_code != 0:  # the patch left the tree in a state we cannot restore: the policy's doing
-      return result(Status.OK, patch_applied=True, detail=infra.output.strip()[-300:] or "cannot restore tests")
+    if infra.exit_code == 1 and infra.output.startswith(infra_guard.FAILURE):
+      # The patch left the tree in a state we cannot restore: the policy's doing.
+      return result(Status.OK, patch_applied=True, detail=infra.output.strip()[:300])
+    try:
+      reverted = tuple(json.loads(infra.output)["reverted"]) if infra.exit_code == 0 else None
+    except (ValueError, KeyError, TypeError):
+      reverted = None
+    if reverted is None:  # our own script failed to run: the sandbox's fault, not the patch's
+      reverted = ()
+      return result(Status.ENV_ERROR, patch_applied=True, detail=f"infra_guard failed: {infra.observation()[-300:]}")
     test_files = patched_files(instance.test_patch)
     if test_files:
       # Files the test patch creates do not exist at base_commit: reset only the ones that do.

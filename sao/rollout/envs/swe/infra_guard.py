@@ -34,6 +34,7 @@ STARTUP_FILES = frozenset({"sitecustomize.py", "usercustomize.py"})
 SHADOWED = (frozenset(sys.stdlib_module_names) | {"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging",
                                                    "exceptiongroup", "tomli"}) - {"test", "__future__"}
 _MODULE_SUFFIXES = (".py", ".pyc", ".so", ".pyd", ".pyw")
+FAILURE = "test infrastructure could not be restored"
 _GIT = ["git", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-c", "core.quotePath=false"]
 
 
@@ -152,7 +153,7 @@ def main() -> int:
     print(json.dumps({"reverted": revert(base)}))
     return 0
   except Exception as e:  # noqa: BLE001 — reported to the grader, which scores the patch 0
-    print(f"test infrastructure could not be restored: {type(e).__name__}: {e}")
+    print(f"{FAILURE}: {type(e).__name__}: {e}")
     return 1
 
 

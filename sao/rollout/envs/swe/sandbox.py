@@ -32,11 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import glob
 import os
 import pathlib
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
@@ -47,6 +45,7 @@ from sao.rollout.envs.swe import bwrap
 from sao.rollout.envs.swe import disk
 from sao.rollout.envs.swe import identity as identity_lib
 from sao.rollout.envs.swe import jail
+from sao.rollout.envs.swe import procs
 
 WORKDIR = jail.WORKDIR
 ISOLATIONS = ("bwrap", "none")
@@ -183,7 +182,11 @@ class Sandbox:
       self._passwd_path.write_text(self.identity.passwd())
       self._group_path.write_text(self.identity.group())
       if self.identity.drop:
-        identity_lib.chown_tree(self.repo_dir, self.identity.uid, self.identity.gid)
+        try:
+          identity_lib.chown_tree(self.repo_dir, self.identity.uid, self.identity.gid)
+        except OSError as e:  # e.g. a root-squashed network file system under `config.root`
+          self.close()
+          raise SandboxError(f"cannot give {self.repo_dir} to the sandbox's uid {self.identity.uid}: {e}") from e
     self._disk_budget = disk.tree_bytes(self.repo_dir) + config.disk_mb * (1 << 20)
 
   @classmethod
@@ -280,9 +283,11 @@ class Sandbox:
           stdout=write_fd, stderr=subprocess.STDOUT, start_new_session=True,
           env={"PATH": "/usr/bin:/bin"}, cwd=self.repo_dir if self._bwrap is None else "/",
           pass_fds=() if seccomp_fd is None else (seccomp_fd,))
-    except OSError as e:
+    except BaseException as e:
       os.close(read_fd)
-      raise SandboxError(f"cannot start the sandbox: {e}") from e
+      if isinstance(e, OSError):
+        raise SandboxError(f"cannot start the sandbox: {e}") from e
+      raise
     finally:
       os.close(write_fd)  # the child has its own copies
       if seccomp_fd is not None:
@@ -323,7 +328,7 @@ class Sandbox:
         await asyncio.sleep(self.config.disk_check_s)
         if await asyncio.to_thread(disk.tree_bytes, self.repo_dir) > self._disk_budget:
           over_disk = True
-          _kill(proc)
+          procs.kill_session(proc)
           return
 
     timed_out = False
@@ -336,9 +341,9 @@ class Sandbox:
       watcher.cancel()
       read_transport.close()  # stop reading, whoever still holds the pipe
       if proc.returncode is None or timed_out:
-        _kill(proc)
+        procs.kill_session(proc)
         if self._bwrap is None:
-          _kill_pipe_holders(pipe_inode)  # e.g. a `setsid` child: outside the process group, no PID namespace
+          procs.kill_pipe_holders(pipe_inode)  # e.g. a `setsid` child: outside the process group, no PID namespace
         await proc.wait()
     if not over_disk and await asyncio.to_thread(disk.tree_bytes, self.repo_dir) > self._disk_budget:
       over_disk = True
@@ -369,34 +374,3 @@ def _cleanup(episode_dir: pathlib.Path, identity: identity_lib.Identity | None) 
   finally:
     if identity is not None:
       identity.release()  # only once nothing of the episode is left
-
-
-def _kill_pipe_holders(inode: int, rounds: int = 10) -> None:
-  """SIGKILLs every process (but this one) holding pipe `inode`; repeated, as a holder may fork meanwhile."""
-  target, me = f"pipe:[{inode}]", str(os.getpid())
-  for _ in range(rounds):
-    holders = set()
-    for fd_dir in glob.glob("/proc/[0-9]*/fd"):
-      pid = fd_dir.split("/")[2]
-      if pid == me:
-        continue
-      try:
-        if any(os.readlink(os.path.join(fd_dir, fd)) == target for fd in os.listdir(fd_dir)):
-          holders.add(int(pid))
-      except OSError:
-        continue  # exited meanwhile, or not ours to inspect
-    if not holders:
-      return
-    for pid in holders:
-      try:
-        os.kill(pid, signal.SIGKILL)
-      except ProcessLookupError:
-        pass
-
-
-def _kill(proc: asyncio.subprocess.Process) -> None:
-  """SIGKILLs the command's session (bwrap and, via its PID namespace, everything the command started)."""
-  try:
-    os.killpg(proc.pid, signal.SIGKILL)
-  except ProcessLookupError:
-    pass  # already exited
