@@ -129,9 +129,9 @@ class SweEnv(Env):
   def __init__(self, jsonl: str | None = None, snapshot_root: str | None = None, num_repos: int = 240,
                max_turns: int = 30, command_timeout_s: float = 30.0, cpu_s: int = 60, memory_mb: int = 4096,
                max_output_bytes: int = 10_000, test_timeout_s: float = 120.0, isolation: str = "bwrap",
-               max_processes: int = 512, disk_mb: int = 1024, tmp_mb: int = 512,
                sandbox_root: str | None = None, autosubmit: bool = True,
-               pytest_args: tuple[str, ...] = grader_lib.DEFAULT_PYTEST_ARGS):
+               pytest_args: tuple[str, ...] = grader_lib.DEFAULT_PYTEST_ARGS, max_processes: int = 512,
+               disk_mb: int = 1024, tmp_mb: int = 512):
     super().__init__()
     if max_turns < 1:
       raise ValueError(f"max_turns: must be >= 1, got {max_turns}")
