@@ -9,7 +9,7 @@ import tarfile
 import pytest
 
 from sao.rollout.envs import split_of
-from sao.rollout.envs.swe import dataset, generator
+from sao.rollout.envs.swe import dataset, generator, snapshots
 from sao.rollout.envs.swe.dataset import DatasetError
 from sao.rollout.envs.swe.library import BUG_KINDS
 from sao.rollout.envs.swe.sandbox import Sandbox
@@ -43,7 +43,7 @@ def test_loads_bundle_and_tarball_snapshots(calc_dataset, tmp_path):
   for snapshot_root, kind in ((bundle_root, "bundle"), (tar_root, "tarball")):
     [instance] = dataset.load_jsonl(write(tmp_path, record), snapshot_root)
     assert instance.snapshot.kind == kind
-    with Sandbox.create(instance.snapshot.git_source(), instance.base_commit) as box:
+    with Sandbox.create(snapshots.git_source(instance.snapshot), instance.base_commit) as box:
       assert box.run("git rev-parse HEAD").output.strip() == record["base_commit"]
 
 
@@ -111,3 +111,37 @@ def test_exported_generated_dataset_loads_as_swe_bench(tmp_path):
   instances = dataset.load_jsonl(jsonl, tmp_path)
   assert [i.instance_id for i in instances] == [generator.spec(i).instance["instance_id"] for i in range(2)]
   assert all(i.snapshot.kind == "dir" for i in instances)
+
+
+def test_swe_modules_import_no_cycle():
+  """The SWE modules' imports (function-level ones too) form no cycle: `dataset` is the format only, `snapshots`
+  materialises snapshots, on top of `generator`."""
+  import ast
+  import pathlib
+
+  import sao.rollout.envs.swe as swe_pkg
+  root = pathlib.Path(swe_pkg.__file__).parent
+  names = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__") or "": p
+           for p in root.rglob("*.py")}
+  prefix = "sao.rollout.envs.swe"
+  graph = {}
+  for name, path in names.items():
+    deps = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(prefix):
+        base = node.module[len(prefix):].lstrip(".")
+        for alias in node.names:
+          full = f"{base}.{alias.name}".lstrip(".")
+          deps.add(full if full in names else base)
+      elif isinstance(node, ast.Import):
+        deps.update(a.name[len(prefix):].lstrip(".") for a in node.names if a.name.startswith(prefix + "."))
+    graph[name] = deps - {name}
+  assert "generator" not in graph["dataset"] and "snapshots" not in graph["dataset"]
+
+  def visit(name, stack):
+    for dep in graph.get(name, ()):
+      assert dep not in stack, f"import cycle: {' -> '.join(stack[stack.index(dep):] + [dep])}"
+      visit(dep, stack + [dep])
+
+  for name in graph:
+    visit(name, [name])

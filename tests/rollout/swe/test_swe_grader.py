@@ -22,13 +22,6 @@ def calc(calc_dataset):
   return dataset.load_jsonl(jsonl, root)[0]
 
 
-def test_parse_pytest_report():
-  out = ("PASSED tests/a.py::test_x\nFAILED tests/a.py::test_y - AssertionError: 1 != 2\nERROR tests/b.py::test_z\n"
-         "XFAIL tests/a.py::test_w - reason\nfoo PASSED nothing\n")
-  assert grader.parse_pytest_report(out) == {"tests/a.py::test_x": "PASSED", "tests/a.py::test_y": "FAILED",
-                                             "tests/b.py::test_z": "ERROR", "tests/a.py::test_w": "XFAIL"}
-
-
 def test_gold_patch_resolves(calc):
   result = grader.grade(calc, calc.patch, CONFIG)
   assert result.status == Status.OK and result.reward == 1.0 and result.resolved
@@ -93,3 +86,26 @@ def test_real_swe_bench_jsonl_from_bundle_loads_grades_and_plays(calc_dataset, t
   demo = env.demonstrate(env.task_pool()[0], rng=None)
   env.close()
   assert demo.reward == 1.0 and demo.calls[-1].name == "submit"
+
+
+def test_report_outcome_words_follow_pytest_summary():
+  from types import SimpleNamespace as Report
+
+  from sao.rollout.envs.swe import pytest_report
+
+  def report(when, outcome, xfail=False, nodeid="t.py::x"):
+    r = Report(when=when, nodeid=nodeid, passed=outcome == "passed", skipped=outcome == "skipped",
+               failed=outcome == "failed")
+    if xfail:
+      r.wasxfail = ""
+    return r
+
+  word = pytest_report.outcome_word
+  assert word(report("call", "passed")) == "PASSED" and word(report("call", "failed")) == "FAILED"
+  assert word(report("call", "skipped", xfail=True)) == "XFAIL" and word(report("call", "passed", True)) == "XPASS"
+  assert word(report("setup", "failed")) == "ERROR" and word(report("setup", "skipped")) == "SKIPPED"
+  assert word(report("teardown", "passed")) == "" and word(report("teardown", "failed")) == "ERROR"
+  recorder = pytest_report.Recorder()
+  for r in (report("setup", "passed"), report("call", "passed"), report("teardown", "failed")):
+    recorder.pytest_runtest_logreport(r)
+  assert recorder.outcomes == {"t.py::x": "ERROR"}  # a failing teardown fails the test, as in -rA

@@ -31,11 +31,13 @@ def cache_dir() -> pathlib.Path:
 
 
 def _smoke_test(bwrap: str) -> str | None:
-  """None if `bwrap` can build the namespaces the sandbox uses, else why not."""
+  """None if `bwrap` can build the namespaces the sandbox uses (and knows its options: `--size`, `--perms` need
+  bubblewrap >= 0.5), else why not."""
   try:
     proc = subprocess.run(
         [bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev",
-         "--proc", "/proc", "true"], capture_output=True, text=True, timeout=30)
+         "--proc", "/proc", "--perms", "1777", "--size", str(1 << 20), "--tmpfs", "/tmp", "true"],
+        capture_output=True, text=True, timeout=30)
   except (OSError, subprocess.TimeoutExpired) as e:
     return f"{type(e).__name__}: {e}"
   if proc.returncode != 0:

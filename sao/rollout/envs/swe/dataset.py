@@ -13,7 +13,8 @@ instance and the field.
 Repositories come from local snapshots only (no network at run time): for `repo` "owner/name" the loader looks in
 `snapshot_root` for, in this order, a git directory `owner__name/` (or `owner/name/`), a git bundle
 `owner__name.bundle`, or a tarball `owner__name.tar`, `.tar.gz`, `.tgz` (holding a git repository, at its top level
-or in one top-level directory). Tarballs are unpacked once into the cache (`$SAO_CACHE_DIR/swe/tarballs`).
+or in one top-level directory). This module is the format and its validation; `snapshots.git_source` turns a
+`Snapshot` into something `git clone` reads (unpacking tarballs, generating repositories).
 
     instances = load_jsonl("swe.jsonl", snapshot_root="repos/")
     task = instances[0].to_task()         # a plain dict, as environment tasks travel to workers
@@ -21,25 +22,16 @@ or in one top-level directory). Tarballs are unpacked once into the cache (`$SAO
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import os
 import pathlib
-import shutil
 import subprocess
-import tarfile
-import tempfile
-import threading
 from typing import Any, Iterable, Mapping
-
-from sao.rollout.envs.swe import bwrap
 
 REQUIRED_FIELDS = ("instance_id", "repo", "base_commit", "problem_statement", "test_patch", "FAIL_TO_PASS",
                    "PASS_TO_PASS")
 OPTIONAL_FIELDS = ("patch", "hints_text", "created_at", "version", "environment_setup_commit", "difficulty", "meta")
 SNAPSHOT_KINDS = ("dir", "bundle", "tarball", "generated")
 _TARBALL_SUFFIXES = (".tar", ".tar.gz", ".tgz")
-_UNPACK_LOCK = threading.Lock()
 
 
 class DatasetError(ValueError):
@@ -62,17 +54,6 @@ class Snapshot:
   @classmethod
   def from_json(cls, obj: Mapping[str, Any]) -> Snapshot:
     return cls(kind=str(obj["kind"]), path=str(obj["path"]))
-
-  def git_source(self) -> str:
-    """A path `git clone` accepts (a repository or a bundle); unpacks tarballs / generates repositories once."""
-    if self.kind in ("dir", "bundle"):
-      if not os.path.exists(self.path):
-        raise DatasetError(f"snapshot {self.path} does not exist")
-      return self.path
-    if self.kind == "tarball":
-      return str(_unpack_tarball(pathlib.Path(self.path)))
-    from sao.rollout.envs.swe import generator  # lazily: the generator is only needed for its own tasks
-    return str(generator.materialize(self.path))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,31 +202,3 @@ def write_jsonl(path: pathlib.Path | str, instances: Iterable[Instance]) -> None
   with open(path, "w", encoding="utf-8") as f:
     for instance in instances:
       f.write(json.dumps(instance.to_json()) + "\n")
-
-
-def _unpack_tarball(tarball: pathlib.Path) -> pathlib.Path:
-  """The git repository inside `tarball`, unpacked once into the cache (keyed by path, size and mtime)."""
-  if not tarball.is_file():
-    raise DatasetError(f"snapshot {tarball} does not exist")
-  st = tarball.stat()
-  key = hashlib.sha256(f"{tarball.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
-  dest = bwrap.cache_dir() / "swe" / "tarballs" / key
-  with _UNPACK_LOCK:
-    if not dest.exists():
-      dest.parent.mkdir(parents=True, exist_ok=True)
-      staging = pathlib.Path(tempfile.mkdtemp(prefix="unpack_", dir=dest.parent))
-      try:
-        with tarfile.open(tarball) as tf:
-          tf.extractall(staging, filter="data")  # "data" refuses absolute paths, links out of the tree, devices
-        staging.rename(dest)
-      except (tarfile.TarError, OSError) as e:
-        raise DatasetError(f"snapshot {tarball}: cannot unpack ({type(e).__name__}: {e})") from e
-      finally:
-        if staging.exists():
-          shutil.rmtree(staging)
-  if (dest / ".git").exists():
-    return dest
-  children = [c for c in dest.iterdir()]
-  if len(children) == 1 and (children[0] / ".git").exists():
-    return children[0]
-  raise DatasetError(f"snapshot {tarball}: holds no git repository at its top level or in one top-level directory")

@@ -33,7 +33,9 @@ precise status (`Status.TIMEOUT` or `Status.ENV_ERROR`). Sandbox failures raise 
 Config (`envs.make("swe", **config)`): `jsonl` + `snapshot_root` for SWE-bench data (default: the generated
 dataset of `num_repos` repositories), `max_turns`, per-command `command_timeout_s`, `cpu_s`, `memory_mb`,
 `max_output_bytes`, `test_timeout_s` (grading), `isolation` ("bwrap", or "none" to run unsandboxed — explicit only),
-`autosubmit` (grade the working tree when the episode ends without `submit`; default True, as SWE-agent does).
+`autosubmit` (grade the working tree when the episode ends without `submit`; default True, as SWE-agent does),
+`max_processes`, `disk_mb` (how much the repository may grow over the episode: past it, the episode ends with reward
+0 and `grade_result.detail` naming the limit), `tmp_mb` (each command's /tmp); see `SandboxConfig`.
 """
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ from sao.rollout.envs.swe import dataset as dataset_lib
 from sao.rollout.envs.swe import expert as expert_lib
 from sao.rollout.envs.swe import grader as grader_lib
 from sao.rollout.envs.swe import sandbox as sandbox_lib
+from sao.rollout.envs.swe import snapshots
 from sao.rollout.envs.swe.tools import editor as editor_lib
 from sao.rollout.tool_format import ToolCall, ToolCallError
 from sao.transport.trajectory import Status
@@ -126,7 +129,9 @@ class SweEnv(Env):
   def __init__(self, jsonl: str | None = None, snapshot_root: str | None = None, num_repos: int = 240,
                max_turns: int = 30, command_timeout_s: float = 30.0, cpu_s: int = 60, memory_mb: int = 4096,
                max_output_bytes: int = 10_000, test_timeout_s: float = 120.0, isolation: str = "bwrap",
-               sandbox_root: str | None = None, autosubmit: bool = True, test_cmd: str = grader_lib.DEFAULT_TEST_CMD):
+               sandbox_root: str | None = None, autosubmit: bool = True,
+               pytest_args: tuple[str, ...] = grader_lib.DEFAULT_PYTEST_ARGS, max_processes: int = 512,
+               disk_mb: int = 1024, tmp_mb: int = 512):
     super().__init__()
     if max_turns < 1:
       raise ValueError(f"max_turns: must be >= 1, got {max_turns}")
@@ -138,10 +143,10 @@ class SweEnv(Env):
     self.config_max_turns = int(max_turns)
     self.sandbox_config = sandbox_lib.SandboxConfig(
         timeout_s=command_timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes,
-        isolation=isolation, root=sandbox_root)
+        isolation=isolation, root=sandbox_root, max_processes=max_processes, disk_mb=disk_mb, tmp_mb=tmp_mb)
     self.test_timeout_s = float(test_timeout_s)
     self.autosubmit = bool(autosubmit)
-    self.test_cmd = test_cmd
+    self.pytest_args = tuple(pytest_args)
     self.instance: dataset_lib.Instance | None = None
     self.sandbox: sandbox_lib.Sandbox | None = None
     self.grade_result: grader_lib.GradeResult | None = None
@@ -178,7 +183,7 @@ class SweEnv(Env):
   @staticmethod
   def snapshot_source(task: Task) -> str:
     """The local git source of `task`'s repository (materializing a generated one into the cache, once)."""
-    return dataset_lib.Instance.from_task(task).snapshot.git_source()
+    return snapshots.git_source(dataset_lib.Instance.from_task(task).snapshot)
 
   async def areset(self, task: Task) -> list[dict[str, str]]:
     """Async `reset`: closes any previous episode, clones a fresh sandbox."""
@@ -186,7 +191,7 @@ class SweEnv(Env):
       raise ValueError(f"task['env']: {task.get('env')!r} is not a {self.name!r} task")
     await self.aclose()
     instance = dataset_lib.Instance.from_task(task)
-    source = await asyncio.to_thread(instance.snapshot.git_source)
+    source = await asyncio.to_thread(snapshots.git_source, instance.snapshot)
     box = await sandbox_lib.Sandbox.acreate(source, instance.base_commit, self.sandbox_config)
     self.task, self.instance, self.sandbox = task, instance, box
     self.turns, self.max_turns, self.done = 0, int(task["max_turns"]), False
@@ -232,22 +237,31 @@ class SweEnv(Env):
     if self.sandbox is None:
       raise RuntimeError(f"{self.name}: no sandbox; call reset()")
     if call.name == "bash":
-      return (await self.sandbox.arun(call.arguments["command"])).observation(), False
+      result = await self.sandbox.arun(call.arguments["command"])
+      return self._end_if_spent(result, result.observation())
     if call.name == "str_replace_editor":
-      return await self._edit(dict(call.arguments)), False
+      return await self._edit(dict(call.arguments))
     if call.name == "submit":
       self.submitted = True
       await self._grade()
       return "Submitted. The episode is over.", True
     raise AssertionError(f"unreachable: {call.name!r} passed the schema check")
 
-  async def _edit(self, request: dict[str, Any]) -> str:
+  async def _edit(self, request: dict[str, Any]) -> tuple[str, bool]:
     result = await self.sandbox.arun(f"python3 -I -S -c {shlex.quote(_EDITOR_SOURCE)}",
                                      stdin=json.dumps(request).encode(),
                                      max_output_bytes=max(self.sandbox_config.max_output_bytes, 2 * 16000))
-    if result.timed_out:
-      return result.observation()
-    return result.output
+    return self._end_if_spent(result, result.observation() if result.timed_out or result.limit else result.output)
+
+  def _end_if_spent(self, result: sandbox_lib.CommandResult, observation: str) -> tuple[str, bool]:
+    """(observation, done): a command that exceeded an episode limit (the repository outgrew `disk_mb`) ends the
+    episode, graded 0 without running its tests — the policy's doing, with the limit named in the grade's detail."""
+    if not result.limit:
+      return observation, False
+    detail = f"episode ended: the sandbox's {result.limit} limit was exceeded"
+    self.grade_result = grader_lib.GradeResult(status=Status.OK, reward=0.0, detail=detail)
+    self.submitted = True
+    return f"{observation}\n[{detail}]", True
 
   async def diff(self) -> str:
     """The working tree's diff against base_commit (new files included), computed inside the sandbox: the
@@ -264,7 +278,7 @@ class SweEnv(Env):
     if self.grade_result is None:
       patch = await self.diff()
       self.grade_result = await grader_lib.agrade(self.instance, patch, self.sandbox_config, self.test_timeout_s,
-                                                  self.test_cmd)
+                                                  self.pytest_args)
     return self.grade_result
 
   async def ascore(self) -> float:

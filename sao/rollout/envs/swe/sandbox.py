@@ -1,21 +1,27 @@
 """One episode's private working copy of a repository, and the sandboxed command runner over it.
 
 Every command (the agent's `bash` calls, the editor, the grader's test runs) is a fresh `bash -c` inside
-bubblewrap: new user, PID, network, IPC and UTS namespaces, no capabilities, a seccomp filter that refuses IP
-sockets, a read-only view of the system's `/usr`, `/etc` and the Python installation, a private `/tmp`, and
-exactly one writable directory — the episode's repository, mounted at `/testbed` (SWE-bench's path). Other
-episodes' directories, the project checkout and the home directory are simply not mounted; the network namespace
-has no route out. Each command also gets a wall-clock timeout (the whole PID namespace is killed), `ulimit`
-CPU-seconds / address-space / file-size limits (set hard, so the command cannot raise them), and its merged
-stdout+stderr is cut to `max_output_bytes` (head and tail kept, a marker in between). There is no limit on the
-number of processes (RLIMIT_NPROC does not bind root and counts a user's processes host-wide otherwise): a fork
-bomb lives until the timeout kills its PID namespace.
+bubblewrap: new PID, network, IPC and UTS namespaces, an unprivileged host identity without capabilities
+(`identity.py`: a dedicated uid when the trainer is root), a seccomp filter that refuses IP sockets, a read-only view
+of the system with only the needed parts of `/etc` (`jail.py`), private size-limited `/tmp` and `/dev/shm`, and
+exactly one writable host directory — the episode's repository, mounted at `/testbed` (SWE-bench's path). Other
+episodes' directories, the project checkout and the home directories are simply not mounted; the network namespace
+has no route out.
+
+Limits: each command gets a wall-clock timeout (the whole PID namespace is killed), `ulimit` CPU-seconds /
+address-space / file-size / process-count limits (set hard, so the command cannot raise them; the process count is
+the sandbox's own: its uid or user namespace holds nothing else), and its merged stdout+stderr is cut to
+`max_output_bytes` (head and tail kept, a marker in between). The repository may grow by at most `disk_mb` over the
+episode: it is measured while each command runs and after it; a command that crosses the limit is killed and its
+result says `limit="disk"` — the sandbox is then spent (`Sandbox.spent`), and the episode must end.
 
 Commands do not share a shell: each starts in `/testbed` with a clean environment, as in mini-swe-agent, and
 background processes die with the command (the PID namespace goes away).
 
-Isolation "none" runs the same commands without namespaces; it exists for machines without user namespaces and
-must be chosen explicitly (`SandboxConfig(isolation="none")`), never as a fallback.
+Isolation "none" runs the same commands without namespaces or a separate identity; it exists for machines without
+user namespaces and must be chosen explicitly (`SandboxConfig(isolation="none")`), never as a fallback. Its timeout
+still kills the command's process group and every process that holds the command's output pipe (so a `setsid`
+child cannot make `run()` hang).
 
     sandbox = Sandbox.create(repo_git_dir, base_commit, SandboxConfig())
     result = sandbox.run("python -m pytest -q")      # or: await sandbox.arun(...)
@@ -29,9 +35,6 @@ import dataclasses
 import os
 import pathlib
 import shlex
-import shutil
-import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -39,8 +42,12 @@ import time
 import weakref
 
 from sao.rollout.envs.swe import bwrap
+from sao.rollout.envs.swe import disk
+from sao.rollout.envs.swe import identity as identity_lib
+from sao.rollout.envs.swe import jail
+from sao.rollout.envs.swe import procs
 
-WORKDIR = "/testbed"
+WORKDIR = jail.WORKDIR
 ISOLATIONS = ("bwrap", "none")
 
 
@@ -57,6 +64,10 @@ class SandboxConfig:
     cpu_s: CPU seconds per process (`ulimit -t`).
     memory_mb: address space per process (`ulimit -v`).
     file_mb: largest file a command may write (`ulimit -f`).
+    max_processes: processes (and threads) the sandbox may hold at once (`ulimit -u`; bwrap isolation only).
+    disk_mb: how much the repository may grow over the whole episode (see the module docstring).
+    tmp_mb: size of each command's private `/tmp` (and of `/dev/shm`), a tmpfs (bwrap isolation only).
+    disk_check_s: how often a running command's repository is measured against `disk_mb`.
     max_output_bytes: the command's output is cut to this many bytes (head + tail, a marker in between).
     isolation: "bwrap" (namespaces; the default) or "none" (no isolation: only when explicitly configured).
     root: where episode directories are created (default: the system temp dir).
@@ -67,6 +78,10 @@ class SandboxConfig:
   cpu_s: int = 60
   memory_mb: int = 4096
   file_mb: int = 256
+  max_processes: int = 512
+  disk_mb: int = 1024
+  tmp_mb: int = 512
+  disk_check_s: float = 1.0
   max_output_bytes: int = 10_000
   isolation: str = "bwrap"
   root: str | None = None
@@ -75,24 +90,29 @@ class SandboxConfig:
   def __post_init__(self):
     if self.isolation not in ISOLATIONS:
       raise ValueError(f"SandboxConfig.isolation: {self.isolation!r} is not one of {ISOLATIONS}")
-    for name in ("timeout_s", "cpu_s", "memory_mb", "file_mb", "max_output_bytes"):
+    for name in ("timeout_s", "cpu_s", "memory_mb", "file_mb", "max_output_bytes", "max_processes", "disk_mb",
+                 "tmp_mb", "disk_check_s"):
       if getattr(self, name) <= 0:
         raise ValueError(f"SandboxConfig.{name}: must be > 0, got {getattr(self, name)}")
 
 
 @dataclasses.dataclass(frozen=True)
 class CommandResult:
-  """What a command did: its (possibly truncated) output, exit code (None if killed by the timeout), timing."""
+  """What a command did: its (possibly truncated) output, exit code (None if killed), timing, and `limit`: "" or
+  the episode limit that killed it ("disk": the repository outgrew `disk_mb`; the sandbox is then spent)."""
   output: str
   exit_code: int | None
   timed_out: bool = False
   truncated: bool = False
   duration_s: float = 0.0
+  limit: str = ""
 
   def observation(self) -> str:
     """The text an agent sees: the output, then a line on a non-zero exit or a timeout."""
     text = self.output
-    if self.timed_out:
+    if self.limit:
+      text += f"\n[command killed: {self.limit} limit of the episode exceeded]"
+    elif self.timed_out:
       text += f"\n[command timed out after {self.duration_s:.0f}s and was killed]"
     elif self.exit_code:
       text += f"\n[exit code {self.exit_code}]"
@@ -106,24 +126,6 @@ def _truncate(head: bytes, tail: bytes, total: int, limit: int) -> tuple[str, bo
   omitted = total - len(head) - len(kept_tail)
   marker = f"\n[... output truncated: {omitted} bytes omitted ...]\n"
   return head.decode("utf-8", "replace") + marker + kept_tail.decode("utf-8", "replace"), True
-
-
-def _rmtree(path: pathlib.Path) -> None:
-  """Removes `path` even where a command made directories unwritable or unreadable (chmod 000)."""
-
-  def fix(func, p, exc_info):
-    if isinstance(exc_info[1], FileNotFoundError):
-      return
-    parent = os.path.dirname(p)
-    os.chmod(parent, stat.S_IRWXU)
-    if os.path.isdir(p) and not os.path.islink(p):
-      os.chmod(p, stat.S_IRWXU)
-      shutil.rmtree(p, onerror=fix)
-    else:
-      os.unlink(p)
-
-  if path.exists():
-    shutil.rmtree(path, onerror=fix)
 
 
 def _python_prefix() -> str:
@@ -158,12 +160,34 @@ class Sandbox:
     self.episode_dir = episode_dir
     self.repo_dir = episode_dir / "repo"
     self.closed = False
+    self.spent = ""  # the limit that ended the episode ("disk"), or ""
     self._bwrap = bwrap.ensure_bwrap() if config.isolation == "bwrap" else None
-    self._seccomp_path = episode_dir / "seccomp.bpf"  # outside the repository: not visible in the sandbox
+    try:
+      self.identity = identity_lib.lease() if self._bwrap is not None else None
+    except identity_lib.IdentityError as e:
+      raise SandboxError(str(e)) from e
+    if self.identity is not None and self.identity.drop:
+      try:
+        jail.check_drop(self._bwrap)
+      except identity_lib.IdentityError as e:
+        self.identity.release()
+        raise SandboxError(str(e)) from e
+    # Cleanup even when the owner forgets close() or is cancelled mid-episode: runs at GC or interpreter exit.
+    self._finalizer = weakref.finalize(self, _cleanup, episode_dir, self.identity)
+    # Outside the repository, so not visible in the sandbox.
+    self._seccomp_path = episode_dir / "seccomp.bpf"
+    self._passwd_path, self._group_path = episode_dir / "passwd", episode_dir / "group"
     if self._bwrap is not None:
       self._seccomp_path.write_bytes(bwrap.seccomp_program())
-    # Cleanup even when the owner forgets close() or is cancelled mid-episode: runs at GC or interpreter exit.
-    self._finalizer = weakref.finalize(self, _rmtree, episode_dir)
+      self._passwd_path.write_text(self.identity.passwd())
+      self._group_path.write_text(self.identity.group())
+      if self.identity.drop:
+        try:
+          identity_lib.chown_tree(self.repo_dir, self.identity.uid, self.identity.gid)
+        except OSError as e:  # e.g. a root-squashed network file system under `config.root`
+          self.close()
+          raise SandboxError(f"cannot give {self.repo_dir} to the sandbox's uid {self.identity.uid}: {e}") from e
+    self._disk_budget = disk.tree_bytes(self.repo_dir) + config.disk_mb * (1 << 20)
 
   @classmethod
   def create(cls, source_repo: pathlib.Path | str, base_commit: str, config: SandboxConfig = SandboxConfig(),
@@ -189,10 +213,10 @@ class Sandbox:
       refs = git(repo, "for-each-ref", "--format=%(refname)").split()
       if refs:
         git(repo, "update-ref", "--no-deref", "--stdin", input="".join(f"delete {r}\n" for r in refs))
+      return cls(episode_dir, config)
     except BaseException:
-      _rmtree(episode_dir)
+      disk.rmtree(episode_dir)
       raise
-    return cls(episode_dir, config)
 
   @classmethod
   async def acreate(cls, source_repo: pathlib.Path | str, base_commit: str, config: SandboxConfig = SandboxConfig(),
@@ -223,7 +247,8 @@ class Sandbox:
   def _argv(self, command: str, seccomp_fd: int | None = None) -> list[str]:
     c = self.config
     # `ulimit` without -S/-H sets both limits, so the command cannot raise them again.
-    script = (f"ulimit -t {c.cpu_s} -v {c.memory_mb * 1024} -f {c.file_mb * 1024} -c 0 2>/dev/null || "
+    nproc = f" -u {c.max_processes}" if self._bwrap is not None else ""
+    script = (f"ulimit -t {c.cpu_s} -v {c.memory_mb * 1024} -f {c.file_mb * 1024} -c 0{nproc} 2>/dev/null || "
               f"{{ echo 'sandbox: cannot set limits' >&2; exit 125; }}; exec bash -c {shlex.quote(command)}")
     env = {"PATH": f"{_python_prefix()}/bin:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "TERM": "dumb", "PAGER": "cat",
@@ -232,23 +257,9 @@ class Sandbox:
            **dict(c.env)}
     if self._bwrap is None:
       return ["env", "-i", *(f"{k}={v}" for k, v in env.items()), "bash", "-c", script]
-    argv = [self._bwrap, "--unshare-all", "--unshare-user", "--uid", "1000", "--gid", "1000", "--cap-drop", "ALL",
-            "--die-with-parent", "--new-session", "--hostname", "sandbox"]
-    if seccomp_fd is not None:
-      argv += ["--seccomp", str(seccomp_fd)]
-    for top in ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/opt"):
-      if os.path.islink(top):
-        argv += ["--symlink", os.readlink(top), top]
-      elif os.path.isdir(top):
-        argv += ["--ro-bind", top, top]
-    prefix = _python_prefix()
-    if not prefix.startswith(("/usr/", "/opt/")):
-      argv += ["--ro-bind", prefix, prefix]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", str(self.repo_dir), WORKDIR,
-             "--chdir", WORKDIR, "--clearenv"]
-    for k, v in env.items():
-      argv += ["--setenv", k, v]
-    return argv + ["--", "bash", "-c", script]
+    return jail.bwrap_argv(self._bwrap, self.identity, str(self.repo_dir), str(self._passwd_path),
+                           str(self._group_path), _python_prefix(), env, script, tmp_bytes=c.tmp_mb << 20,
+                           shm_bytes=min(c.tmp_mb, 64) << 20, seccomp_fd=seccomp_fd)
 
   async def arun(self, command: str, timeout_s: float | None = None, stdin: bytes | None = None,
                  max_output_bytes: int | None = None) -> CommandResult:
@@ -256,22 +267,35 @@ class Sandbox:
     sandbox cannot start, and on cancellation kills the command before re-raising."""
     if self.closed:
       raise SandboxError(f"sandbox {self.episode_dir} is closed")
+    if self.spent:
+      raise SandboxError(f"sandbox {self.episode_dir} is spent: its episode exceeded its {self.spent} limit")
     timeout = self.config.timeout_s if timeout_s is None else float(timeout_s)
     limit = self.config.max_output_bytes if max_output_bytes is None else int(max_output_bytes)
     start = time.monotonic()
+    loop = asyncio.get_running_loop()
     seccomp_fd = os.open(self._seccomp_path, os.O_RDONLY) if self._bwrap is not None else None
+    # Our own output pipe (not asyncio's): we can stop reading it, and find every process that holds it.
+    read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
     try:
       # bwrap itself gets an empty environment too: it stays visible inside as /proc/1/environ.
       proc = await asyncio.create_subprocess_exec(
           *self._argv(command, seccomp_fd), stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+          stdout=write_fd, stderr=subprocess.STDOUT, start_new_session=True,
           env={"PATH": "/usr/bin:/bin"}, cwd=self.repo_dir if self._bwrap is None else "/",
           pass_fds=() if seccomp_fd is None else (seccomp_fd,))
-    except OSError as e:
-      raise SandboxError(f"cannot start the sandbox: {e}") from e
+    except BaseException as e:
+      os.close(read_fd)
+      if isinstance(e, OSError):
+        raise SandboxError(f"cannot start the sandbox: {e}") from e
+      raise
     finally:
+      os.close(write_fd)  # the child has its own copies
       if seccomp_fd is not None:
-        os.close(seccomp_fd)  # the child has its own copy
+        os.close(seccomp_fd)
+    pipe_inode = os.fstat(read_fd).st_ino
+    reader = asyncio.StreamReader(limit=1 << 20)
+    read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
+                                                     os.fdopen(read_fd, "rb", buffering=0))
     head, tail, total = bytearray(), bytearray(), 0
     half = limit // 2
 
@@ -284,7 +308,7 @@ class Sandbox:
         except (BrokenPipeError, ConnectionResetError):
           pass  # the command did not read its input: its choice, not a sandbox failure
         proc.stdin.close()
-      while chunk := await proc.stdout.read(65536):
+      while chunk := await reader.read(65536):
         total += len(chunk)
         room = half - len(head)
         if room > 0:
@@ -296,18 +320,38 @@ class Sandbox:
             del tail[:len(tail) - limit]
       return await proc.wait()
 
+    over_disk = False
+
+    async def watch_disk():
+      nonlocal over_disk
+      while True:
+        await asyncio.sleep(self.config.disk_check_s)
+        if await asyncio.to_thread(disk.tree_bytes, self.repo_dir) > self._disk_budget:
+          over_disk = True
+          procs.kill_session(proc)
+          return
+
     timed_out = False
+    watcher = asyncio.ensure_future(watch_disk())
     try:
       exit_code = await asyncio.wait_for(pump(), timeout)
     except TimeoutError:
       timed_out, exit_code = True, None
     finally:
+      watcher.cancel()
+      read_transport.close()  # stop reading, whoever still holds the pipe
       if proc.returncode is None or timed_out:
-        _kill(proc)
+        procs.kill_session(proc)
+        if self._bwrap is None:
+          procs.kill_pipe_holders(pipe_inode)  # e.g. a `setsid` child: outside the process group, no PID namespace
         await proc.wait()
+    if not over_disk and await asyncio.to_thread(disk.tree_bytes, self.repo_dir) > self._disk_budget:
+      over_disk = True
+    if over_disk:
+      self.spent, exit_code, timed_out = "disk", None, False
     output, truncated = _truncate(bytes(head), bytes(tail), total, limit)
     return CommandResult(output=output, exit_code=exit_code, timed_out=timed_out, truncated=truncated,
-                         duration_s=time.monotonic() - start)
+                         duration_s=time.monotonic() - start, limit=self.spent if over_disk else "")
 
   def run(self, command: str, timeout_s: float | None = None, stdin: bytes | None = None,
           max_output_bytes: int | None = None) -> CommandResult:
@@ -324,9 +368,9 @@ def _close_orphan(future: asyncio.Future) -> None:
     future.result().close()
 
 
-def _kill(proc: asyncio.subprocess.Process) -> None:
-  """SIGKILLs the command's session (bwrap and, via its PID namespace, everything the command started)."""
+def _cleanup(episode_dir: pathlib.Path, identity: identity_lib.Identity | None) -> None:
   try:
-    os.killpg(proc.pid, signal.SIGKILL)
-  except ProcessLookupError:
-    pass  # already exited
+    disk.rmtree(episode_dir)
+  finally:
+    if identity is not None:
+      identity.release()  # only once nothing of the episode is left
