@@ -40,6 +40,7 @@ from sao.train import config as config_lib
 from sao.train import mesh as mesh_lib
 from sao.train.actor_losses import Mean
 
+STEP_METRICS = ("loss", "grad_norm", "l2_params", "l2_updates", "skipped", "step", "tokens")  # every step reports
 CRITIC_KEYS = ("input_ids", "attention_mask", "action_mask", "returns", "old_values")
 # How many times each step kind has been traced (Python side effect: runs at trace time only). A count that grows
 # across steps with one padded shape means a recompilation.
@@ -178,6 +179,9 @@ def _make_step(micro_loss: Callable, kind: str, denominator_fn: Callable[[jax.Ar
       return (jax.tree.map(jnp.add, grad_acc, grads), loss_acc + loss_sum, _merge_metrics(metrics_acc, metrics)), None
 
     _, metrics_shape = jax.eval_shape(micro_loss, state.params, jax.tree.map(lambda x: x[0], micro))
+    reserved = set(metrics_shape) & set(STEP_METRICS)
+    if reserved:
+      raise ValueError(f"{kind} loss: metric names {sorted(reserved)} are the step's own ({STEP_METRICS})")
     zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metrics_shape)
     zero_grads = jax.tree.map(jnp.zeros_like, train_params)
     (grads, loss_sum, micro_metrics), _ = jax.lax.scan(

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sao.train import actor_losses
+from sao.train import actor_losses, steps
 from tests.train import helpers
 
 _NAME = "test_truncated_is"
@@ -61,3 +61,20 @@ def test_registry_errors_name_the_problem(truncated_is):
   with pytest.raises(ValueError, match="seq_advantages"):
     helpers.make_learner(**{"actor_loss": "gspo"})
   assert set(actor_losses.names()) >= {"dis", "gspo", "ppo_clip", "sft", _NAME}
+
+
+def test_a_loss_metric_may_not_shadow_the_steps_own():
+  @actor_losses.register("test_shadowing", batch_keys=actor_losses.BASE_KEYS)
+  def shadowing(logprobs, batch):
+    tokens = jnp.sum(batch["action_mask"], dtype=jnp.float32)
+    return -jnp.sum(jnp.where(batch["action_mask"], logprobs, 0.0)), {"loss": actor_losses.Mean(tokens, tokens)}
+
+  try:
+    learner = helpers.make_learner(**{"algorithm": "grpo"})
+    batch, _ = learner.make_batch(helpers.trajectories(seed=0))
+    actor_step = steps.make_actor_step("test_shadowing", helpers.model_config(), learner.actor.tx,
+                                       learner.actor.trainable, learner.actor.shardings, learner.mesh)
+    with pytest.raises(ValueError, match="step's own"):
+      actor_step(learner.actor.state, {k: batch[k] for k in actor_losses.BASE_KEYS}, jax.random.PRNGKey(0))
+  finally:
+    actor_losses.unregister("test_shadowing")
