@@ -1,4 +1,4 @@
-"""Policy and value losses: SAO's DIS, GSPO, the GRPO/PPO token-level clip, and the (clipped) value loss.
+"""Policy and value losses: SAO's DIS, GSPO, the GRPO/PPO token-level clip, the token NLL, and the (clipped) value loss.
 
 Every loss returns `(loss, aux)`. `aux["loss_sum"]` and `aux["denominator"]` are the unreduced numerator and the
 normaliser (`loss = loss_sum / denominator`), so gradient accumulation over micro-batches can sum `loss_sum`
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from sao.core import checks
 
-__all__ = ["dis_policy_loss", "gspo_policy_loss", "ppo_clip_policy_loss", "value_loss"]
+__all__ = ["dis_policy_loss", "gspo_policy_loss", "nll_loss", "ppo_clip_policy_loss", "value_loss"]
 
 
 def _token_inputs(names, arrays, mask):
@@ -186,6 +186,22 @@ def ppo_clip_policy_loss(
       "approx_kl": approx_kl,
   }
   return loss_sum / denominator, aux
+
+
+def nll_loss(logprobs: jax.Array, action_mask: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Supervised masked token negative log-likelihood `L = −(1/N) Σ_t m_t · logp_θ(a_t)`, `N = Σ_t m_t`.
+
+  Args:
+    logprobs: `[B, T]` trainer log-probs (differentiated).
+    action_mask: `[B, T]` the tokens to imitate.
+
+  Returns:
+    `(loss, aux)` with `loss_sum`, `denominator`.
+  """
+  (logprobs,), mask = _token_inputs(["logprobs"], [logprobs], action_mask)
+  loss_sum = -jnp.sum(jnp.where(mask, logprobs, 0.0))
+  denominator = _denominator(jnp.sum(mask, dtype=logprobs.dtype))
+  return loss_sum / denominator, {"loss_sum": loss_sum, "denominator": denominator}
 
 
 def value_loss(

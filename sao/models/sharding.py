@@ -17,6 +17,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from sao.models.config import ModelConfig
 from sao.models.transformer import abstract_params
 
+# The project's one list of mesh axes (the trainer's mesh, `sao.train.mesh.make_mesh`, builds all four; an axis of
+# size 1 costs nothing).
 MESH_AXES = ("data", "fsdp", "expert", "tensor")
 
 LOGICAL_AXIS_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (

@@ -13,11 +13,13 @@ from typing import Any
 
 import ml_collections
 
+from sao.models.sharding import MESH_AXES
+from sao.train import actor_losses
+
 ALGORITHMS = ("sao", "gspo", "grpo")
 SCHEDULES = ("constant", "cosine")
 CRITIC_INITS = ("policy", "checkpoint")
 RATIO_BASES = ("trainer", "rollout")
-MESH_AXES = ("data", "fsdp", "tensor")
 
 
 def _optimizer(learning_rate: float, clip_norm: float) -> ml_collections.ConfigDict:
@@ -40,6 +42,8 @@ def default_learner_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict(dict(
       algorithm="sao",  # sao (single rollout + critic, DIS) | gspo | grpo (group advantages, no critic)
       seed=0,
+      # A loss registered in `sao.train.actor_losses`; "" = the algorithm's own (sao: dis, gspo: gspo, grpo: ppo_clip).
+      actor_loss="",
       temperature=1.0,  # rollout sampling temperature; trainer log-probs use the same tempered softmax
       sao=dict(
           gamma=1.0,
@@ -73,10 +77,10 @@ def default_learner_config() -> ml_collections.ConfigDict:
           bucket_lengths=(32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768),
           pad_batch_to=0,  # pad B up to this many rows (a fixed shape despite dropped trajectories); 0 = off
       ),
-      mesh=dict(data=1, fsdp=-1, tensor=1),  # −1 = the remaining devices (at most one axis)
+      mesh=dict(data=1, fsdp=-1, expert=1, tensor=1),  # sao.models.sharding.MESH_AXES; −1 = the remaining devices
       logprob_chunk_size=128,  # time chunk of the fused unembedding + log-softmax
       nan_guard_limit=3,  # consecutive non-finite updates (per role) before the run stops
-      checkpoint=dict(every=50, max_to_keep=3, async_save=True),
+      checkpoint=dict(max_to_keep=3, async_save=True),  # how often: the run's `checkpoint_every`
   ))
   config.lock()
   return config
@@ -134,6 +138,8 @@ def validate_learner_config(config: ml_collections.ConfigDict) -> ml_collections
 
   choice("algorithm", c.algorithm, ALGORITHMS)
   choice("ratio_base", c.ratio_base, RATIO_BASES)
+  if c.actor_loss:
+    choice("actor_loss", c.actor_loss, actor_losses.names())
   choice("critic.init", c.critic.init, CRITIC_INITS)
   if c.critic.init == "checkpoint" and not c.critic.init_path:
     raise ValueError("learner config: critic.init_path is required when critic.init == 'checkpoint'")
@@ -184,7 +190,6 @@ def validate_learner_config(config: ml_collections.ConfigDict) -> ml_collections
     raise ValueError(f"learner config: mesh sizes must be positive or a single -1, got {dict(zip(MESH_AXES, sizes))}")
   positive("logprob_chunk_size", c.logprob_chunk_size)
   positive("nan_guard_limit", c.nan_guard_limit)
-  positive("checkpoint.every", c.checkpoint.every)
   positive("checkpoint.max_to_keep", c.checkpoint.max_to_keep)
   return config
 

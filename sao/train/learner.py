@@ -6,6 +6,7 @@ SAO (`_update_sao`, docs/algorithm.md's stabilized recipe):
   3. V¹ = critic(batch);  A = GAE(r, V¹, γ, λ_b = 1 − 1/(α·l_b));  A ← whiten_m(A) (config flag)
   4. one actor step with the DIS loss — skipped while `num_updates < critic_warmup_steps`.
 GSPO / GRPO (`_update_group`): Â_i = group-normalised rewards, one actor step with the GSPO / PPO-clip loss.
+The actor loss is `config.actor_loss` (a name in `sao.train.actor_losses`), by default the algorithm's own.
 
 Host-side counters: `num_updates` (every `update`, the warmup clock), `version` (applied actor updates: the policy
 weights version engines are told about). The NaN guard lives in the jitted steps; here consecutive skips are counted
@@ -14,6 +15,7 @@ per role and `NonFiniteError` is raised after `nan_guard_limit` in a row.
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -22,16 +24,17 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
+from clu import parameter_overview
 from jax.sharding import Mesh
 
 from sao.core import advantages as adv_lib
 from sao.core import metrics as metrics_lib
 from sao.models.config import ModelConfig
 from sao.models.transformer import abstract_params, init_critic_from_policy
-from sao.train import batching, optim, state as state_lib, steps
+from sao.train import actor_losses, batching, optim, state as state_lib, steps
 from sao.train import checkpoint as ckpt_lib
 from sao.train import mesh as mesh_lib
-from sao.train.config import validate_learner_config
+from sao.train.config import config_to_json, validate_learner_config
 from sao.transport.trajectory import Trajectory
 
 
@@ -52,9 +55,17 @@ class _Role:
     self.shardings = state_lib.state_shardings(self.abstract_params, self.param_shardings, self.tx, mesh)
     self.state: steps.TrainState | None = None
     self.consecutive_nonfinite = 0
+    parameter_overview.log_parameter_overview(self.sharded_abstract_params(), include_stats="sharding",
+                                              msg=f"{name} parameters (shape, mesh sharding):",
+                                              jax_logging_process=0)
 
   def abstract_state(self) -> steps.TrainState:
     return state_lib.abstract_state(self.abstract_params, self.shardings, self.tx)
+
+  def sharded_abstract_params(self) -> Any:
+    """The params as `jax.ShapeDtypeStruct`s carrying their shardings."""
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), self.abstract_params,
+                        self.param_shardings)
 
 
 class Learner:
@@ -74,11 +85,13 @@ class Learner:
     self.model_config = model_config
     self.mesh = mesh if mesh is not None else mesh_lib.make_mesh(dict(config.mesh))
     c = config
+    self.actor_loss = actor_losses.get(c.actor_loss or actor_losses.DEFAULT_FOR_ALGORITHM[c.algorithm])
+    _check_loss_fits_algorithm(self.actor_loss, c.algorithm)
     shards = mesh_lib.batch_parallel_size(self.mesh)
     mbs = c.batching.micro_batch_size
     if mbs and mbs % shards:
-      raise ValueError(f"batching.micro_batch_size: {mbs} must be a multiple of the batch shards (data×fsdp = "
-                       f"{shards})")
+      raise ValueError(f"batching.micro_batch_size: {mbs} must be a multiple of the batch shards (data×fsdp×expert "
+                       f"= {shards})")
     self.batcher = batching.Batcher(c.batching.bucket_lengths, mbs or shards, c.batching.pad_batch_to)
     rng = jax.random.PRNGKey(c.seed)
     rng, critic_rng = jax.random.split(rng)
@@ -89,19 +102,19 @@ class Learner:
     self.actor = _Role("actor", abstract_params(model_config), c.actor, self.mesh)
     state_lib.check_params("actor_params", actor_params, self.actor.abstract_params)
     self.actor.state = state_lib.init_state(actor_params, self.actor.shardings, self.actor.tx)
-    step_kw = dict(micro_batch_size=mbs, temperature=c.temperature, logprob_chunk_size=c.logprob_chunk_size,
-                   dis_ratio=(c.sao.dis_ratio_low, c.sao.dis_ratio_high), gspo_clip=(c.gspo.clip_low,
-                   c.gspo.clip_high), ppo_clip=(c.ppo.clip_low, c.ppo.clip_high), ratio_base=c.ratio_base)
-    self._actor_steps = {kind: steps.make_actor_step(kind, model_config, self.actor.tx, self.actor.trainable,
-                                                     self.actor.shardings, self.mesh, **step_kw)
-                         for kind in steps.ACTOR_LOSSES}
+    self._actor_steps = {
+        loss.name: steps.make_actor_step(loss.name, model_config, self.actor.tx, self.actor.trainable,
+                                         self.actor.shardings, self.mesh, micro_batch_size=mbs,
+                                         temperature=c.temperature, logprob_chunk_size=c.logprob_chunk_size,
+                                         hparams=loss.hparams(c))
+        for loss in (self.actor_loss, actor_losses.get("sft"))}
     self.actor_logprobs = steps.make_actor_logprobs(model_config, self.actor.param_shardings, self.mesh, mbs,
                                                     c.temperature, c.logprob_chunk_size)
     self.critic: _Role | None = None
     if c.algorithm == "sao":
       self.critic = _Role("critic", abstract_params(model_config, critic=True), c.critic, self.mesh)
       if critic_params is None and c.critic.init == "checkpoint":
-        critic_params = ckpt_lib.load_params(c.critic.init_path, self._sharded_abstract(self.critic))
+        critic_params = ckpt_lib.load_params(c.critic.init_path, self.critic.sharded_abstract_params())
       elif critic_params is None:
         critic_params = jax.jit(init_critic_from_policy, out_shardings=self.critic.param_shardings)(
             self.actor.state.params, critic_rng)
@@ -111,7 +124,7 @@ class Learner:
                                                  self.critic.shardings, self.mesh, micro_batch_size=mbs,
                                                  value_clip=c.critic.value_clip)
       self._critic_values = steps.make_critic_values(model_config, self.critic.param_shardings, self.mesh, mbs)
-    self._batch_sharding = mesh_lib.batch_sharding(self.mesh, 1)
+    self._batch_sharding = mesh_lib.batch_sharding(self.mesh)
 
   # ---------------------------------------------------------------------------------------------- public API
   @property
@@ -170,7 +183,7 @@ class Learner:
     if not isinstance(batch, dict):
       batch, _ = self.make_batch(batch)
     self._check_rows(batch)
-    device_batch = self._device(batch, steps.ACTOR_KEYS["sft"])
+    device_batch = self._device(batch, actor_losses.get("sft").batch_keys)
     self.actor.state, m = self._actor_steps["sft"](self.actor.state, device_batch, self._next_rng())
     metrics = {f"actor/{k}": float(v) for k, v in jax.device_get(m).items()}
     self._guard(metrics)
@@ -179,6 +192,62 @@ class Learner:
   def save_critic(self, path: str) -> None:
     """Saves the critic params (value pretraining → save → `critic.init = 'checkpoint'`)."""
     ckpt_lib.save_params(path, self.critic_params)
+
+  # ---------------------------------------------------------------------------------------------- checkpoints
+  def checkpoint_items(self) -> dict[str, Any]:
+    """The pytrees a checkpoint holds: `actor` (and `critic`) `TrainState`, `rng` (`{"key": key}`)."""
+    items = {"actor": self.actor.state, "rng": {"key": self.rng}}
+    if self.critic is not None:
+      items["critic"] = self.critic.state
+    return items
+
+  def abstract_checkpoint_items(self) -> dict[str, Any]:
+    """`checkpoint_items` as `jax.ShapeDtypeStruct`s in this learner's shardings (the restore target)."""
+    items = {"actor": self.actor.abstract_state(),
+             "rng": {"key": jax.ShapeDtypeStruct(self.rng.shape, self.rng.dtype)}}
+    if self.critic is not None:
+      items["critic"] = self.critic.abstract_state()
+    return items
+
+  def checkpoint_metadata(self, extra: dict | None = None) -> dict[str, Any]:
+    """JSON metadata: num_updates (the warmup clock), version, NaN-guard counters, the config, and the caller's
+    `extra` (e.g. the task dispenser's state)."""
+    return {
+        "num_updates": self.num_updates,
+        "version": self.version,
+        "consecutive_nonfinite": {"actor": self.actor.consecutive_nonfinite,
+                                  "critic": self.critic.consecutive_nonfinite if self.critic else 0},
+        "config": config_to_json(self.config),
+        "extra": extra or {},
+    }
+
+  def save_checkpoint(self, checkpointer: ckpt_lib.Checkpointer, extra: dict | None = None,
+                      only_if_due: bool = False) -> bool:
+    """Saves this learner as step `num_updates` (with `only_if_due`: when `checkpointer.is_due` it)."""
+    if only_if_due and not checkpointer.is_due(self.num_updates):
+      return False
+    return checkpointer.save(self.num_updates, self.checkpoint_items(), self.checkpoint_metadata(extra))
+
+  def restore_checkpoint(self, checkpointer: ckpt_lib.Checkpointer, step: int | None = None) -> dict | None:
+    """Restores the newest readable step (or `step`) into this learner; returns its `extra`, or None if there is
+    no checkpoint."""
+    restored = checkpointer.restore(self.abstract_checkpoint_items(), step)
+    if restored is None:
+      return None
+    meta = restored.metadata
+    if json.loads(meta["config"]) != json.loads(config_to_json(self.config)):
+      logging.warning("checkpoint: step %d was written with a different learner config", restored.step)
+    self.actor.state = restored.items["actor"]
+    self.actor.consecutive_nonfinite = int(meta["consecutive_nonfinite"]["actor"])
+    if self.critic is not None:
+      self.critic.state = restored.items["critic"]
+      self.critic.consecutive_nonfinite = int(meta["consecutive_nonfinite"]["critic"])
+    self.rng = jax.device_put(np.asarray(restored.items["rng"]["key"]))
+    self.num_updates = int(meta["num_updates"])
+    self.version = int(meta["version"])
+    logging.info("checkpoint: restored step %d from %s (version %d)", restored.step, checkpointer.directory,
+                 self.version)
+    return meta["extra"]
 
   # ---------------------------------------------------------------------------------------------- the algorithms
   def _update_sao(self, batch: dict) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
@@ -201,19 +270,21 @@ class Learner:
                                               c.whiten_advantages)
     metrics.update(adv_diag)
     if self.num_updates >= c.critic_warmup_steps:
-      actor_batch = dict(steps.select(batch, steps.ACTOR_KEYS["dis"][:-1], "actor"), advantages=advantages)
-      self.actor.state, m = self._actor_steps["dis"](self.actor.state, actor_batch, self._next_rng())
-      metrics.update({f"actor/{k}": v for k, v in m.items()})
+      metrics.update(self._actor_update(dict(batch, advantages=advantages)))
     metrics["actor/warmup"] = jnp.asarray(self.num_updates < c.critic_warmup_steps, jnp.float32)
     return metrics, {"values": values_before, "returns": returns, "advantages": advantages}
 
   def _update_group(self, batch: dict) -> dict[str, jax.Array]:
     seq_advantages, metrics = _group_advantages(batch, self.config.group.normalize_std)
-    kind = "gspo" if self.config.algorithm == "gspo" else "ppo_clip"
-    actor_batch = dict(steps.select(batch, steps.ACTOR_KEYS[kind][:-1], "actor"), seq_advantages=seq_advantages)
-    self.actor.state, m = self._actor_steps[kind](self.actor.state, actor_batch, self._next_rng())
-    metrics.update({f"actor/{k}": v for k, v in m.items()})
+    metrics.update(self._actor_update(dict(batch, seq_advantages=seq_advantages)))
     return metrics
+
+  def _actor_update(self, batch: dict) -> dict[str, jax.Array]:
+    """One step of the configured actor loss on the batch fields it reads."""
+    loss = self.actor_loss
+    actor_batch = steps.select(batch, loss.batch_keys, f"actor loss {loss.name!r}")
+    self.actor.state, m = self._actor_steps[loss.name](self.actor.state, actor_batch, self._next_rng())
+    return {f"actor/{k}": v for k, v in m.items()}
 
   # ---------------------------------------------------------------------------------------------- helpers
   def _next_rng(self) -> jax.Array:
@@ -228,10 +299,6 @@ class Learner:
     if rows % self.batcher.batch_multiple:
       raise ValueError(f"batch: input_ids has {rows} rows, not a multiple of {self.batcher.batch_multiple} "
                        "(batch shards × batching.micro_batch_size); build it with Learner.make_batch")
-
-  def _sharded_abstract(self, role: _Role) -> Any:
-    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), role.abstract_params,
-                        role.param_shardings)
 
   def _guard(self, metrics: dict[str, float]) -> None:
     """Counts consecutive NaN-guard skips per role (in step order) and stops the run after the limit."""
@@ -268,6 +335,18 @@ class Learner:
         "batch/padded_rows": float(len(valid)),
         "batch/padded_length": float(np.shape(batch["input_ids"])[1]),
     }
+
+
+# What each algorithm's update hands the actor loss besides `batching.FIELDS`.
+_ADVANTAGES_FOR_ALGORITHM = {"sao": "advantages", "gspo": "seq_advantages", "grpo": "seq_advantages"}
+
+
+def _check_loss_fits_algorithm(loss: actor_losses.ActorLoss, algorithm: str) -> None:
+  available = set(batching.FIELDS) | {_ADVANTAGES_FOR_ALGORITHM[algorithm]}
+  missing = [k for k in loss.batch_keys if k not in available]
+  if missing:
+    raise ValueError(f"learner config: actor_loss {loss.name!r} reads {missing}, which algorithm {algorithm!r} does "
+                     f"not provide (it provides {sorted(available)})")
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3))

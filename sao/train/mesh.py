@@ -1,9 +1,11 @@
 """Device mesh, parameter/optimizer-state shardings and batch shardings for the learner.
 
-Mesh axes: `data` (pure data parallel), `fsdp` (data parallel + parameter sharding), `tensor` (model parallel).
-Batches are sharded over `("data", "fsdp")` on their first axis. Parameters carry logical axis names
-(`sao.models.layers`); `sao.models.sharding.LOGICAL_AXIS_RULES` maps them to mesh axes. A dimension whose size the
-mesh axis does not divide is replicated instead (tiny test models on 8 devices), so any model fits any mesh.
+Mesh axes (`sao.models.sharding.MESH_AXES`, the one definition): `data` (pure data parallel), `fsdp` (data
+parallel + parameter sharding), `expert` (MoE experts; size 1 unless configured), `tensor` (model parallel).
+Batches are sharded on their first axis by the `"batch"` logical rule (`data`, `fsdp`, `expert`). Parameters carry
+logical axis names (`sao.models.layers`); `sao.models.sharding.LOGICAL_AXIS_RULES` maps them to mesh axes. A dimension
+whose size the mesh axis does not divide is replicated instead (tiny test models on 8 devices), so any model fits
+any mesh.
 
 Optimizer states are sharded like the parameters they mirror: an optax state leaf whose key path ends with a
 parameter's path (e.g. `…/mu/model/layers_0/mlp/up_proj/kernel`) and has its shape gets that parameter's sharding;
@@ -18,11 +20,12 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from sao.models import sharding as model_sharding
+from sao.models.sharding import MESH_AXES
 
-MESH_AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")
+
 def make_mesh(shape: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A `("data", "fsdp", "tensor")` mesh; one size may be −1 (= the remaining devices). Raises ValueError."""
+  """A mesh over `MESH_AXES`; an axis `shape` omits has size 1, one size may be −1 (= the remaining devices).
+  Raises ValueError."""
   devices = list(devices if devices is not None else jax.devices())
   unknown = set(shape) - set(MESH_AXES)
   if unknown:
@@ -42,14 +45,17 @@ def make_mesh(shape: Mapping[str, int], devices: Sequence[jax.Device] | None = N
   return Mesh(grid, MESH_AXES)
 
 
+def batch_sharding(mesh: Mesh, ndim: int = 1) -> NamedSharding:
+  """`[B, ...]` arrays: B by the `"batch"` logical rule, the rest replicated. With `ndim = 1` it is a prefix that
+  serves a whole dict of batch arrays. `B` must be a multiple of `batch_parallel_size(mesh)`."""
+  return model_sharding.batch_sharding(mesh, ndim)
+
+
 def batch_parallel_size(mesh: Mesh) -> int:
-  """Number of shards along the batch axis (`data × fsdp`)."""
-  return int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
-
-
-def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
-  """`[B, ...]` arrays: B over ("data", "fsdp"), the rest replicated."""
-  return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
+  """Number of shards along the batch axis (the product of the mesh axes the `"batch"` rule uses)."""
+  axes = batch_sharding(mesh).spec[0]
+  axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+  return int(np.prod([mesh.shape[a] for a in axes]))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

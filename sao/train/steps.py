@@ -8,6 +8,8 @@ gradients of each micro-batch's *unnormalised* `loss_sum`. Dividing once by the 
 
 exactly the full-batch gradient (`N` = action tokens for token-mean losses, valid sequences for GSPO). Gradients
 are taken only w.r.t. trainable parameters; frozen ones get a zero update from the optimizer (`sao.train.optim`).
+The actor's loss, the batch keys it reads and its denominator come from the registry `sao.train.actor_losses`; the
+per-micro-batch metrics are `clu.metrics` (numerator and count) merged in the scan and divided once at the end.
 
 NaN guard: if the loss or the gradient norm is non-finite, the new params and optimizer state are discarded inside
 the jitted step (`jnp.where` on every leaf), the step counter does not advance, and `metrics["skipped"] = 1`.
@@ -26,22 +28,19 @@ import flax
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from clu import metrics as clu_metrics
+from jax.sharding import Mesh
 
 from sao.core import losses
 from sao.models.config import ModelConfig
 from sao.models.logprobs import token_logprobs
 from sao.models.transformer import Critic
+from sao.train import actor_losses
+from sao.train import config as config_lib
 from sao.train import mesh as mesh_lib
+from sao.train.actor_losses import Mean
 
-ACTOR_LOSSES = ("dis", "gspo", "ppo_clip", "sft")
-# Batch keys each step reads ([B, T] unless noted).
-ACTOR_KEYS = {
-    "dis": ("input_ids", "attention_mask", "action_mask", "rollout_logprobs", "advantages"),
-    "gspo": ("input_ids", "attention_mask", "action_mask", "rollout_logprobs", "seq_advantages"),  # seq_adv: [B]
-    "ppo_clip": ("input_ids", "attention_mask", "action_mask", "rollout_logprobs", "seq_advantages"),
-    "sft": ("input_ids", "attention_mask", "action_mask"),
-}
+STEP_METRICS = ("loss", "grad_norm", "l2_params", "l2_updates", "skipped", "step", "tokens")  # every step reports
 CRITIC_KEYS = ("input_ids", "attention_mask", "action_mask", "returns", "old_values")
 # How many times each step kind has been traced (Python side effect: runs at trace time only). A count that grows
 # across steps with one padded shape means a recompilation.
@@ -85,7 +84,7 @@ def merge_micro(tree: Any) -> Any:
 
 
 def _constrain(tree: Any, mesh: Mesh) -> Any:
-  return jax.lax.with_sharding_constraint(tree, NamedSharding(mesh, P(mesh_lib.BATCH_AXES)))
+  return jax.lax.with_sharding_constraint(tree, mesh_lib.batch_sharding(mesh))
 
 
 def policy_logprobs(params, model_config: ModelConfig, batch, temperature: float, chunk: int):
@@ -109,33 +108,25 @@ def _partition(params: Any, mask: Any) -> tuple[Any, Any]:
           jax.tree.map(lambda p, m: None if m else p, params, mask))
 
 
-def _actor_micro_loss(kind: str, hp: dict, model_config: ModelConfig):
-  """A function `(params, micro_batch) -> (loss_sum, sums)` whose `sums` are additive over micro-batches."""
+def _actor_micro_loss(loss: actor_losses.ActorLoss, hparams: dict, model_config: ModelConfig, temperature: float,
+                      chunk: int):
+  """A function `(params, micro_batch) -> (loss_sum, metrics)` whose `metrics` (clu) merge over micro-batches."""
 
   def fn(params, mb):
-    lp, ent = policy_logprobs(params, model_config, mb, hp["temperature"], hp["chunk"])
+    lp, ent = policy_logprobs(params, model_config, mb, temperature, chunk)
     mask = mb["action_mask"].astype(bool)
-    sums = {"tokens": jnp.sum(mask, dtype=jnp.float32), "entropy_sum": jnp.sum(jnp.where(mask, ent, 0.0))}
-    if kind == "sft":
-      loss_sum = -jnp.sum(jnp.where(mask, lp, 0.0))
-      return loss_sum, sums
-    rollout = mb["rollout_logprobs"]
-    log_ratio = jnp.where(mask, jax.lax.stop_gradient(lp) - rollout, 0.0)  # log π_θ/π_rollout
-    sums["mismatch_abs_sum"] = jnp.sum(jnp.abs(log_ratio))
-    sums["k3_sum"] = jnp.sum(jnp.where(mask, jnp.expm1(log_ratio) - log_ratio, 0.0))
-    old = jax.lax.stop_gradient(lp) if hp["ratio_base"] == "trainer" else rollout
-    if kind == "dis":
-      _, aux = losses.dis_policy_loss(lp, rollout, mb["advantages"], mask, hp["dis_low"], hp["dis_high"])
-      sums["dis_masked_count"] = aux["masked_count"]
-    elif kind == "gspo":
-      _, aux = losses.gspo_policy_loss(lp, old, mb["seq_advantages"], mask, hp["gspo_low"], hp["gspo_high"])
-      sums["clip_count"] = aux["clip_count"]
-    elif kind == "ppo_clip":
-      _, aux = losses.ppo_clip_policy_loss(lp, old, mb["seq_advantages"], mask, hp["ppo_low"], hp["ppo_high"])
-      sums["clip_count"] = aux["clip_count"]
-    else:
-      raise ValueError(f"actor loss: unknown kind {kind!r}; expected one of {ACTOR_LOSSES}")
-    return aux["loss_sum"], sums
+    tokens = jnp.sum(mask, dtype=jnp.float32)
+    metrics = {"entropy": Mean(total=jnp.sum(jnp.where(mask, ent, 0.0)), count=tokens)}
+    if loss.reads_rollout_logprobs:
+      log_ratio = jnp.where(mask, jax.lax.stop_gradient(lp) - mb["rollout_logprobs"], 0.0)  # log π_θ/π_rollout
+      metrics["logprob_mismatch"] = Mean(total=jnp.sum(jnp.abs(log_ratio)), count=tokens)
+      metrics["mismatch_kl_k3"] = Mean(total=jnp.sum(jnp.where(mask, jnp.expm1(log_ratio) - log_ratio, 0.0)),
+                                       count=tokens)
+    loss_sum, loss_metrics = loss.fn(lp, mb, **hparams)
+    clashes = set(metrics) & set(loss_metrics)
+    if clashes:
+      raise ValueError(f"actor loss {loss.name!r}: metric names {sorted(clashes)} are reserved by the step")
+    return loss_sum, {**metrics, **loss_metrics}
 
   return fn
 
@@ -146,28 +137,29 @@ def _critic_micro_loss(model_config: ModelConfig, value_clip: float):
     clip = value_clip if value_clip > 0 else None
     _, aux = losses.value_loss(values, mb["returns"], mb["action_mask"], mb["old_values"], clip)
     mask = mb["action_mask"].astype(bool)
-    sums = {"tokens": jnp.sum(mask, dtype=jnp.float32),
-            "value_sum": jnp.sum(jnp.where(mask, jax.lax.stop_gradient(values), 0.0))}
+    tokens = jnp.sum(mask, dtype=jnp.float32)
+    metrics = {"value_mean": Mean(total=jnp.sum(jnp.where(mask, jax.lax.stop_gradient(values), 0.0)), count=tokens)}
     if clip is not None:
-      sums["clip_count"] = aux["clip_count"]
-    return aux["loss_sum"], sums
+      metrics["clip_fraction"] = Mean(total=aux["clip_count"], count=tokens)
+    return aux["loss_sum"], metrics
 
   return fn
-
-
-def _full_denominator(kind: str, batch) -> jax.Array:
-  mask = batch["action_mask"].astype(bool)
-  if kind == "gspo":  # sequences with at least one action token
-    return jnp.maximum(jnp.sum(jnp.any(mask, axis=-1), dtype=jnp.float32), 1.0)
-  return jnp.maximum(jnp.sum(mask, dtype=jnp.float32), 1.0)
 
 
 def _where_tree(pred, new, old):
   return jax.tree.map(lambda n, o: jnp.where(pred, n, o), new, old)
 
 
-def _make_step(micro_loss: Callable, kind: str, tx: optax.GradientTransformation, trainable: Any,
-               micro_batch_size: int, mesh: Mesh):
+def _is_metric(x: Any) -> bool:
+  return isinstance(x, clu_metrics.Metric)
+
+
+def _merge_metrics(a: dict, b: dict) -> dict:
+  return jax.tree.map(lambda x, y: x.merge(y), a, b, is_leaf=_is_metric)
+
+
+def _make_step(micro_loss: Callable, kind: str, denominator_fn: Callable[[jax.Array], jax.Array],
+               tx: optax.GradientTransformation, trainable: Any, micro_batch_size: int, mesh: Mesh):
   """The shared step body: micro-batch scan → exact mean gradient → clip/AdamW → NaN guard → metrics."""
 
   def step(state: TrainState, batch: dict, rng: jax.Array) -> tuple[TrainState, dict]:
@@ -175,24 +167,27 @@ def _make_step(micro_loss: Callable, kind: str, tx: optax.GradientTransformation
     TRACE_COUNTS[kind] += 1
     batch_size = batch["input_ids"].shape[0]
     num_micro = num_micro_batches(batch_size, micro_batch_size)
-    denominator = _full_denominator(kind, batch)
+    denominator = denominator_fn(batch["action_mask"])
     train_params, frozen_params = _partition(state.params, trainable)
     micro = split_micro(batch, num_micro)
 
     def body(carry, mb):
-      grad_acc, sums_acc = carry
+      grad_acc, loss_acc, metrics_acc = carry
       mb = _constrain(mb, mesh)
       loss_fn = lambda tp: micro_loss(_merge(tp, frozen_params), mb)
-      (loss_sum, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(train_params)
-      sums = dict(sums, loss_sum=loss_sum)
-      return (jax.tree.map(jnp.add, grad_acc, grads), jax.tree.map(jnp.add, sums_acc, sums)), None
+      (loss_sum, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(train_params)
+      return (jax.tree.map(jnp.add, grad_acc, grads), loss_acc + loss_sum, _merge_metrics(metrics_acc, metrics)), None
 
-    _, sums_shape = jax.eval_shape(micro_loss, state.params, jax.tree.map(lambda x: x[0], micro))
-    zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), dict(sums_shape, loss_sum=sums_shape["tokens"]))
+    _, metrics_shape = jax.eval_shape(micro_loss, state.params, jax.tree.map(lambda x: x[0], micro))
+    reserved = set(metrics_shape) & set(STEP_METRICS)
+    if reserved:
+      raise ValueError(f"{kind} loss: metric names {sorted(reserved)} are the step's own ({STEP_METRICS})")
+    zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metrics_shape)
     zero_grads = jax.tree.map(jnp.zeros_like, train_params)
-    (grads, sums), _ = jax.lax.scan(body, (zero_grads, zero_sums), micro)
+    (grads, loss_sum, micro_metrics), _ = jax.lax.scan(
+        body, (zero_grads, jnp.zeros((), jnp.float32), zero_metrics), micro)
     grads = jax.tree.map(lambda g: g / denominator, grads)
-    loss = sums["loss_sum"] / denominator
+    loss = loss_sum / denominator
     grad_norm = optax.global_norm(grads)
     full_grads = _merge(grads, jax.tree.map(jnp.zeros_like, frozen_params))
     updates, opt_state = tx.update(full_grads, state.opt_state, state.params)
@@ -204,7 +199,6 @@ def _make_step(micro_loss: Callable, kind: str, tx: optax.GradientTransformation
         opt_state=_where_tree(finite, opt_state, state.opt_state),
         skipped=state.skipped + (~finite).astype(jnp.int32))
     applied = jax.tree.map(jnp.subtract, new_state.params, state.params)
-    tokens = jnp.maximum(sums["tokens"], 1.0)
     metrics = {
         "loss": loss,
         "grad_norm": grad_norm,
@@ -212,26 +206,16 @@ def _make_step(micro_loss: Callable, kind: str, tx: optax.GradientTransformation
         "l2_updates": optax.global_norm(applied),
         "skipped": (~finite).astype(jnp.int32),
         "step": new_state.step,
-        "tokens": sums["tokens"],
+        "tokens": jnp.sum(batch["action_mask"].astype(bool), dtype=jnp.float32),
+        **{name: m.compute() for name, m in micro_metrics.items()},
     }
-    if "entropy_sum" in sums:
-      metrics["entropy"] = sums["entropy_sum"] / tokens
-    if "mismatch_abs_sum" in sums:
-      metrics["logprob_mismatch"] = sums["mismatch_abs_sum"] / tokens
-      metrics["mismatch_kl_k3"] = sums["k3_sum"] / tokens
-    if "dis_masked_count" in sums:
-      metrics["dis_masked_fraction"] = sums["dis_masked_count"] / tokens
-    if "clip_count" in sums:
-      metrics["clip_fraction"] = sums["clip_count"] / denominator
-    if "value_sum" in sums:
-      metrics["value_mean"] = sums["value_sum"] / tokens
     return new_state, metrics
 
   return step
 
 
 def _jit_step(step, state_shardings, mesh):
-  batch_sharding = NamedSharding(mesh, P(mesh_lib.BATCH_AXES))  # a prefix: dim 0 of every batch array
+  batch_sharding = mesh_lib.batch_sharding(mesh)  # a prefix: dim 0 of every batch array
   rep = mesh_lib.replicated(mesh)
   return jax.jit(step, in_shardings=(state_shardings, batch_sharding, rep), out_shardings=(state_shardings, rep),
                  donate_argnums=(0,))
@@ -239,23 +223,22 @@ def _jit_step(step, state_shardings, mesh):
 
 def make_actor_step(kind: str, model_config: ModelConfig, tx: optax.GradientTransformation, trainable: Any,
                     state_shardings: Any, mesh: Mesh, *, micro_batch_size: int = 0, temperature: float = 1.0,
-                    logprob_chunk_size: int = 128, dis_ratio: tuple[float, float] = (0.2, 4.0),
-                    gspo_clip: tuple[float, float] = (3e-4, 4e-4), ppo_clip: tuple[float, float] = (0.2, 0.2),
-                    ratio_base: str = "trainer") -> Callable:
-  """Jitted `actor_step(state, batch, rng) -> (state, metrics)` for `kind` in `ACTOR_LOSSES`.
+                    logprob_chunk_size: int = 128, hparams: dict[str, Any] | None = None) -> Callable:
+  """Jitted `actor_step(state, batch, rng) -> (state, metrics)` for the registered actor loss `kind`.
 
-  `batch` must hold exactly `ACTOR_KEYS[kind]` (`[B, T]`; `seq_advantages` `[B]`), `B` a multiple of the batch
-  shards × micro-batches. Metrics (replicated scalars): loss, grad_norm (before clipping), l2_params, l2_updates,
-  skipped, step, tokens, entropy (masked mean over action tokens), and except for sft logprob_mismatch
-  (`mean_m |logp − logp_rollout|`), mismatch_kl_k3 (`mean_m (r − 1) − log r`, `r = π_θ/π_rollout`), plus
-  dis_masked_fraction (dis) or clip_fraction (gspo: sequences, ppo_clip: tokens). The state is donated.
+  `batch` must hold exactly `actor_losses.get(kind).batch_keys` (`[B, T]`; `seq_advantages` `[B]`), `B` a multiple
+  of the batch shards × micro-batches. `hparams`: the loss's hyper-parameters (`actor_losses.get(kind).hparams(
+  learner_config)`; None: those of `default_learner_config()`). Metrics (replicated scalars): loss, grad_norm
+  (before clipping), l2_params, l2_updates, skipped, step, tokens, entropy (masked mean over action tokens), for
+  losses that read rollout log-probs logprob_mismatch (`mean_m |logp − logp_rollout|`) and mismatch_kl_k3
+  (`mean_m (r − 1) − log r`, `r = π_θ/π_rollout`), and the loss's own metrics (dis: dis_masked_fraction; gspo:
+  clip_fraction over sequences; ppo_clip: over tokens). The state is donated.
   """
-  if kind not in ACTOR_LOSSES:
-    raise ValueError(f"actor loss: unknown kind {kind!r}; expected one of {ACTOR_LOSSES}")
-  hp = dict(temperature=temperature, chunk=logprob_chunk_size, dis_low=dis_ratio[0], dis_high=dis_ratio[1],
-            gspo_low=gspo_clip[0], gspo_high=gspo_clip[1], ppo_low=ppo_clip[0], ppo_high=ppo_clip[1],
-            ratio_base=ratio_base)
-  step = _make_step(_actor_micro_loss(kind, hp, model_config), kind, tx, trainable, micro_batch_size, mesh)
+  loss = actor_losses.get(kind)
+  if hparams is None:
+    hparams = loss.hparams(config_lib.default_learner_config())
+  micro_loss = _actor_micro_loss(loss, dict(hparams), model_config, temperature, logprob_chunk_size)
+  step = _make_step(micro_loss, kind, loss.denominator, tx, trainable, micro_batch_size, mesh)
   return _jit_step(step, state_shardings, mesh)
 
 
@@ -267,7 +250,8 @@ def make_critic_step(model_config: ModelConfig, tx: optax.GradientTransformation
   `batch` holds `CRITIC_KEYS` (`returns`, `old_values` `[B, T]`; old_values only matter when `value_clip > 0`).
   Metrics: loss, grad_norm, l2_params, l2_updates, skipped, step, tokens, value_mean (+ clip_fraction).
   """
-  step = _make_step(_critic_micro_loss(model_config, value_clip), "value", tx, trainable, micro_batch_size, mesh)
+  step = _make_step(_critic_micro_loss(model_config, value_clip), "value", actor_losses.token_count, tx, trainable,
+                    micro_batch_size, mesh)
   return _jit_step(step, state_shardings, mesh)
 
 
@@ -282,7 +266,7 @@ def make_critic_values(model_config: ModelConfig, param_shardings: Any, mesh: Me
   """Jitted `critic_values(params, batch) -> values [B, T]` (aligned as in the module docstring), forward only,
   one micro-batch at a time. `batch`: input_ids, attention_mask `[B, T]`."""
   fn = functools.partial(critic_values_fn, model_config=model_config)
-  sharding = NamedSharding(mesh, P(mesh_lib.BATCH_AXES))
+  sharding = mesh_lib.batch_sharding(mesh)
   return jax.jit(lambda params, batch: _micro_map(lambda p, b: fn(p, batch=b), params, batch, micro_batch_size, mesh),
                  in_shardings=(param_shardings, sharding), out_shardings=sharding)
 
@@ -290,7 +274,7 @@ def make_critic_values(model_config: ModelConfig, param_shardings: Any, mesh: Me
 def make_actor_logprobs(model_config: ModelConfig, param_shardings: Any, mesh: Mesh, micro_batch_size: int = 0,
                         temperature: float = 1.0, logprob_chunk_size: int = 128) -> Callable:
   """Jitted `actor_logprobs(params, batch) -> (logprobs [B, T], entropy [B, T])`, forward only."""
-  sharding = NamedSharding(mesh, P(mesh_lib.BATCH_AXES))
+  sharding = mesh_lib.batch_sharding(mesh)
   fn = lambda p, b: policy_logprobs(p, model_config, b, temperature, logprob_chunk_size)
   return jax.jit(lambda params, batch: _micro_map(fn, params, batch, micro_batch_size, mesh),
                  in_shardings=(param_shardings, sharding), out_shardings=sharding)

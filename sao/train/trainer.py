@@ -172,7 +172,7 @@ class Trainer:
       step, learner = 0, None
       if resume:
         learner = self._rl_learner(model_config, params, value_init)
-        extra = checkpointer.restore(learner)
+        extra = learner.restore_checkpoint(checkpointer)
         step = int(extra["step"])
         server.restore(extra.get("dispenser"))
         logging.info("resumed at step %d (learner update %d, policy version %d)", step, learner.num_updates,
@@ -191,8 +191,8 @@ class Trainer:
       # The last periodic save may already hold this learner step (orbax refuses to overwrite a step).
       checkpointer.wait()
       if learner.num_updates not in checkpointer.all_steps():
-        checkpointer.save(learner, extra={"step": self._end_step(), "phase": "rl",
-                                          "dispenser": server.dispenser.state_dict()})
+        learner.save_checkpoint(checkpointer, extra={"step": self._end_step(), "phase": "rl",
+                                                     "dispenser": server.dispenser.state_dict()})
       checkpointer.wait()
       return summary
     finally:
@@ -317,7 +317,7 @@ class Trainer:
         print(f"[{phase}] step {step:4d}  " + "  ".join(f"{k} {row[k]:.3f}" for k in PROGRESS_KEYS), flush=True)
       if checkpointer is not None and trainable:
         # Only after an update: a batch with nothing trainable leaves `num_updates` (the checkpoint step) as is.
-        checkpointer.maybe_save(learner, extra={"step": step + 1, "phase": phase,
-                                                "dispenser": server.dispenser.state_dict()})
+        learner.save_checkpoint(checkpointer, extra={"step": step + 1, "phase": phase,
+                                                     "dispenser": server.dispenser.state_dict()}, only_if_due=True)
       self.writer.flush()
     return self.history[-1] if self.history else {}

@@ -1,8 +1,11 @@
 """Metric writers: a JSONL log (what `sao.analysis` reads) and TensorBoard event files, behind clu's interface.
 
-`clu.metric_writers` imports TensorFlow, which stays out of the default install; these writers implement the same
-methods (`write_scalars(step, scalars)`, `write_hparams`, `flush`, `close`) with the `tensorboard` package's own
-event-file writer, which needs no TensorFlow.
+`clu.metric_writers` cannot be imported without TensorFlow (clu 0.0.12: its `__init__` imports the TF summary
+writer; `python -X importtime -c "import clu.metric_writers"` ends in `ModuleNotFoundError: No module named
+'tensorflow'`, and clu does not declare it), and TensorFlow stays out of the default install. These writers implement
+the same methods (`write_scalars(step, scalars)`, `write_hparams`, `flush`, `close`) with the `tensorboard` package's
+own event-file writer, which needs no TensorFlow. clu is used where it imports cleanly: `clu.metrics` (the train
+steps' metrics, merged across micro-batches) and `clu.parameter_overview` (the learner's parameter table at start).
 """
 from __future__ import annotations
 

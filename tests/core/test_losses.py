@@ -105,6 +105,20 @@ def test_value_loss_matches_reference(clip):
   np.testing.assert_allclose(grad, np.where(mask, (values - returns) / mask.sum(), 0.0), rtol=1e-5, atol=1e-7)
 
 
+def test_nll_loss_and_gradient():
+  logp, _, _, mask, _ = policy_inputs(4)
+  loss, aux = losses.nll_loss(logp, mask)
+  n = mask.sum()
+  np.testing.assert_allclose(loss, -np.sum(np.where(mask, logp.astype(np.float64), 0.0)) / n, rtol=1e-5)
+  assert float(aux["denominator"]) == n
+  grad = jax.grad(lambda lp: losses.nll_loss(lp, mask)[0])(logp)
+  np.testing.assert_allclose(grad, np.where(mask, -1.0 / n, 0.0), rtol=1e-6)
+  empty, _ = losses.nll_loss(logp, np.zeros_like(mask))
+  assert float(empty) == 0.0
+  with pytest.raises(ValueError, match="action_mask"):
+    losses.nll_loss(logp, mask.astype(np.float32))
+
+
 def test_sum_and_denominator_make_micro_batch_accumulation_exact():
   logp, rollout, advantages, mask, _ = policy_inputs(8, batch=8)
   full_grad = jax.grad(lambda lp: losses.dis_policy_loss(lp, rollout, advantages, mask)[0])(logp)

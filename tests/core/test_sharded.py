@@ -1,6 +1,5 @@
 """Whitening and GAE under jit with inputs sharded over a (data=8) mesh equal the unsharded results."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -37,5 +36,7 @@ def test_sharded_gae_equals_unsharded():
   for method in ("scan", "associative"):
     got = jax.jit(adv_lib.gae, static_argnames="method")(*args, 1.0, lam, method=method)
     want = adv_lib.gae(rewards, values, mask, 1.0, lam, method=method)
+    # Same math, compiled differently (the sharded associative scan fuses in another order): float32 rounding of
+    # the rows' scale (|A|, |R| up to ~5 here; measured 2 ulp), not of each entry.
     for g, w in zip(got, want):
-      np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+      np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-5)

@@ -65,7 +65,9 @@ def test_expert_parallel_mesh_and_critic_specs():
   got = jax.jit(lambda p, i: Critic(config).apply({"params": p}, i))(
       jax.device_put(params, shardings),
       jax.device_put(np.arange(16).reshape(4, 4), batch_sharding(mesh)))
-  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6)
+  # Tensor- and expert-parallel partial sums are reduced in another order: float32 rounding of values up to ~2
+  # (measured 4e-7), the same bound as the sharded logits above.
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
 
 
 def test_rules_drop_missing_and_indivisible_axes():

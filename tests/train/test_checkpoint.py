@@ -1,11 +1,13 @@
-"""Checkpoints: resume in a fresh process is bit-exact; an unreadable newest step is skipped."""
-import json
+"""Checkpoints: resume in a fresh process is bit-exact; an unreadable newest step is skipped; the checkpointer stores
+plain pytrees + JSON and never sees a learner."""
+import ast
 import os
 import subprocess
 import sys
 
 import jax
 import numpy as np
+import pytest
 
 from sao.train.checkpoint import Checkpointer
 from tests.train import helpers
@@ -23,7 +25,7 @@ from tests.train import helpers
 ckpt_dir, out, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 learner = helpers.make_learner(**{"sao.critic_warmup_steps": 1})
 checkpointer = Checkpointer(ckpt_dir)
-extra = checkpointer.restore(learner)
+extra = learner.restore_checkpoint(checkpointer)
 for i in range(n):
   learner.update(helpers.trajectories(seed=learner.num_updates))
 leaves = jax.tree.leaves(jax.device_get((learner.actor.state, learner.critic.state, learner.rng)))
@@ -46,10 +48,10 @@ def test_resume_in_fresh_process_is_bit_exact_and_truncated_step_is_skipped(tmp_
   checkpointer = Checkpointer(str(tmp_path / "ckpt"), every=1, max_to_keep=3)
   for _ in range(cut):
     learner.update(helpers.trajectories(seed=learner.num_updates))
-  assert checkpointer.maybe_save(learner, extra={"dispenser": {"next_task": 7}})
+  assert learner.save_checkpoint(checkpointer, extra={"dispenser": {"next_task": 7}}, only_if_due=True)
   # One more step saved and then damaged, as if the process died while writing it.
   learner.update(helpers.trajectories(seed=learner.num_updates))
-  checkpointer.save(learner, extra={"dispenser": {"next_task": 9}})
+  learner.save_checkpoint(checkpointer, extra={"dispenser": {"next_task": 9}})
   checkpointer.wait()
   assert checkpointer.all_steps() == [cut, cut + 1]
   damaged = tmp_path / "ckpt" / str(cut + 1) / "actor"
@@ -82,3 +84,33 @@ def test_save_and_load_critic_for_warm_start(tmp_path):
   assert helpers.tree_equal(jax.device_get(warm.critic_params), jax.device_get(learner.critic_params))
   fresh = helpers.make_learner()
   assert not helpers.tree_equal(jax.device_get(fresh.critic_params), jax.device_get(learner.critic_params))
+
+
+def test_checkpointer_saves_plain_pytrees_and_json(tmp_path):
+  checkpointer = Checkpointer(str(tmp_path / "ckpt"), every=2, max_to_keep=2, async_save=False)
+  assert checkpointer.restore({"tree": {"w": jax.ShapeDtypeStruct((3,), np.float32)}}) is None  # nothing saved yet
+  assert checkpointer.is_due(4) and not checkpointer.is_due(3)
+  tree = {"w": np.arange(3, dtype=np.float32), "b": {"c": np.ones((2, 2), np.int32)}}
+  assert checkpointer.save(4, {"tree": tree}, {"note": "x", "n": 1})
+  with pytest.raises(ValueError, match="JSON"):
+    checkpointer.save(6, {"tree": tree}, {"bad": object()})
+  with pytest.raises(ValueError, match="reserved"):
+    checkpointer.save(6, {"meta": tree}, {})
+  restored = checkpointer.restore({"tree": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)})
+  assert restored.step == 4 and restored.metadata == {"note": "x", "n": 1}
+  assert helpers.tree_equal(restored.items["tree"], tree)
+  checkpointer.close()
+
+
+def test_checkpoint_module_never_names_the_learner():
+  """The learner imports the checkpointer, not the other way round (no import cycle, not even for type hints)."""
+  source = open(os.path.join(_REPO, "sao", "train", "checkpoint.py"), encoding="utf-8").read()
+  imported = set()
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.ImportFrom):
+      imported.add(node.module or "")
+      imported.update(f"{node.module}.{a.name}" for a in node.names)
+    elif isinstance(node, ast.Import):
+      imported.update(a.name for a in node.names)
+  assert not [m for m in imported if m.startswith("sao.train.")], imported
+  assert "Learner" not in source

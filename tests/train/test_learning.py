@@ -1,5 +1,4 @@
 """SAO learns a two-armed bandit: after a prompt the policy emits token A or B; A is rewarded."""
-import jax
 import numpy as np
 
 from sao.transport.trajectory import Trajectory

@@ -1,9 +1,11 @@
 """Config validation, optimizer labels/schedules, batching (no model compiles)."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jax.sharding import PartitionSpec as P
+
+from sao.models import sharding as model_sharding
 from sao.train import batching, optim
 from sao.train import config as config_lib
 from sao.train import mesh as mesh_lib
@@ -25,6 +27,7 @@ def test_default_config_validates_and_round_trips_json():
     ("batching.bucket_lengths", (64, 32), "batching.bucket_lengths"),
     ("actor.frozen_params", ("(",), "actor.frozen_params"),
     ("nan_guard_limit", 0, "nan_guard_limit"),
+    ("actor_loss", "tis_typo", "actor_loss"),
 ])
 def test_bad_values_name_the_key(key, value, match):
   c = helpers.learner_config()
@@ -39,6 +42,8 @@ def test_bad_values_name_the_key(key, value, match):
 
 def test_unknown_key_is_rejected():
   c = config_lib.default_learner_config()
+  # How often to checkpoint is the run's `checkpoint_every`; the learner config holds no second copy.
+  assert "every" not in c.checkpoint
   with pytest.raises(AttributeError):
     c.actor.optimizer.lr = 1.0  # locked
   c.unlock()
@@ -67,9 +72,22 @@ def test_schedule_warmup_then_cosine():
 
 def test_mesh_shape_with_rest_axis():
   mesh = mesh_lib.make_mesh({"data": 2, "fsdp": -1, "tensor": 2})
-  assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+  assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "expert": 1, "tensor": 2}
   with pytest.raises(ValueError, match="mesh"):
     mesh_lib.make_mesh({"data": 3, "fsdp": 1, "tensor": 1}, jax.devices()[:2])
+  with pytest.raises(ValueError, match="unknown axes"):
+    mesh_lib.make_mesh({"model": 2})
+
+
+def test_one_mesh_axes_definition_and_batch_sharding_by_the_logical_rule():
+  assert mesh_lib.MESH_AXES is model_sharding.MESH_AXES
+  assert set(config_lib.default_learner_config().mesh) == set(model_sharding.MESH_AXES)
+  mesh = mesh_lib.make_mesh({"data": 2, "fsdp": 1, "expert": 2, "tensor": 2})
+  assert mesh.axis_names == model_sharding.MESH_AXES
+  rule = dict(model_sharding.LOGICAL_AXIS_RULES)["batch"]
+  assert mesh_lib.batch_sharding(mesh).spec == P(rule)  # data, fsdp and expert all shard the batch
+  assert mesh_lib.batch_parallel_size(mesh) == 4
+  assert mesh_lib.batch_sharding(mesh, 2).spec == P(rule, None)
 
 
 def test_batching_pads_buckets_and_drops():
