@@ -15,11 +15,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from sao.models.config import ModelConfig
+from sao.models.mesh_axes import MESH_AXES  # noqa: F401  (re-exported: the rules below name these axes)
 from sao.models.transformer import abstract_params
-
-# The project's one list of mesh axes (the trainer's mesh, `sao.train.mesh.make_mesh`, builds all four; an axis of
-# size 1 costs nothing).
-MESH_AXES = ("data", "fsdp", "expert", "tensor")
 
 LOGICAL_AXIS_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     # logical name   mesh axes (in order)

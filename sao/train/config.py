@@ -13,8 +13,7 @@ from typing import Any
 
 import ml_collections
 
-from sao.models.sharding import MESH_AXES
-from sao.train import actor_losses
+from sao.models.mesh_axes import MESH_AXES
 
 ALGORITHMS = ("sao", "gspo", "grpo")
 SCHEDULES = ("constant", "cosine")
@@ -77,7 +76,7 @@ def default_learner_config() -> ml_collections.ConfigDict:
           bucket_lengths=(32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768),
           pad_batch_to=0,  # pad B up to this many rows (a fixed shape despite dropped trajectories); 0 = off
       ),
-      mesh=dict(data=1, fsdp=-1, expert=1, tensor=1),  # sao.models.sharding.MESH_AXES; −1 = the remaining devices
+      mesh=dict(data=1, fsdp=-1, expert=1, tensor=1),  # sao.models.mesh_axes.MESH_AXES; −1 = the remaining devices
       logprob_chunk_size=128,  # time chunk of the fused unembedding + log-softmax
       nan_guard_limit=3,  # consecutive non-finite updates (per role) before the run stops
       checkpoint=dict(max_to_keep=3, async_save=True),  # how often: the run's `checkpoint_every`
@@ -139,6 +138,9 @@ def validate_learner_config(config: ml_collections.ConfigDict) -> ml_collections
   choice("algorithm", c.algorithm, ALGORITHMS)
   choice("ratio_base", c.ratio_base, RATIO_BASES)
   if c.actor_loss:
+    # Imported here: the registry's losses import JAX, and experiment configs (which import this module) must load
+    # without it (sweeps, launchers, the worker's flags).
+    from sao.train import actor_losses  # pylint: disable=g-import-not-at-top
     choice("actor_loss", c.actor_loss, actor_losses.names())
   choice("critic.init", c.critic.init, CRITIC_INITS)
   if c.critic.init == "checkpoint" and not c.critic.init_path:

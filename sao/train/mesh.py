@@ -1,6 +1,6 @@
 """Device mesh, parameter/optimizer-state shardings and batch shardings for the learner.
 
-Mesh axes (`sao.models.sharding.MESH_AXES`, the one definition): `data` (pure data parallel), `fsdp` (data
+Mesh axes (`sao.models.mesh_axes.MESH_AXES`, the one definition): `data` (pure data parallel), `fsdp` (data
 parallel + parameter sharding), `expert` (MoE experts; size 1 unless configured), `tensor` (model parallel).
 Batches are sharded on their first axis by the `"batch"` logical rule (`data`, `fsdp`, `expert`). Parameters carry
 logical axis names (`sao.models.layers`); `sao.models.sharding.LOGICAL_AXIS_RULES` maps them to mesh axes. A dimension
@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from sao.models import sharding as model_sharding
-from sao.models.sharding import MESH_AXES
+from sao.models.mesh_axes import MESH_AXES
 
 
 def make_mesh(shape: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
