@@ -7,9 +7,10 @@ reads another experiment's finished config.
 
 `arg` is a variant name optionally followed by comma-separated `key=value` overrides of any existing dotted key
 (`sao_openswe.py:toy`, `sao_openswe.py:toy,total_steps=50,learner.sao.critic_epochs=3`; tuple knobs take
-`+`-separated items: `toy,engine_urls=http://a:30000+http://b:30000`; booleans are `true`/`false`). Overrides in the
-arg are applied before the derived fields (`learner.seed`, the optimisers' `total_steps`) are computed, so prefer
-them for `seed` and `total_steps`; `--config.<key>=<value>` flags work as well (applied after `get_config`).
+`+`-separated items: `toy,engine_urls=http://a:30000+http://b:30000`; booleans are `true`/`false`).
+`--config.<key>=<value>` flags work the same (config_flags applies them after `get_config`): the derived fields
+(`learner.seed`, the optimisers' `total_steps`, `server.max_outstanding`) are FieldReferences that follow `seed`,
+`total_steps`, `recipe.value_pretrain_steps` and `rollout.batch_size` either way.
 """
 from __future__ import annotations
 
@@ -287,11 +288,15 @@ def harness_mixture(config: ml_collections.ConfigDict, names: tuple[str, ...], e
 
 def finalize(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> ml_collections.ConfigDict:
   apply_overrides(config, overrides)
-  config.learner.seed = config.seed  # one seed per run: `seed=1` reseeds tasks, demonstrations and the learner
+  # Derived settings are FieldReferences, so `--config.seed=1`, `--config.total_steps=160` and
+  # `--config.rollout.batch_size=8` (applied by config_flags after this function returns) reach them too. Setting a
+  # derived key itself (`--config.server.max_outstanding=100`) replaces the derivation; `learner.seed` and `seed` are
+  # one value (setting either sets both).
+  config.learner.seed = config.get_ref("seed")  # one seed per run: tasks, demonstrations and the learner
   if not config.server.max_outstanding:
-    config.server.max_outstanding = 2 * config.rollout.batch_size
-  config.learner.actor.optimizer.total_steps = max(config.total_steps, config.learner.actor.optimizer.warmup_steps + 1)
-  config.learner.critic.optimizer.total_steps = max(config.total_steps + config.recipe.value_pretrain_steps,
-                                                    config.learner.critic.optimizer.warmup_steps + 1)
+    config.server.max_outstanding = config.rollout.get_ref("batch_size") * 2
+  config.learner.actor.optimizer.total_steps = config.get_ref("total_steps")
+  config.learner.critic.optimizer.total_steps = config.get_ref("total_steps") + config.recipe.get_ref(
+      "value_pretrain_steps")
   config.lock()
   return config

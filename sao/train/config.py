@@ -164,8 +164,6 @@ def validate_learner_config(config: ml_collections.ConfigDict) -> ml_collections
     positive(f"{role}.optimizer.warmup_steps", o.warmup_steps, allow_zero=True)
     choice(f"{role}.optimizer.schedule", o.schedule, SCHEDULES)
     positive(f"{role}.optimizer.total_steps", o.total_steps)
-    if o.schedule == "cosine" and o.total_steps <= o.warmup_steps:
-      raise ValueError(f"learner config: {role}.optimizer.total_steps must exceed warmup_steps for cosine")
     if not 0.0 <= o.end_lr_fraction <= 1.0:
       raise ValueError(f"learner config: {role}.optimizer.end_lr_fraction must be in [0, 1]")
     positive(f"{role}.optimizer.weight_decay", o.weight_decay, allow_zero=True)

@@ -55,7 +55,7 @@ def test_unknown_keys_and_variants_are_rejected(name):
 def test_overrides_reach_dependent_fields(name):
   config = _load(name).get_config("toy,total_steps=7,learner.sao.critic_epochs=3,seed=2")
   assert (config.total_steps, config.learner.sao.critic_epochs, config.seed) == (7, 3, 2)
-  assert config.learner.actor.optimizer.total_steps == max(7, config.learner.actor.optimizer.warmup_steps + 1)
+  assert config.learner.actor.optimizer.total_steps == 7  # a run shorter than its warmup: the schedule clamps (optim)
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -202,3 +202,20 @@ def test_toy_holds_out_whole_ranges():
   env = envs.make(config.env.name, **config.env.kwargs)
   ranges = {s: {t["n"] for t in env.split_pool(s)} for s in envs.SPLITS}
   assert ranges == {"train": {9, 10, 11, 15, 16}, "validation": {8, 13}, "test": {12, 14}}
+
+
+def test_flag_overrides_reach_the_derived_fields():
+  """`--config.seed` / `--config.total_steps` / `--config.rollout.batch_size` (applied after `get_config`) change
+  the learner's seed, both optimisers' schedule lengths and the flow-control bound, as the arg form does."""
+  from experiments.configs import sao_openswe  # pylint: disable=g-import-not-at-top
+  by_flags = sao_openswe.get_config("toy")
+  by_flags.seed, by_flags.total_steps, by_flags.rollout.batch_size = 1, 160, 32  # what config_flags does
+  by_arg = sao_openswe.get_config("toy,seed=1,total_steps=160,rollout.batch_size=32")
+  for config in (by_flags, by_arg):
+    assert config.learner.seed == 1
+    assert config.learner.actor.optimizer.total_steps == 160
+    assert config.learner.critic.optimizer.total_steps == 160 + config.recipe.value_pretrain_steps
+    assert config.server.max_outstanding == 64
+  assert by_flags.to_dict() == by_arg.to_dict()
+  by_flags.server.max_outstanding = 100  # setting a derived key itself replaces the derivation
+  assert by_flags.server.max_outstanding == 100 and by_flags.rollout.batch_size == 32

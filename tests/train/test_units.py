@@ -68,6 +68,14 @@ def test_schedule_warmup_then_cosine():
   c.learning_rate, c.warmup_steps, c.schedule, c.total_steps = 1.0, 4, "cosine", 8
   lr = optim.learning_rate_schedule(c)
   np.testing.assert_allclose([float(lr(s)) for s in (0, 3, 4, 6, 8)], [0.25, 1.0, 1.0, 0.5, 0.0], atol=1e-6)
+  # A run shorter than its warmup (a short test run of a cosine config): the cosine spans one step after warmup,
+  # and the config is valid (the schedule clamps, the config does not have to).
+  learner = config_lib.default_learner_config()
+  c = learner.actor.optimizer
+  c.learning_rate, c.warmup_steps, c.schedule, c.total_steps, c.end_lr_fraction = 1.0, 4, "cosine", 3, 0.1
+  config_lib.validate_learner_config(learner)
+  lr = optim.learning_rate_schedule(c)
+  np.testing.assert_allclose([float(lr(s)) for s in (0, 3, 4, 5, 9)], [0.25, 1.0, 1.0, 0.1, 0.1], atol=1e-6)
 
 
 def test_mesh_shape_with_rest_axis():
