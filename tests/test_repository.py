@@ -50,3 +50,21 @@ def test_detects_each_outside_path(tmp_path, line, pattern):
   probe = tmp_path / "notes.md"
   probe.write_text(f"a clean line\n{line}\n")
   assert outside_references([probe], root=tmp_path) == [f"notes.md:2: {pattern}"]
+
+
+def test_test_modules_in_non_package_directories_have_unique_basenames():
+  """pytest imports a test file of a directory without `__init__.py` by its basename: two such files with one
+  name stop the whole suite at collection ("import file mismatch")."""
+  tests_root = os.path.dirname(os.path.abspath(__file__))
+  seen: dict[str, str] = {}
+  clashes = []
+  for directory, _, files in os.walk(tests_root):
+    if "__init__.py" in files or "__pycache__" in directory:
+      continue
+    for f in files:
+      if f.startswith("test_") and f.endswith(".py"):
+        path = os.path.relpath(os.path.join(directory, f), tests_root)
+        if f in seen:
+          clashes.append(f"{seen[f]} and {path}")
+        seen.setdefault(f, path)
+  assert clashes == []
