@@ -75,16 +75,23 @@ def read_header(path: str) -> dict[str, StoredTensor]:
     length = int.from_bytes(head, "little")
     if length > size - 8:
       raise ValueError(f"{path}: header length {length} exceeds the file size {size}")
-    header = json.loads(f.read(length))
+    try:
+      header = json.loads(f.read(length))
+    except ValueError as e:
+      raise ValueError(f"{path}: the safetensors header is not JSON ({e})") from e
+  if not isinstance(header, dict):
+    raise ValueError(f"{path}: the safetensors header is not a JSON object")
   start = 8 + length
   out = {}
   for name in sorted(k for k in header if k != "__metadata__"):
     entry = header[name]
-    if entry["dtype"] not in _DTYPES:
-      raise ValueError(f"{path}: tensor {name}: unsupported dtype {entry['dtype']}")
-    dtype = np.dtype(_DTYPES[entry["dtype"]])
-    shape = tuple(int(n) for n in entry["shape"])
-    begin, end = entry["data_offsets"]
+    try:
+      dtype_name, shape, (begin, end) = entry["dtype"], tuple(int(n) for n in entry["shape"]), entry["data_offsets"]
+    except (KeyError, TypeError, ValueError) as e:
+      raise ValueError(f"{path}: tensor {name}: malformed header entry {entry!r}") from e
+    if dtype_name not in _DTYPES:
+      raise ValueError(f"{path}: tensor {name}: unsupported dtype {dtype_name}")
+    dtype = np.dtype(_DTYPES[dtype_name])
     if end - begin != int(np.prod(shape)) * dtype.itemsize or start + end > size:
       raise ValueError(f"{path}: tensor {name}: data_offsets {begin}..{end} do not hold {shape} {dtype} in a file "
                        f"of {size} bytes")

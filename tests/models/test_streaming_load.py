@@ -221,3 +221,20 @@ def test_trainer_streams_an_hf_base_policy_into_the_learner_shardings(tmp_path):
   for got, w, sharding in zip(jax.tree.leaves(params), jax.tree.leaves(want), jax.tree.leaves(shardings)):
     assert got.sharding == sharding
     np.testing.assert_array_equal(np.asarray(got), np.asarray(w))
+
+
+def test_read_header_matches_safetensors_and_rejects_garbage(tmp_path):
+  import ml_dtypes
+  path = str(tmp_path / "t.safetensors")
+  tensors = {"b": np.arange(6, dtype=np.float32).reshape(2, 3), "a": np.ones((4,), ml_dtypes.bfloat16),
+             "c": np.zeros((2, 0, 3), np.int32)}
+  safetensors.numpy.save_file(tensors, path)
+  header = streaming.read_header(path)
+  assert list(header) == ["a", "b", "c"]
+  for name, t in header.items():
+    assert (t.dtype, t.shape) == (tensors[name].dtype, tensors[name].shape)
+    view = streaming._View(t, t.shape)
+    np.testing.assert_array_equal(view.read(tuple((0, n) for n in t.shape), [0]), tensors[name])
+  (tmp_path / "bad").write_bytes((4).to_bytes(8, "little") + b"nope")
+  with pytest.raises(ValueError, match="not JSON"):
+    streaming.read_header(str(tmp_path / "bad"))
