@@ -39,7 +39,7 @@ import numpy as np
 
 from sao.engines.request_checks import RequestError, RowLimits, check_row
 from sao.models.config import ModelConfig
-from sao.models.hf import load_pretrained
+from sao.models.streaming import load_pretrained_sharded
 from sao.models.sampling import (BATCH_BUCKETS, NEW_TOKEN_BUCKETS, PROMPT_BUCKETS, Completion, Sampler,
                                  SamplingParams)
 
@@ -103,7 +103,8 @@ class LocalEngine:
   def __init__(self, model_path: str, config: EngineConfig = EngineConfig(), weight_version: str = "0"):
     self.config = config
     self.model_path = model_path
-    self.model_config, params = load_pretrained(model_path, dtype=config.dtype)
+    # Streamed tensor by tensor onto the default device (the host never holds the whole model).
+    self.model_config, params = load_pretrained_sharded(model_path, dtype=config.dtype)
     self.eos_ids, self.tokenizer = _load_eos_ids(model_path)
     self.sampler = Sampler(self.model_config, params, prompt_buckets=config.prompt_buckets,
                            batch_buckets=config.batch_buckets, new_token_buckets=config.new_token_buckets,
@@ -245,7 +246,8 @@ class LocalEngine:
   async def update_weights(self, model_path: str, weight_version: str | None = None) -> str:
     """Loads `model_path` (off the event loop), then swaps params + version between batches. Returns the version."""
     loop = asyncio.get_running_loop()
-    config, params = await loop.run_in_executor(None, lambda: load_pretrained(model_path, dtype=self.config.dtype))
+    config, params = await loop.run_in_executor(
+        None, lambda: load_pretrained_sharded(model_path, dtype=self.config.dtype))
     if config != self.model_config:
       diff = {f.name: (getattr(self.model_config, f.name), getattr(config, f.name))
               for f in dataclasses.fields(ModelConfig) if getattr(self.model_config, f.name) != getattr(config, f.name)}

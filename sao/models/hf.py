@@ -227,7 +227,8 @@ def load_pretrained(directory: str, dtype: str = "float32", critic: bool = False
   `dtype` sets both the param and compute dtype ("float32" / "bfloat16"; `config_overrides` may set them apart).
   `critic=True` expects a critic checkpoint (`score.*`, no `lm_head`). Returns (config, params) with params as host
   numpy-backed jax arrays in `abstract_params(config, critic)`'s tree. Raises ValueError naming unknown, missing or
-  mis-shaped tensors.
+  mis-shaped tensors. This holds the whole model on the host; `sao.models.streaming.load_pretrained_sharded` loads
+  the same params tensor by tensor straight into (sharded) device arrays.
   """
   overrides = {"dtype": dtype, "param_dtype": dtype, **config_overrides}
   config = ModelConfig.from_pretrained(directory, **overrides)

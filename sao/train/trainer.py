@@ -30,11 +30,12 @@ from absl import logging
 from sao import run_config
 from sao.analysis import critic_traces
 from sao.engines.sglang_client import SGLangEngine
-from sao.models import hf, transformer
+from sao.models import hf, streaming, transformer
 from sao.models.config import ModelConfig
 from sao.models.tokenizer import Tokenizer
 from sao.train import batching
 from sao.train import checkpoint as ckpt_lib
+from sao.train import mesh as mesh_lib
 from sao.train import writers as writers_lib
 from sao.train.learner import Learner
 from sao.transport.dispenser import DispenserConfig, TaskDispenser
@@ -111,7 +112,9 @@ class Trainer:
       logging.info("base policy: reusing %s", base_dir)
       return model_config, params, base_dir
     if c.model.init == "hf":
-      model_config, params = hf.load_pretrained(c.model.hf_path)
+      # Streamed tensor by tensor into the learner's param shardings: the host never holds the whole model.
+      model_config, params = streaming.load_pretrained_sharded(c.model.hf_path,
+                                                               mesh_lib.make_mesh(dict(c.learner.mesh)))
       return model_config, params, c.model.hf_path
     model_config = ModelConfig.tiny(c.model.toy.model_type, vocab_size=self.tokenizer.vocab_size,
                                     **{k: v for k, v in c.model.toy.items() if k != "model_type"})

@@ -1,0 +1,319 @@
+"""Streaming HF safetensors loads: every tensor goes straight into its sharded device array, one at a time.
+
+`load_pretrained_sharded(directory, sharding)` returns the same (config, params) as `sao.models.hf.load_pretrained`
+(the host-numpy oracle) but builds each param with `jax.make_array_from_callback`: the callback of a device reads
+only the region of the checkpoint that device's shard needs, converts it to the param dtype and hands it over. Peak
+host memory is about one tensor (the shards of one param, deduplicated when replicated) plus one read chunk
+(`_CHUNK_BYTES`), not the model.
+
+Reading. Tensors are read with `os.pread` at offsets taken from the safetensors header (8-byte little-endian header
+length, JSON header, then the C-order tensor bytes), not through `safetensors.safe_open`: that one memory-maps the
+file, and every page a slice touches stays resident (and counted in the process's RSS) until the file is closed, so
+streaming a shard file through one open handle would still grow RSS to the file's size.
+
+Slicing commutes with every mapping of `sao.models.hf.RULES`, so no tensor is ever loaded whole. With a param shard
+`p[a₀:b₀, a₁:b₁, …]`:
+  COPY     reads `w[a₀:b₀, a₁:b₁, …]`
+  FLAT     ours `[H, D]` = `w.reshape(H, D)`: reads `w[a₀·D : b₀·D]`, then takes `[:, a₁:b₁]`
+  LINEAR   ours `[in, o₀, o₁…]` = `w.T.reshape(…)`, `w [Πo, in]`: reads rows `a_o₀·Πo₁… : b_o₀·Πo₁…` and columns
+           `a_in:b_in` of `w`, transposes, reshapes, then takes the remaining out-dim slices
+  LINEAR2  the same with two input dims (`[H, D, E]` ↔ `[E, H·D]`)
+  EXPERT   experts `a₀:b₀` one by one, each a LINEAR slice of its own tensor — or of the fused
+           `gate_up_proj [X, 2I, E]` / `down_proj [X, E, I]` tensor (a window at expert e, rows offset by I for `up`)
+  CONV     ours `[K, C]` = `w[:, 0, :].T`: reads `w[a_C:b_C, 0:1, a_K:b_K]`
+Rows a shard does not need are read only when a C-order row is shorter than one read chunk (whole rows are read
+and sliced in numpy, which bounds the number of system calls).
+
+All names, shapes and dtypes are checked from the headers before any device memory is filled; the errors are
+`load_pretrained`'s (unknown / missing / mis-shaped tensors, named).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import ml_dtypes
+import numpy as np
+from absl import logging
+from jax.sharding import Mesh, Sharding, SingleDeviceSharding
+
+from sao.models import hf
+from sao.models import sharding as sharding_lib
+from sao.models.config import ModelConfig
+from sao.models.transformer import abstract_params
+
+_CHUNK_BYTES = 4 * 1024 ** 2
+_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+           "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2, "I64": np.int64, "I32": np.int32,
+           "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+
+Bounds = tuple[tuple[int, int], ...]  # (start, stop) per dim
+
+
+# ------------------------------------------------------------------------------------------------ reading
+@dataclasses.dataclass(frozen=True)
+class StoredTensor:
+  """One tensor of a safetensors file: its C-order bytes start at absolute byte `offset` of `file`."""
+  file: str
+  name: str
+  dtype: np.dtype
+  shape: tuple[int, ...]
+  offset: int
+
+
+def read_header(path: str) -> dict[str, StoredTensor]:
+  """The tensors of one safetensors file by name (header only; no tensor data is read). Raises ValueError."""
+  size = os.path.getsize(path)
+  with open(path, "rb") as f:
+    head = f.read(8)
+    if len(head) < 8:
+      raise ValueError(f"{path}: not a safetensors file (shorter than its 8-byte header length)")
+    length = int.from_bytes(head, "little")
+    if length > size - 8:
+      raise ValueError(f"{path}: header length {length} exceeds the file size {size}")
+    try:
+      header = json.loads(f.read(length))
+    except ValueError as e:
+      raise ValueError(f"{path}: the safetensors header is not JSON ({e})") from e
+  if not isinstance(header, dict):
+    raise ValueError(f"{path}: the safetensors header is not a JSON object")
+  start = 8 + length
+  out = {}
+  for name in sorted(k for k in header if k != "__metadata__"):
+    entry = header[name]
+    try:
+      dtype_name, shape, (begin, end) = entry["dtype"], tuple(int(n) for n in entry["shape"]), entry["data_offsets"]
+    except (KeyError, TypeError, ValueError) as e:
+      raise ValueError(f"{path}: tensor {name}: malformed header entry {entry!r}") from e
+    if dtype_name not in _DTYPES:
+      raise ValueError(f"{path}: tensor {name}: unsupported dtype {dtype_name}")
+    dtype = np.dtype(_DTYPES[dtype_name])
+    if end - begin != int(np.prod(shape)) * dtype.itemsize or start + end > size:
+      raise ValueError(f"{path}: tensor {name}: data_offsets {begin}..{end} do not hold {shape} {dtype} in a file "
+                       f"of {size} bytes")
+    out[name] = StoredTensor(path, name, dtype, shape, start + begin)
+  return out
+
+
+def _pread(fd: int, nbytes: int, offset: int, what: str) -> bytes:
+  parts, done = [], 0
+  while done < nbytes:  # pread returns at most ~2 GiB per call
+    part = os.pread(fd, nbytes - done, offset + done)
+    if not part:
+      raise ValueError(f"{what}: file ends {nbytes - done} bytes early (truncated checkpoint?)")
+    parts.append(part)
+    done += len(part)
+  return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _read_box(fd: int, t: StoredTensor, offset: int, shape: tuple[int, ...], bounds: Bounds, out: np.ndarray,
+              counter: list[int]) -> None:
+  """Fills `out` with `stored[bounds]` of the C-order block of `shape` at `offset`, ≤ `_CHUNK_BYTES` per read."""
+  if not shape:
+    out[...] = np.frombuffer(_pread(fd, t.dtype.itemsize, offset, t.name), t.dtype)[0]
+    counter[0] += t.dtype.itemsize
+    return
+  row = int(np.prod(shape[1:])) * t.dtype.itemsize
+  (a, b), rest = bounds[0], bounds[1:]
+  if row <= _CHUNK_BYTES or all(lo == 0 and hi == n for (lo, hi), n in zip(rest, shape[1:])):
+    inner = tuple(slice(lo, hi) for lo, hi in rest)
+    per = max(1, _CHUNK_BYTES // max(row, 1))
+    for i in range(a, b, per):
+      j = min(b, i + per)
+      block = np.frombuffer(_pread(fd, (j - i) * row, offset + i * row, t.name), t.dtype).reshape((j - i,) + shape[1:])
+      out[i - a:j - a] = block[(slice(None),) + inner]
+      counter[0] += (j - i) * row
+  else:  # a row is larger than a chunk and only part of it is needed: recurse into each row
+    for i in range(a, b):
+      _read_box(fd, t, offset + i * row, shape[1:], rest, out[i - a], counter)
+
+
+@dataclasses.dataclass(frozen=True)
+class _View:
+  """A window of a stored tensor: `stored[lead…, row_offset : row_offset + shape[0], …]` (fused experts), or the
+  whole tensor (no lead, offset 0). `shape` is the HF tensor shape the rule expects."""
+  tensor: StoredTensor
+  shape: tuple[int, ...]
+  lead: tuple[int, ...] = ()
+  row_offset: int = 0
+
+  def read(self, bounds: Bounds, counter: list[int]) -> np.ndarray:
+    """`view[bounds]` in the stored dtype."""
+    t = self.tensor
+    stored = tuple((e, e + 1) for e in self.lead)
+    if bounds:
+      (a, b), rest = bounds[0], bounds[1:]
+      stored += ((self.row_offset + a, self.row_offset + b),) + tuple(rest)
+    out = np.empty(tuple(hi - lo for lo, hi in stored), t.dtype)
+    fd = os.open(t.file, os.O_RDONLY)
+    try:
+      _read_box(fd, t, t.offset, t.shape, stored, out, counter)
+    finally:
+      os.close(fd)
+    return out.reshape(tuple(hi - lo for lo, hi in bounds))
+
+
+# ------------------------------------------------------------------------------------------------ mapping
+def _linear(view: _View, shape: tuple[int, ...], n_in: int, bounds: Bounds, dtype: np.dtype,
+            counter: list[int], out: np.ndarray | None = None) -> np.ndarray:
+  """`(w.T.reshape(shape))[bounds]` in `dtype` for `w [Π shape[n_in:], Π shape[:n_in]]`, reading only the rows and
+  columns needed, ≤ `_CHUNK_BYTES` of rows at a time transposed straight into the result (no second full copy)."""
+  ins, outs = shape[:n_in], shape[n_in:]
+  b_in, b_out = bounds[:n_in], bounds[n_in:]
+  in_rest, out_rest = int(np.prod(ins[1:])), int(np.prod(outs[1:]))
+  r0, r1 = b_out[0][0] * out_rest, b_out[0][1] * out_rest
+  cols = (b_in[0][0] * in_rest, b_in[0][1] * in_rest)
+  full = np.empty((cols[1] - cols[0], r1 - r0), dtype)
+  step = max(1, _CHUNK_BYTES // max(1, (cols[1] - cols[0]) * view.tensor.dtype.itemsize))
+  for r in range(r0, r1, step):
+    full[:, r - r0:min(r1, r + step) - r0] = view.read(((r, min(r1, r + step)), cols), counter).T
+  full = full.reshape((b_in[0][1] - b_in[0][0],) + ins[1:] + (b_out[0][1] - b_out[0][0],) + outs[1:])
+  sub = ((slice(None),) + tuple(slice(lo, hi) for lo, hi in b_in[1:])
+         + (slice(None),) + tuple(slice(lo, hi) for lo, hi in b_out[1:]))
+  if out is None:
+    return np.ascontiguousarray(full[sub])
+  out[...] = full[sub]
+  return out
+
+
+def _param_slice(kind: str, views: dict[int | None, _View], shape: tuple[int, ...], bounds: Bounds,
+                 dtype: np.dtype, counter: list[int]) -> np.ndarray:
+  """`param[bounds]` in `dtype`, C-contiguous (see the module docstring's table)."""
+  if kind == hf.EXPERT:
+    (x0, x1), rest = bounds[0], bounds[1:]
+    out = np.empty((x1 - x0,) + tuple(hi - lo for lo, hi in rest), dtype)
+    for e in range(x0, x1):
+      _linear(views[e], shape[1:], 1, rest, dtype, counter, out[e - x0])
+    return out
+  view = views[None]
+  if kind in (hf.LINEAR, hf.LINEAR2):
+    return _linear(view, shape, 1 if kind == hf.LINEAR else 2, bounds, dtype, counter)
+  if kind == hf.COPY:
+    w = view.read(bounds, counter)
+  elif kind == hf.FLAT:
+    inner = int(np.prod(shape[1:]))
+    (a, b), rest = bounds[0], bounds[1:]
+    w = view.read(((a * inner, b * inner),), counter).reshape((b - a,) + shape[1:])
+    w = w[(slice(None),) + tuple(slice(lo, hi) for lo, hi in rest)]
+  elif kind == hf.CONV:
+    (k0, k1), (c0, c1) = bounds
+    w = view.read(((c0, c1), (0, 1), (k0, k1)), counter)[:, 0, :].T
+  else:
+    raise ValueError(f"transform {kind!r}: unknown")
+  return np.ascontiguousarray(w, dtype)
+
+
+def _fused_expert_views(name: str, t: StoredTensor) -> list[tuple[str, _View]] | None:
+  """Fused expert tensors → per-expert HF names (as `hf._split_fused_experts`, without reading data)."""
+  match = hf._FUSED_EXPERTS.match(name)
+  if match is None:
+    return None
+  if len(t.shape) != 3:
+    raise ValueError(f"{name}: shape {t.shape}, expected a stacked [experts, out, in] tensor")
+  layer, kind = match.groups()
+  base = f"model.layers.{layer}.mlp.experts"
+  x, rows, cols = t.shape
+  if kind == "down_proj":
+    return [(f"{base}.{e}.down_proj.weight", _View(t, (rows, cols), (e,))) for e in range(x)]
+  half = rows // 2
+  return ([(f"{base}.{e}.gate_proj.weight", _View(t, (half, cols), (e,))) for e in range(x)]
+          + [(f"{base}.{e}.up_proj.weight", _View(t, (rows - half, cols), (e,), half)) for e in range(x)])
+
+
+def _iter_views(directory: str):
+  """(normalised HF name, view) of every tensor we model, from the headers; logs what is skipped."""
+  skipped: dict[str, int] = {}
+  for path in hf._safetensors_files(directory):
+    for name, t in read_header(path).items():
+      prefix = next((p for p in hf._SKIPPED_PREFIXES if name.startswith(p)), None)
+      if prefix is not None:
+        skipped[prefix] = skipped.get(prefix, 0) + 1
+        continue
+      hf_name = name
+      for alias, canonical in hf._PREFIX_ALIASES:
+        if name.startswith(alias):
+          hf_name = canonical + name[len(alias):]
+      yield from _fused_expert_views(hf_name, t) or [(hf_name, _View(t, t.shape))]
+  if skipped:
+    logging.info("%s: skipped %s (not part of the language model)", directory,
+                 ", ".join(f"{n} tensors {p}*" for p, n in sorted(skipped.items())))
+
+
+def plan_load(directory: str, config: ModelConfig, critic: bool = False
+              ) -> dict[str, tuple[str, dict[int | None, _View], tuple[int, ...]]]:
+  """param path → (transform, views by expert index (None: the one tensor), param shape), from the headers only.
+  Raises `load_pretrained`'s ValueErrors for unknown, missing or mis-shaped tensors."""
+  expected = {path: leaf.shape for path, leaf in hf._flatten(nn.meta.unbox(abstract_params(config, critic))).items()}
+  plan: dict[str, tuple[str, dict[int | None, _View], tuple[int, ...]]] = {}
+  unknown = []
+  for name, view in _iter_views(directory):
+    if name == "lm_head.weight" and config.tie_word_embeddings and not critic:
+      continue  # some tied checkpoints still store the (identical) head
+    found = hf.hf_to_path(name)
+    if found is None or found[0] not in expected:
+      unknown.append(name)
+      continue
+    path, kind, expert = found
+    shape = expected[path]
+    if kind == hf.EXPERT and expert >= shape[0]:
+      unknown.append(name)
+      continue
+    if view.shape != hf._hf_shape(kind, shape):
+      raise ValueError(f"{name}: shape {view.shape}, expected {hf._hf_shape(kind, shape)} for param {path}")
+    plan.setdefault(path, (kind, {}, shape))[1][expert] = view
+  missing = [f"{p} (HF {hf._path_to_hf_name(p)})" for p in sorted(expected) if p not in plan]
+  for path, (kind, views, shape) in plan.items():
+    if kind == hf.EXPERT:
+      missing += [f"{path}[expert {e}]" for e in range(shape[0]) if e not in views]
+  if unknown or missing:
+    raise ValueError(f"{directory} does not fit {config.model_type} (critic={critic}): "
+                     f"unknown tensors {sorted(unknown)}; missing params {missing}")
+  return plan
+
+
+# ------------------------------------------------------------------------------------------------ loading
+def _sharding_for(sharding: Any, config: ModelConfig, critic: bool) -> Callable[[str], Sharding]:
+  if sharding is None:
+    sharding = SingleDeviceSharding(jax.devices()[0])
+  if isinstance(sharding, Mesh):
+    sharding = sharding_lib.param_shardings(config, sharding, critic)
+  if isinstance(sharding, Sharding):
+    return lambda path: sharding
+  flat = hf._flatten(sharding)
+  return lambda path: flat[path]
+
+
+def load_pretrained_sharded(directory: str, sharding: Mesh | Sharding | dict | None = None, dtype: str = "float32",
+                            critic: bool = False, bytes_read: list[int] | None = None,
+                            **config_overrides) -> tuple[ModelConfig, dict]:
+  """`hf.load_pretrained` straight into device arrays, one tensor at a time (see the module docstring).
+
+  sharding: a Mesh (each param sharded by `sao.models.sharding`'s rules), a tree of Shardings in the params' tree,
+    one Sharding for every param, or None (the default device).
+  bytes_read: if given, `bytes_read[0]` is increased by the checkpoint bytes read (the tests' memory probe).
+  Returns (config, params): params equal `load_pretrained`'s leaf for leaf (same values and dtype), as jax Arrays
+  with the given shardings. Raises ValueError (before any device memory is filled) as `load_pretrained` does.
+  """
+  overrides = {"dtype": dtype, "param_dtype": dtype, **config_overrides}
+  config = ModelConfig.from_pretrained(directory, **overrides)
+  param_dtype = np.dtype(ml_dtypes.bfloat16) if config.param_dtype == "bfloat16" else np.dtype(np.float32)
+  plan = plan_load(directory, config, critic)
+  sharding_of = _sharding_for(sharding, config, critic)
+  counter = bytes_read if bytes_read is not None else [0]
+  params = {}
+  for path, (kind, views, shape) in plan.items():
+    cache: dict[Bounds, np.ndarray] = {}  # replicated shards share one host array
+
+    def callback(index: Sequence[slice], kind=kind, views=views, shape=shape, cache=cache) -> np.ndarray:
+      bounds = tuple(s.indices(n)[:2] for s, n in zip(index, shape))
+      if bounds not in cache:
+        cache[bounds] = _param_slice(kind, views, shape, bounds, param_dtype, counter)
+      return cache[bounds]
+
+    params[path] = jax.make_array_from_callback(shape, sharding_of(path), callback, dtype=param_dtype)
+    cache.clear()
+  return config, hf._unflatten(params)
