@@ -92,6 +92,9 @@ def test_grpo_update_matches_numpy_reference(ratio_base):
   seq_adv = np.zeros(len(batch["valid"]))
   seq_adv[:len(rows)] = reference_group_advantages(rows)
   assert np.sum(seq_adv != 0) == 8, "only the mixed and graded groups carry advantages"
+  ratios = np.exp(logprobs - old)[mask]
+  # No ratio within float32 reach of a clip boundary, so the learner clips exactly the reference's tokens on any CPU.
+  assert np.min(np.abs(ratios[:, None] - np.array([1 - EPS, 1 + EPS]))) > 1e-4
   loss, dloss_dlogp, clip_fraction = reference_ppo_clip(logprobs, old, seq_adv, mask, EPS, EPS)
   # The reference's per-token derivative pulled back through the learner's own forward pass: ∇θ L.
   params = jax.device_get(learner.actor_params)
