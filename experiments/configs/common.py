@@ -182,6 +182,25 @@ def gspo(config: ml_collections.ConfigDict) -> None:
   c.actor.optimizer.schedule = "constant"
 
 
+def grpo(config: ml_collections.ConfigDict) -> None:
+  """GRPO (Shao et al. 2024; docs/algorithm.md, "GRPO"): G = 8 rollouts per task, group advantages
+  `(r − mean_g r)/(std_g r + 1e-6)`, the token-level PPO clip (1 − 0.2, 1 + 0.2) with token-mean aggregation, no
+  critic, no KL term (DeepSeekMath's KL penalty needs a reference model this learner does not keep)."""
+  c = config.learner
+  c.algorithm = "grpo"  # the learner's `_update_group` with the `ppo_clip` actor loss (its default for grpo)
+  c.actor_loss = ""
+  c.group.normalize_std = True  # GRPO's std-normalised advantages (False would be Dr. GRPO)
+  c.ppo.clip_low, c.ppo.clip_high = 0.2, 0.2  # PPO's ε = 0.2 (Schulman et al. 2017; docs/algorithm.md)
+  c.actor.optimizer.clip_norm = 1.0  # as the SAO and GSPO recipes (docs/algorithm.md's recipe table)
+  config.recipe.value_pretrain_steps = 0  # no critic
+  config.rollout.group_size = 8  # G = 8, GSPO's: equal rollouts per task for the two group baselines
+  config.rollout.batch_size = 64  # 8 tasks × 8 rollouts, the SAO toy's 64 trajectories per step
+  # The GSPO toy's constant 2e-4 (at 4e-4 GSPO collapsed at RL step ≈ 60). With one update per batch the token clip
+  # never binds either (the ratio is 1 at the start of the only step), so GRPO has GSPO's exposure to a too-high rate.
+  c.actor.optimizer.learning_rate = 2e-4
+  c.actor.optimizer.schedule = "constant"
+
+
 # ----------------------------------------------------------------------------------------------------------- scales
 
 def full_scale(config: ml_collections.ConfigDict) -> None:
