@@ -154,8 +154,10 @@ def _moe_flops(num_experts, k, impl, tokens=1024):
 def test_flops_grow_with_experts_per_token_not_num_experts():
   routed = {(x, k): _moe_flops(x, k, "routed") for x, k in [(8, 2), (64, 2), (64, 4)]}
   dense = {x: _moe_flops(x, 2, "dense") for x in (8, 64)}
-  # Expert matmuls alone: 3 · 2 · tokens · k · hidden · width = 2.5e7 FLOPs at k = 2 (the router adds X · 1.3e5).
+  # Expert matmuls alone: 3 · 2 · tokens · k · hidden · width = 2.5e7 FLOPs at k = 2. Measured: routed 3.9e7 (X = 8),
+  # 6.0e7 (X = 64), 1.1e8 (X = 64, k = 4); dense 1.0e8 (X = 8), 8.3e8 (X = 64). The CPU tiles pad each group to a
+  # multiple of `tile` rows, a static bound of at most 2× the rows (see moe._tiled_matmul), and the router grows with X.
   assert dense[64] / dense[8] > 6
-  assert routed[(64, 2)] / routed[(8, 2)] < 1.6  # padding of up to X·(tile−1) rows, plus the bigger router
+  assert routed[(64, 2)] / routed[(8, 2)] < 2
   assert 1.5 < routed[(64, 4)] / routed[(64, 2)] < 2.5
-  assert routed[(64, 2)] < dense[64] / 4
+  assert routed[(64, 2)] < dense[64] / 8
