@@ -40,6 +40,21 @@ def test_grouped_matmul_matches_loop(impl, sizes):
     moe.grouped_matmul(lhs, rhs, np.array(sizes, np.int32), impl="nonsense")
 
 
+def test_tpu_lowering_uses_ragged_dot_and_cpu_the_tiles():
+  """The platform is chosen when lowering: a TPU lowering from this CPU host holds XLA's ragged dot, a CPU one not."""
+  args = (jax.ShapeDtypeStruct((16, 8), jnp.float32), jax.ShapeDtypeStruct((4, 8, 6), jnp.float32),
+          jax.ShapeDtypeStruct((4,), jnp.int32))
+  traced = jax.jit(moe.grouped_matmul).trace(*args)
+  assert "chlo.ragged_dot" in traced.lower(lowering_platforms=("tpu",)).as_text()
+  assert "ragged_dot" not in traced.lower(lowering_platforms=("cpu",)).as_text()
+
+
+def test_moe_impl_is_validated():
+  with pytest.raises(ValueError, match="moe_impl: unsupported 'sparse'"):
+    ModelConfig.tiny("qwen3_moe", moe_impl="sparse")
+  assert "moe_impl" not in ModelConfig.tiny("qwen3_moe", moe_impl="dense").to_hf()  # ours, not HF architecture
+
+
 def _configs(model_type, norm_topk_prob):
   routed = ModelConfig.tiny(model_type, norm_topk_prob=norm_topk_prob)
   assert routed.moe_impl == "routed"
