@@ -18,6 +18,7 @@ HYBRID_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 WRAPPER_TYPES = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 LAYER_TYPES = ("full_attention", "linear_attention")
 LINEAR_ATTN_FORMS = ("chunked", "recurrent")
+MOE_IMPLS = ("routed", "dense")
 DTYPES = ("float32", "bfloat16")
 # Remat policies by name; values are attributes of `jax.checkpoint_policies` (None = save nothing = full remat).
 REMAT_POLICIES = {
@@ -87,6 +88,7 @@ class ModelConfig:
   linear_conv_kernel_dim: int = 4
   linear_chunk_size: int = 64  # ours: chunk length of the parallel Gated DeltaNet form
   linear_attn_form: str = "chunked"  # ours: "chunked" | "recurrent" (see the class docstring)
+  moe_impl: str = "routed"  # ours: "routed" (sorted, grouped matmuls) | "dense" (every expert, the oracle)
   bos_token_id: int | None = None
   eos_token_id: int | tuple[int, ...] | None = None
   dtype: str = "float32"  # compute dtype of activations
@@ -135,6 +137,8 @@ class ModelConfig:
       if self.linear_num_value_heads % self.linear_num_key_heads:
         raise ValueError(f"linear_num_key_heads: {self.linear_num_key_heads} must divide linear_num_value_heads "
                          f"{self.linear_num_value_heads}")
+    if self.moe_impl not in MOE_IMPLS:
+      raise ValueError(f"moe_impl: unsupported {self.moe_impl!r}; expected one of {MOE_IMPLS}")
     if self.linear_attn_form not in LINEAR_ATTN_FORMS:
       raise ValueError(f"linear_attn_form: unsupported {self.linear_attn_form!r}; expected one of {LINEAR_ATTN_FORMS}")
     if self.shared_expert_intermediate_size < 0:

@@ -18,6 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from sao.models import moe
 from sao.models.config import ModelConfig
 
 Array = jax.Array
@@ -190,12 +191,11 @@ class MLP(nn.Module):
 
 
 class MoE(nn.Module):
-  """Sparse MoE block (qwen3_moe), dense dispatch.
+  """Sparse MoE block (qwen3_moe); the expert computation is `sao.models.moe` (`config.moe_impl`).
 
   Router: `p = softmax(x @ gate)` (float32) over X experts, top-k, renormalised over the k when norm_topk_prob.
-  `y = Σ_{e ∈ topk} p_e · down_e(silu(gate_e(x)) * up_e(x))`. Every expert runs on every token and non-selected
-  experts get weight 0: no gather/scatter, so it jits and shards (over `expert`) simply; fine at research scale,
-  X/k times the FLOPs of a routed kernel.
+  `y = Σ_{e ∈ topk} p_e · down_e(silu(gate_e(x)) * up_e(x))`. "routed" (default): assignments sorted by expert and
+  grouped matmuls, FLOPs ∝ k; "dense": every expert on every token, unselected ones weighted 0 (the test oracle).
   Params: gate.kernel `[embed, X]`; experts.gate_proj / up_proj `[X, embed, expert_mlp]`, down_proj
   `[X, expert_mlp, embed]` (HF's per-expert `(out, in)` weights, stacked and transposed).
   Shared expert (qwen3_next / qwen3_5_moe, `shared_expert_intermediate_size > 0`): every token also gets
@@ -207,20 +207,14 @@ class MoE(nn.Module):
   def __call__(self, x: Array) -> Array:
     cfg = self.config
     dtype, param_dtype = dtypes(cfg)
-    n_exp, width = cfg.num_experts, cfg.moe_intermediate_size
-    router_logits = nn.Dense(n_exp, use_bias=False, dtype=dtype, param_dtype=param_dtype,
+    router_logits = nn.Dense(cfg.num_experts, use_bias=False, dtype=dtype, param_dtype=param_dtype,
                              kernel_init=kernel_init("embed", None), name="gate")(x)
-    probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)  # [B, T, X]
-    top_p, top_i = jax.lax.top_k(probs, cfg.num_experts_per_tok)  # [B, T, k]
-    if cfg.norm_topk_prob:
-      top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
-    combine = jnp.sum(jax.nn.one_hot(top_i, n_exp, dtype=jnp.float32) * top_p[..., None], axis=-2)  # [B, T, X]
-    combine = combine.astype(dtype)
-
+    weights, experts = moe.route(router_logits.reshape(-1, cfg.num_experts), cfg.num_experts_per_tok,
+                                 cfg.norm_topk_prob)  # [B·T, k]
     w_gate, w_up, w_down = ExpertWeights(cfg, name="experts")()
-    h = nn.silu(jnp.einsum("bte,xei->btxi", x, w_gate.astype(dtype)))
-    h = h * jnp.einsum("bte,xei->btxi", x, w_up.astype(dtype))
-    out = jnp.einsum("btxi,xie,btx->bte", h, w_down.astype(dtype), combine)
+    apply = moe.routed_experts if cfg.moe_impl == "routed" else moe.dense_experts
+    out = apply(x.reshape(-1, x.shape[-1]).astype(dtype), weights, experts, w_gate, w_up, w_down).reshape(x.shape)
+    out = out.astype(dtype)
     if cfg.shared_expert_intermediate_size:
       shared = MLP(cfg, cfg.shared_expert_intermediate_size, name="shared_expert")(x)
       shared_gate = nn.Dense(1, use_bias=False, dtype=dtype, param_dtype=param_dtype,
