@@ -20,6 +20,8 @@ LAYER_TYPES = ("full_attention", "linear_attention")
 LINEAR_ATTN_FORMS = ("chunked", "recurrent")
 MOE_IMPLS = ("routed", "dense")
 DTYPES = ("float32", "bfloat16")
+# Attention implementations (sao.models.attention): "auto" = splash on TPU, blockwise for long sequences, else xla.
+ATTENTION_IMPLS = ("auto", "xla", "blockwise", "splash")
 # Remat policies by name; values are attributes of `jax.checkpoint_policies` (None = save nothing = full remat).
 REMAT_POLICIES = {
     "none": None,
@@ -94,6 +96,7 @@ class ModelConfig:
   dtype: str = "float32"  # compute dtype of activations
   param_dtype: str = "float32"  # storage dtype of parameters
   remat: str = "none"  # key of REMAT_POLICIES, applied per decoder layer
+  attention_impl: str = "auto"  # ours: one of ATTENTION_IMPLS (sao.models.attention.resolve_impl)
 
   def __post_init__(self):
     if not self.layer_types:
@@ -160,6 +163,8 @@ class ModelConfig:
       raise ValueError(f"param_dtype: unsupported {self.param_dtype!r}; expected one of {DTYPES}")
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"remat: unsupported {self.remat!r}; expected one of {tuple(REMAT_POLICIES)}")
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(f"attention_impl: unsupported {self.attention_impl!r}; expected one of {ATTENTION_IMPLS}")
 
   @property
   def rotary_dim(self) -> int:

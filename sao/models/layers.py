@@ -19,12 +19,10 @@ import jax
 import jax.numpy as jnp
 
 from sao.models import moe
+from sao.models.attention import AttentionMask, attention
 from sao.models.config import ModelConfig
 
 Array = jax.Array
-# Finite "minus infinity" for masked attention scores: a query with no visible key (a padding query) then gets a
-# uniform softmax instead of NaN; its output is never used.
-_MASK_VALUE = -1e30
 _KERNEL_INIT = nn.initializers.normal(stddev=0.02)
 
 
@@ -88,23 +86,6 @@ def apply_rope(x: Array, positions: Array, theta: float, rotary_dim: int | None 
   return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
 
 
-def dot_product_attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
-  """Grouped-query attention.
-
-  q: [B, T, H, D]; k, v: [B, S, K, D] with H = K·G; mask: [B, T, S] bool (True = may attend).
-  `out[b,t,h] = Σ_s softmax_s(q·k / sqrt(D) masked)[s] · v[b,s,h // G]`; scores and softmax in float32.
-  Returns [B, T, H, D] in v's dtype.
-  """
-  b, t, h, d = q.shape
-  kv_heads = k.shape[2]
-  q = q.reshape(b, t, kv_heads, h // kv_heads, d)
-  scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * (d ** -0.5)
-  scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-  return out.reshape(b, t, h, d)
-
-
 def _write_rows(buffer: Array, update: Array, index: Array) -> Array:
   """buffer[b, index[b] : index[b] + T] = update[b] for every row b. buffer: [B, S, ...]; update: [B, T, ...].
 
@@ -125,9 +106,10 @@ class Attention(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x: Array, positions: Array, mask: Array, write_index: Array | None,
+  def __call__(self, x: Array, positions: Array, mask: AttentionMask, write_index: Array | None,
                cache: dict[str, Array] | None) -> tuple[Array, dict[str, Array] | None]:
-    """x: [B, T, E]; positions: [B, T]; mask: [B, T, S] bool; cache: {'k','v': [B, S, K, D]} or None (then S = T).
+    """x: [B, T, E]; positions: [B, T]; mask: which keys each query sees (`sao.models.attention.AttentionMask`,
+    key_valid [B, S]); cache: {'k','v': [B, S, K, D]} or None (then S = T).
 
     With a cache, this chunk's k/v are written at slots write_index[b] + [0, T) before attending.
     Returns (out [B, T, E], updated cache or None).
@@ -158,7 +140,7 @@ class Attention(nn.Module):
       v = _write_rows(cache["v"], v, write_index)
       new_cache = {"k": k, "v": v}
       k, v = k.astype(dtype), v.astype(dtype)
-    out = dot_product_attention(q, k, v, mask)
+    out = attention(q, k, v, mask, cfg.attention_impl)
     if gate is not None:
       out = (out * jax.nn.sigmoid(gate.astype(jnp.float32))).astype(dtype)
     out = nn.DenseGeneral(

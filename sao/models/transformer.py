@@ -27,6 +27,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from sao.models.attention import AttentionMask
 from sao.models.config import REMAT_POLICIES, ModelConfig
 from sao.models.gated_deltanet import GatedDeltaNet, linear_attention_cache
 from sao.models.layers import MLP, Attention, MoE, dtypes, kernel_init, norm
@@ -51,9 +52,11 @@ def init_cache(config: ModelConfig, batch_size: int, max_length: int, dtype: Any
           "layers": layers}
 
 
-def _positions_and_mask(attention_mask: Array, cache: Cache | None) -> tuple[Array, Array, Array | None, Array | None]:
-  """Returns (positions [B, T], attention mask [B, T, S] bool, write index [B] or None, new slot mask or None).
+def _positions_and_mask(attention_mask: Array, cache: Cache | None
+                        ) -> tuple[Array, AttentionMask, Array | None, Array | None]:
+  """Returns (positions [B, T], attention mask, write index [B] or None, new slot mask or None).
 
+  The mask is factored (`AttentionMask`: key validity [B, S], query slots [B, T]), never a [B, T, S] array.
   No cache: `pos[b,t] = max(Σ_{u<=t} m[b,u] − 1, 0)` and `mask[b,t,s] = s <= t ∧ m[b,s]`.
   Cache: this chunk occupies slots `index[b] + t`; positions continue from the number of real cached tokens, and
   `mask[b,t,s] = s <= index[b] + t ∧ slot_mask'[b,s]`, slot_mask' = cache mask with this chunk's m written in.
@@ -62,17 +65,14 @@ def _positions_and_mask(attention_mask: Array, cache: Cache | None) -> tuple[Arr
   t = m.shape[1]
   if cache is None:
     positions = jnp.maximum(jnp.cumsum(m, axis=1) - 1, 0)
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    return positions, causal[None] & attention_mask.astype(bool)[:, None, :], None, None
+    return positions, AttentionMask(attention_mask.astype(bool)), None, None
   index, slot_mask = cache["index"], cache["mask"]
-  s = slot_mask.shape[1]
   prior = jnp.sum(slot_mask, axis=1, dtype=jnp.int32)  # real tokens already cached
   positions = jnp.maximum(prior[:, None] + jnp.cumsum(m, axis=1) - 1, 0)
   new_slot_mask = jax.vmap(lambda row, upd, i: jax.lax.dynamic_update_slice(row, upd, (i,)))(
       slot_mask, attention_mask.astype(bool), index)
   query_slot = index[:, None] + jnp.arange(t)[None, :]  # [B, T]
-  mask = (jnp.arange(s)[None, None, :] <= query_slot[:, :, None]) & new_slot_mask[:, None, :]
-  return positions, mask, index, new_slot_mask
+  return positions, AttentionMask(new_slot_mask, query_slot), index, new_slot_mask
 
 
 class DecoderLayer(nn.Module):
@@ -82,9 +82,9 @@ class DecoderLayer(nn.Module):
   layer_idx: int
 
   @nn.compact
-  def __call__(self, x: Array, positions: Array, mask: Array, token_mask: Array, write_index: Array | None,
+  def __call__(self, x: Array, positions: Array, mask: AttentionMask, token_mask: Array, write_index: Array | None,
                cache: dict[str, Array] | None) -> tuple[Array, dict[str, Array] | None]:
-    """x: [B, T, E]; positions, token_mask: [B, T]; mask: [B, T, S] bool (full attention); cache: this layer's
+    """x: [B, T, E]; positions, token_mask: [B, T]; mask: full attention's visibility; cache: this layer's
     entry or None. Returns (y [B, T, E], updated entry or None)."""
     cfg = self.config
     kind = cfg.layer_types[self.layer_idx]

@@ -1,0 +1,296 @@
+"""Causal grouped-query attention behind one interface, in three implementations.
+
+`attention(q, k, v, mask, impl)`: q [B, T, H, D]; k, v [B, S, K, D] with H = K·G (query head h reads kv head h // G);
+`mask` an `AttentionMask` (key validity [B, S] and, with a KV cache, each query's slot [B, T]):
+
+    visible[b, t, s] = s <= slot[b, t] ∧ key_valid[b, s]          (slot[b, t] = t without a cache, then S = T)
+    out[b, t, h]     = Σ_s softmax_s(q·k / sqrt(D) | visible)[s] · v[b, s, h // G]
+
+Scores and softmax statistics are float32 whatever the compute dtype; the output has v's dtype. A query with no
+visible key (a padding query) has an unspecified output (the implementations differ there); callers never use it.
+
+- "xla": the reference (`reference_attention`): full [B, K, G, T, S] scores. Fastest for short sequences.
+- "blockwise": flash-attention-style online softmax in jnp (`blockwise_attention`): query blocks × key blocks, a
+  running max / denominator / accumulator in float32, key blocks with nothing visible skipped (`lax.cond`), a
+  custom VJP whose backward pass recomputes probabilities per block pair from the saved log-sum-exp. No array larger
+  than one [block_q, block_k] score tile per (batch, head) exists, forward or backward; K/V are never repeated per
+  query head.
+- "splash": Pallas splash attention on TPU (`splash_attention`; causal mask + segment ids for padding, GQA by
+  running the MQA kernel per kv head). Only the training layout (no cache, T = S).
+- "auto" (`resolve_impl`): splash on TPU for the training layout, else blockwise when one score matrix has at least
+  `BLOCKWISE_MIN_SCORES` entries (T·S), else xla. Short sequences (the toy runs, decode steps) keep the reference.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from sao.models.config import ATTENTION_IMPLS as IMPLS
+
+Array = jax.Array
+# Finite "minus infinity": masked scores never produce NaN (exp(−1e30 − m) = 0 for any finite running max m).
+MASK_VALUE = -1e30
+BLOCK_Q = 512
+BLOCK_K = 512
+# "auto" switches from the reference to blockwise at T·S >= 2048² score entries per (batch, head): below that the
+# [T, S] scores are small and one fused matmul beats the block loop (docs/models.md "Attention kernels").
+BLOCKWISE_MIN_SCORES = 2048 * 2048
+
+
+class AttentionMask(NamedTuple):
+  """Which keys each query sees, without a [B, T, S] array.
+
+  key_valid: [B, S] bool, slot s holds a real token. query_slot: [B, T] int32, the key slot of each query (key s is
+  visible iff s <= query_slot[b, t]); None means query t sits at slot t (no KV cache, S = T).
+  """
+  key_valid: Array
+  query_slot: Array | None = None
+
+  def slots(self, t: int) -> Array:
+    """query_slot as a [B, T] int32 array (arange(T) broadcast when None)."""
+    if self.query_slot is not None:
+      return self.query_slot.astype(jnp.int32)
+    return jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (self.key_valid.shape[0], t))
+
+  def dense(self, t: int) -> Array:
+    """The [B, T, S] bool mask (reference path only)."""
+    s = self.key_valid.shape[1]
+    return (jnp.arange(s)[None, None, :] <= self.slots(t)[:, :, None]) & self.key_valid.astype(bool)[:, None, :]
+
+
+def resolve_impl(impl: str, t: int, s: int, cached: bool, backend: str | None = None) -> str:
+  """The implementation `impl` names; "auto" picks by backend and size (see the module docstring)."""
+  if impl not in IMPLS:
+    raise ValueError(f"attention_impl: unsupported {impl!r}; expected one of {IMPLS}")
+  if impl != "auto":
+    return impl
+  backend = backend or jax.default_backend()
+  if backend == "tpu" and not cached and t == s and t % 128 == 0:
+    return "splash"
+  return "blockwise" if t * s >= BLOCKWISE_MIN_SCORES else "xla"
+
+
+def attention(q: Array, k: Array, v: Array, mask: AttentionMask, impl: str = "auto", *,
+              block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> Array:
+  """Causal GQA attention (module docstring). q: [B, T, H, D]; k, v: [B, S, K, D]. Returns [B, T, H, D]."""
+  _check_shapes(q, k, v, mask)
+  chosen = resolve_impl(impl, q.shape[1], k.shape[1], mask.query_slot is not None)
+  if chosen == "xla":
+    return reference_attention(q, k, v, mask.dense(q.shape[1]))
+  if chosen == "blockwise":
+    return blockwise_attention(q, k, v, mask, block_q=block_q, block_k=block_k)
+  if mask.query_slot is not None or q.shape[1] != k.shape[1]:
+    raise ValueError("attention_impl='splash' supports only the training layout (no KV cache, T = S); "
+                     "use 'auto' to fall back for cached decoding")
+  return splash_attention(q, k, v, mask.key_valid)
+
+
+def _check_shapes(q, k, v, mask):
+  b, t, h, d = q.shape
+  if k.shape != v.shape or k.ndim != 4 or k.shape[0] != b or k.shape[3] != d or h % k.shape[2]:
+    raise ValueError(f"attention: q {q.shape} / k {k.shape} / v {v.shape} are not [B, T, H, D] / [B, S, K, D] "
+                     f"with K dividing H")
+  if mask.key_valid.shape != k.shape[:2]:
+    raise ValueError(f"attention: key_valid {mask.key_valid.shape} must be [B, S] = {k.shape[:2]}")
+  if mask.query_slot is None and t != k.shape[1]:
+    raise ValueError(f"attention: without query_slot T ({t}) must equal S ({k.shape[1]})")
+  if mask.query_slot is not None and mask.query_slot.shape != (b, t):
+    raise ValueError(f"attention: query_slot {mask.query_slot.shape} must be [B, T] = {(b, t)}")
+
+
+def reference_attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
+  """Full-scores GQA attention (the test oracle). mask: [B, T, S] bool (True = may attend).
+
+  A row with no visible key gets a uniform softmax over all S keys (MASK_VALUE is finite), never NaN.
+  """
+  b, t, h, d = q.shape
+  kv_heads = k.shape[2]
+  q = q.reshape(b, t, kv_heads, h // kv_heads, d)
+  scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * (d ** -0.5)
+  scores = jnp.where(mask[:, None, None, :, :], scores, MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+  return out.reshape(b, t, h, d)
+
+
+# ------------------------------------------------------------------------------------------------------ blockwise
+def blockwise_attention(q: Array, k: Array, v: Array, mask: AttentionMask, *, block_q: int = BLOCK_Q,
+                        block_k: int = BLOCK_K) -> Array:
+  """Online-softmax attention over [block_q, block_k] tiles (module docstring); same contract as `attention`.
+
+  T and S need not divide the block sizes: both are padded (padded keys invalid, padded queries dropped). A query
+  with no visible key outputs 0.
+  """
+  if block_q <= 0 or block_k <= 0:
+    raise ValueError(f"attention: block sizes must be positive, got block_q={block_q}, block_k={block_k}")
+  b, t, h, d = q.shape
+  s, kv_heads = k.shape[1], k.shape[2]
+  bq, bk = min(block_q, t), min(block_k, s)
+  tp, sp = -(-t // bq) * bq, -(-s // bk) * bk
+  slots = jnp.pad(mask.slots(t), ((0, 0), (0, tp - t)), constant_values=-1)  # padded queries see nothing
+  valid = jnp.pad(mask.key_valid.astype(bool), ((0, 0), (0, sp - s)))
+  # Blocked layouts, block index leading (the scan axis): q [nq, B, K, G, bq, D]; k, v [nk, B, K, bk, D].
+  qb = jnp.pad(q, ((0, 0), (0, tp - t), (0, 0), (0, 0))).reshape(b, tp // bq, bq, kv_heads, h // kv_heads, d)
+  qb = qb.transpose(1, 0, 3, 4, 2, 5)
+  kb, vb = (jnp.pad(x, ((0, 0), (0, sp - s), (0, 0), (0, 0))).reshape(b, sp // bk, bk, kv_heads, d)
+            .transpose(1, 0, 3, 2, 4) for x in (k, v))
+  slots_b = slots.reshape(b, tp // bq, bq).transpose(1, 0, 2)  # [nq, B, bq]
+  valid_b = valid.reshape(b, sp // bk, bk).transpose(1, 0, 2)  # [nk, B, bk]
+  out = _flash(qb, kb, vb, slots_b, valid_b)  # [nq, B, K, G, bq, D]
+  out = out.transpose(1, 0, 4, 2, 3, 5).reshape(b, tp, h, d)
+  return out[:, :t]
+
+
+def _tile_mask(slots: Array, valid: Array, k_start: Array) -> Array:
+  """[B, 1, 1, bq, bk] visibility of one tile; slots [B, bq], valid [B, bk], k_start the tile's first key slot."""
+  key_slot = k_start + jnp.arange(valid.shape[1])
+  visible = (key_slot[None, None, :] <= slots[:, :, None]) & valid[:, None, :]
+  return visible[:, None, None]
+
+
+def _tile_live(slots: Array, valid: Array, k_start: Array) -> Array:
+  """Whether any query of the block sees any key of the tile (else the tile is skipped)."""
+  return jnp.any(valid) & (k_start <= jnp.max(slots))
+
+
+def _scores(q, k, d):
+  return jnp.einsum("bkgqd,bkcd->bkgqc", q, k, preferred_element_type=jnp.float32) * (d ** -0.5)
+
+
+def _forward(qb, kb, vb, slots_b, valid_b):
+  """Returns (out [nq, B, K, G, bq, D] in v's dtype, lse [nq, B, K, G, bq] float32; 0 where nothing is visible)."""
+  d, bk = qb.shape[-1], kb.shape[3]
+
+  def q_block(_, xs):
+    q, slots = xs
+    stats_shape = q.shape[:-1]
+
+    def k_block(carry, ys):
+      j, k, v, valid = ys
+      k_start = j * bk
+
+      def update(carry):
+        m, l, acc = carry
+        vis = _tile_mask(slots, valid, k_start)
+        sc = _scores(q, k, d)
+        m_new = jnp.maximum(m, jnp.max(jnp.where(vis, sc, MASK_VALUE), axis=-1))
+        p = jnp.where(vis, jnp.exp(sc - m_new[..., None]), 0.0)
+        corr = jnp.exp(m - m_new)
+        pv = jnp.einsum("bkgqc,bkcd->bkgqd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        return m_new, l * corr + jnp.sum(p, axis=-1), acc * corr[..., None] + pv
+
+      return jax.lax.cond(_tile_live(slots, valid, k_start), update, lambda c: c, carry), None
+
+    init = (jnp.full(stats_shape, MASK_VALUE, jnp.float32), jnp.zeros(stats_shape, jnp.float32),
+            jnp.zeros(q.shape, jnp.float32))
+    (m, l, acc), _ = jax.lax.scan(k_block, init, (jnp.arange(kb.shape[0]), kb, vb, valid_b))
+    seen = l > 0
+    out = jnp.where(seen[..., None], acc / jnp.where(seen, l, 1.0)[..., None], 0.0)
+    lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
+    return None, (out.astype(vb.dtype), lse)
+
+  _, (out, lse) = jax.lax.scan(q_block, None, (qb, slots_b))
+  return out, lse
+
+
+@jax.custom_vjp
+def _flash(qb, kb, vb, slots_b, valid_b):
+  return _forward(qb, kb, vb, slots_b, valid_b)[0]
+
+
+def _flash_fwd(qb, kb, vb, slots_b, valid_b):
+  out, lse = _forward(qb, kb, vb, slots_b, valid_b)
+  return out, (qb, kb, vb, slots_b, valid_b, out, lse)
+
+
+def _flash_bwd(res, dout):
+  """Flash-attention backward: with P = exp(S − lse) per tile and Δ = rowsum(dO ∘ O),
+  dV = Pᵀ dO, dS = P ∘ (dO Vᵀ − Δ), dQ = dS K / sqrt(D), dK = dSᵀ Q / sqrt(D). Two passes (dQ over key tiles per
+  query block; dK, dV over query tiles per key block), so only per-block accumulators are carried."""
+  qb, kb, vb, slots_b, valid_b, out, lse = res
+  d, bk = qb.shape[-1], kb.shape[3]
+  scale = d ** -0.5
+  dout32 = dout.astype(jnp.float32)
+  delta = jnp.sum(dout32 * out.astype(jnp.float32), axis=-1)  # [nq, B, K, G, bq]
+
+  def tile(q, k, v, slots, valid, k_start, lse, do, delta):
+    vis = _tile_mask(slots, valid, k_start)
+    p = jnp.where(vis, jnp.exp(_scores(q, k, d) - lse[..., None]), 0.0)
+    dp = jnp.einsum("bkgqd,bkcd->bkgqc", do, v, preferred_element_type=jnp.float32)
+    return p, p * (dp - delta[..., None])
+
+  def dq_block(_, xs):
+    q, slots, lse, do, delta = xs
+
+    def k_block(dq, ys):
+      j, k, v, valid = ys
+
+      def update(dq):
+        _, ds = tile(q, k, v, slots, valid, j * bk, lse, do, delta)
+        return dq + jnp.einsum("bkgqc,bkcd->bkgqd", ds, k, preferred_element_type=jnp.float32) * scale
+
+      return jax.lax.cond(_tile_live(slots, valid, j * bk), update, lambda c: c, dq), None
+
+    dq, _ = jax.lax.scan(k_block, jnp.zeros(q.shape, jnp.float32), (jnp.arange(kb.shape[0]), kb, vb, valid_b))
+    return None, dq.astype(qb.dtype)
+
+  _, dq = jax.lax.scan(dq_block, None, (qb, slots_b, lse, dout32, delta))
+
+  def dkv_block(_, ys):
+    j, k, v, valid = ys
+
+    def q_block(carry, xs):
+      q, slots, lse, do, delta = xs
+
+      def update(carry):
+        dk, dv = carry
+        p, ds = tile(q, k, v, slots, valid, j * bk, lse, do, delta)
+        dv = dv + jnp.einsum("bkgqc,bkgqd->bkcd", p, do, preferred_element_type=jnp.float32)
+        dk = dk + jnp.einsum("bkgqc,bkgqd->bkcd", ds, q, preferred_element_type=jnp.float32) * scale
+        return dk, dv
+
+      return jax.lax.cond(_tile_live(slots, valid, j * bk), update, lambda c: c, carry), None
+
+    zeros = jnp.zeros(k.shape, jnp.float32)
+    (dk, dv), _ = jax.lax.scan(q_block, (zeros, zeros), (qb, slots_b, lse, dout32, delta))
+    return None, (dk.astype(kb.dtype), dv.astype(vb.dtype))
+
+  _, (dk, dv) = jax.lax.scan(dkv_block, None, (jnp.arange(kb.shape[0]), kb, vb, valid_b))
+  return dq, dk, dv, None, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+# ------------------------------------------------------------------------------------------------------ splash (TPU)
+def splash_kernel(heads_per_kv: int, length: int, block: int = BLOCK_Q, interpret: bool = False):
+  """The Pallas splash-attention MQA kernel for one kv head: `heads_per_kv` query heads, causal over `length`."""
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash  # TPU-only kernel; imported on use
+  blk = min(block, length)
+  sizes = splash.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk, block_kv_dkv=blk,
+                            block_kv_dkv_compute=blk, block_q_dq=blk, block_kv_dq=blk)
+  mask = splash.MultiHeadMask([splash.CausalMask((length, length))] * heads_per_kv)
+  return splash.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
+
+
+def splash_attention(q: Array, k: Array, v: Array, key_valid: Array, *, block: int = BLOCK_Q,
+                     interpret: bool = False) -> Array:
+  """Splash attention, training layout (T = S, query t at slot t). q: [B, T, H, D]; k, v: [B, T, K, D];
+  key_valid: [B, T]. Padding is a segment id (real 1, padding 0): real queries see only real keys, and a padding
+  query sees causal padding keys (at least itself), so no softmax row is empty."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import SegmentIds
+  b, t, h, d = q.shape
+  kv_heads = k.shape[2]
+  kernel = splash_kernel(h // kv_heads, t, block, interpret)
+  seg = key_valid.astype(jnp.int32)
+  qs = (q * (d ** -0.5)).astype(q.dtype).reshape(b, t, kv_heads, h // kv_heads, d).transpose(0, 2, 3, 1, 4)
+  ks, vs = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, D]
+
+  def one_row(q_row, k_row, v_row, seg_row):  # [K, G, T, D], [K, T, D], [K, T, D], [T]
+    ids = SegmentIds(q=seg_row, kv=seg_row)
+    return jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=ids))(q_row, k_row, v_row)
+
+  out = jax.vmap(one_row)(qs, ks, vs, seg)  # [B, K, G, T, D]
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d).astype(v.dtype)
