@@ -17,8 +17,11 @@ visible key (a padding query) has an unspecified output (the implementations dif
   query head.
 - "splash": Pallas splash attention on TPU (`splash_attention`; causal mask + segment ids for padding, GQA by
   running the MQA kernel per kv head). Only the training layout (no cache, T = S).
-- "auto" (`resolve_impl`): splash on TPU for the training layout, else blockwise when one score matrix has at least
-  `BLOCKWISE_MIN_SCORES` entries (T·S), else xla. Short sequences (the toy runs, decode steps) keep the reference.
+- "auto" (`resolve_impl`): splash on a single TPU device for the training layout, else blockwise when one score
+  matrix has at least `BLOCKWISE_MIN_SCORES` entries (T·S), else xla. Short sequences (the toy runs, decode steps)
+  keep the reference. Splash is a per-device Pallas kernel: under a multi-device jit XLA cannot partition it (it
+  would gather q/k/v onto every device), so until it is wrapped in a shard_map over the batch / head axes "auto"
+  uses blockwise (plain jnp, which XLA partitions) whenever more than one device is present.
 """
 from __future__ import annotations
 
@@ -60,14 +63,16 @@ class AttentionMask(NamedTuple):
     return (jnp.arange(s)[None, None, :] <= self.slots(t)[:, :, None]) & self.key_valid.astype(bool)[:, None, :]
 
 
-def resolve_impl(impl: str, t: int, s: int, cached: bool, backend: str | None = None) -> str:
-  """The implementation `impl` names; "auto" picks by backend and size (see the module docstring)."""
+def resolve_impl(impl: str, t: int, s: int, cached: bool, backend: str | None = None,
+                 num_devices: int | None = None) -> str:
+  """The implementation `impl` names; "auto" picks by backend, device count and size (module docstring)."""
   if impl not in IMPLS:
     raise ValueError(f"attention_impl: unsupported {impl!r}; expected one of {IMPLS}")
   if impl != "auto":
     return impl
   backend = backend or jax.default_backend()
-  if backend == "tpu" and not cached and t == s and t % 128 == 0:
+  num_devices = jax.device_count() if num_devices is None else num_devices
+  if backend == "tpu" and num_devices == 1 and not cached and t == s and t % 128 == 0:
     return "splash"
   return "blockwise" if t * s >= BLOCKWISE_MIN_SCORES else "xla"
 
@@ -294,3 +299,24 @@ def splash_attention(q: Array, k: Array, v: Array, key_valid: Array, *, block: i
 
   out = jax.vmap(one_row)(qs, ks, vs, seg)  # [B, K, G, T, D]
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d).astype(v.dtype)
+
+
+# ------------------------------------------------------------------------------------------------------ measurement
+def compiled_temp_bytes(impl: str, length: int, batch: int = 1, heads: int = 8, kv_heads: int = 2,
+                        head_dim: int = 128) -> int:
+  """XLA's temp bytes of a compiled (never run) value-and-grad of `impl` ("xla" or "blockwise") at T = S = length."""
+  shapes = ((batch, length, heads, head_dim),) + ((batch, length, kv_heads, head_dim),) * 2
+  args = [jax.ShapeDtypeStruct(shape, jnp.float32) for shape in shapes]
+  mask = AttentionMask(jnp.ones((batch, length), bool))
+  fn = {"xla": lambda q, k, v: reference_attention(q, k, v, mask.dense(length)),
+        "blockwise": lambda q, k, v: blockwise_attention(q, k, v, mask)}[impl]
+  step = jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(fn(q, k, v)), argnums=(0, 1, 2)))
+  return step.lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+if __name__ == "__main__":  # python -m sao.models.attention [length ...]: compiled memory, reference vs blockwise
+  import sys
+  for n in [int(a) for a in sys.argv[1:]] or [8192]:
+    ref, blk = compiled_temp_bytes("xla", n), compiled_temp_bytes("blockwise", n)
+    print(f"T={n} B=1 H=8 K=2 D=128 value+grad temp: xla {ref / 2**20:.1f} MiB, blockwise {blk / 2**20:.1f} MiB "
+          f"({ref / blk:.0f}x) on {jax.default_backend()}")

@@ -92,37 +92,28 @@ def test_blockwise_bfloat16_close_to_float32_reference():
   np.testing.assert_allclose(np.where(seen, out.astype(jnp.float32), 0), np.where(seen, want, 0), atol=5e-2)
 
 
-def _temp_bytes(fn, *args):
-  return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
-
-
 def test_blockwise_backward_memory_far_below_reference():
   """Compiled (not run) value-and-grad at T = 4096: the reference keeps [B, K, G, T, T] float32 scores and
   probabilities; blockwise keeps per-tile arrays and per-block accumulators only."""
-  b, t, h, kv, d = 1, 4096, 2, 1, 32
-  args = [jax.ShapeDtypeStruct(shape, jnp.float32) for shape in ((b, t, h, d), (b, t, kv, d), (b, t, kv, d))]
-  valid = jnp.ones((b, t), bool)
-  mask = attn.AttentionMask(valid)
-
-  def grad_of(fn):
-    return jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v)), argnums=(0, 1, 2))
-
-  ref = _temp_bytes(grad_of(lambda q, k, v: attn.reference_attention(q, k, v, mask.dense(t))), *args)
-  blockwise = _temp_bytes(grad_of(lambda q, k, v: attn.blockwise_attention(q, k, v, mask)), *args)
-  scores_bytes = b * h * t * t * 4
-  assert ref >= scores_bytes  # the oracle really materialises [T, T]
+  t, heads = 4096, 2
+  ref = attn.compiled_temp_bytes("xla", t, heads=heads, kv_heads=1, head_dim=32)
+  blockwise = attn.compiled_temp_bytes("blockwise", t, heads=heads, kv_heads=1, head_dim=32)
+  assert ref >= heads * t * t * 4  # the oracle really materialises [T, T]
   assert blockwise * 20 < ref, (blockwise, ref)
 
 
 def test_resolve_impl_rule():
-  assert attn.resolve_impl("auto", 4096, 4096, cached=False, backend="tpu") == "splash"
-  assert attn.resolve_impl("auto", 1, 131072, cached=True, backend="tpu") == "xla"  # a decode step: [1, S] scores
-  assert attn.resolve_impl("auto", 2048, 4096, cached=True, backend="tpu") == "blockwise"  # a long prefill chunk
-  assert attn.resolve_impl("auto", 100, 100, cached=False, backend="tpu") == "xla"  # not a multiple of 128
+  tpu = dict(backend="tpu", num_devices=1)
+  assert attn.resolve_impl("auto", 4096, 4096, cached=False, **tpu) == "splash"
+  assert attn.resolve_impl("auto", 4096, 4096, cached=False, backend="tpu", num_devices=8) == "blockwise"  # a mesh
+  assert attn.resolve_impl("auto", 1, 131072, cached=True, **tpu) == "xla"  # a decode step: [1, S] scores
+  assert attn.resolve_impl("auto", 2048, 4096, cached=True, **tpu) == "blockwise"  # a long prefill chunk
+  assert attn.resolve_impl("auto", 100, 100, cached=False, **tpu) == "xla"  # not a multiple of 128
   assert attn.resolve_impl("auto", 256, 256, cached=False, backend="cpu") == "xla"
   assert attn.resolve_impl("auto", 2048, 2048, cached=False, backend="cpu") == "blockwise"
   assert attn.resolve_impl("auto", 2048, 2048, cached=False, backend="gpu") == "blockwise"
-  assert attn.resolve_impl("xla", 8192, 8192, cached=False, backend="tpu") == "xla"
+  assert attn.resolve_impl("xla", 8192, 8192, cached=False, **tpu) == "xla"
+  assert attn.resolve_impl("splash", 8192, 8192, cached=False, backend="tpu", num_devices=8) == "splash"
   with pytest.raises(ValueError, match="attention_impl"):
     attn.resolve_impl("flash", 8, 8, cached=False)
 
@@ -164,13 +155,16 @@ def test_model_blockwise_equals_xla_training_and_decode():
   xla, blockwise = CausalLM(_tiny("xla")), CausalLM(_tiny("blockwise"))
   params = xla.init(jax.random.PRNGKey(0), ids, am)
   real = np.asarray(am, bool)[:, :, None]
-  want, _ = xla.apply(params, ids, am)
-  got, _ = blockwise.apply(params, ids, am)
+
+  @jax.jit
+  def run(params, cache_x, cache_b):
+    full = [model.apply(params, ids, am)[0] for model in (xla, blockwise)]
+    steps = []
+    for model, cache in ((xla, cache_x), (blockwise, cache_b)):
+      _, cache = model.apply(params, ids[:, :8], am[:, :8], cache)
+      steps.append(model.apply(params, ids[:, 8:], am[:, 8:], cache)[0])
+    return full, steps
+
+  (want, got), (step_x, step_b) = run(params, init_cache(xla.config, 2, 12), init_cache(blockwise.config, 2, 12))
   np.testing.assert_allclose(np.where(real, got, 0), np.where(real, want, 0), atol=1e-5)
-  outs = []
-  for model in (xla, blockwise):
-    cache = init_cache(model.config, 2, 12)
-    _, cache = model.apply(params, ids[:, :8], am[:, :8], cache)
-    step, _ = model.apply(params, ids[:, 8:], am[:, 8:], cache)
-    outs.append(step)
-  np.testing.assert_allclose(outs[1], outs[0], atol=1e-5)
+  np.testing.assert_allclose(step_b, step_x, atol=1e-5)
