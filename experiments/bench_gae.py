@@ -97,7 +97,7 @@ def main(argv):
         "numpy loop over t": median_seconds(lambda: numpy_loop(rewards, values, mask, _GAMMA.value, lam),
                                             max(1, _REPEATS.value // 2)),
     }
-    for method in ("scan", "associative"):
+    for method in ("chunked", "scan", "associative"):
       fn = make_jitted(method)
       timings[f"jax gae+whiten {method}"] = median_seconds(lambda: fn(*device_args), _REPEATS.value)
     timings["copy (memory bound)"] = median_seconds(lambda: copy_bound(*device_args), _REPEATS.value)
