@@ -154,19 +154,19 @@ def gae(
     raise ValueError(f"gamma must be a scalar, got shape {gamma.shape}")
   lam = checks.per_sequence("lam", lam, values.shape[0], dtype)
   rewards, values = rewards.astype(dtype), values.astype(dtype)
+  def with_returns(advantages):
+    return advantages, jnp.where(mask, advantages + values, 0.0)
+
   if method == "scan":
-    advantages = _gae_scan(rewards, values, mask, gamma, lam)
-  elif method == "associative":
-    advantages = _gae_associative(rewards, values, mask, gamma, lam)
-  elif method == "chunked":
+    return with_returns(_gae_scan(rewards, values, mask, gamma, lam))
+  if method == "associative":
+    return with_returns(_gae_associative(rewards, values, mask, gamma, lam))
+  if method == "chunked":
     gamma_lam = (gamma * lam)[:, 0]  # [B]
-    advantages = jax.lax.cond(gae_chunked.fits(gamma_lam, mask),
-                              lambda: gae_chunked.advantages(rewards, values, mask, gamma, gamma_lam),
-                              lambda: _gae_scan(rewards, values, mask, gamma, lam))
-  else:
-    raise ValueError(f"method must be 'chunked', 'scan' or 'associative', got {method!r}")
-  returns = jnp.where(mask, advantages + values, 0.0)
-  return advantages, returns
+    return jax.lax.cond(gae_chunked.fits(gamma_lam, mask),
+                        lambda: gae_chunked.advantages_and_returns(rewards, values, mask, gamma, gamma_lam),
+                        lambda: with_returns(_gae_scan(rewards, values, mask, gamma, lam)))
+  raise ValueError(f"method must be 'chunked', 'scan' or 'associative', got {method!r}")
 
 
 def length_adaptive_lambda(action_mask: jax.Array, alpha: float = 1.5) -> jax.Array:

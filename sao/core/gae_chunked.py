@@ -34,12 +34,12 @@ def fits(gamma_lam: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.all(in_range | ~jnp.any(mask, axis=-1))
 
 
-def advantages(rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: jax.Array,
-               gamma_lam: jax.Array, block: int = 256) -> jax.Array:
-  """`A [B, T]` (0 where `m = 0`), exact when `fits(gamma_lam, mask)`.
+def advantages_and_returns(rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: jax.Array,
+                           gamma_lam: jax.Array, block: int = 256) -> tuple[jax.Array, jax.Array]:
+  """`(A, R = A + V)`, both `[B, T]` and 0 where `m = 0`; exact when `fits(gamma_lam, mask)`.
 
   The time axis is processed right to left in blocks of `block` tokens (`[B, block]` tiles, a few hundred KB), so
-  every intermediate stays in cache and the only `[B, T]` traffic is reading the inputs and writing `A` once.
+  every intermediate stays in cache and the only `[B, T]` traffic is reading the inputs and writing `A` and `R` once.
 
   Args:
     rewards, values: `[B, T]` in the compute dtype.
@@ -53,7 +53,7 @@ def advantages(rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: ja
   if block % length:
     raise ValueError(f"block must be a multiple of {length}, got {block}")
   if num_tokens == 0:
-    return jnp.zeros_like(rewards)
+    return jnp.zeros_like(rewards), jnp.zeros_like(rewards)
   block = min(block, -(-num_tokens // length) * length)
   num_blocks = -(-num_tokens // block)
   pad = num_blocks * block - num_tokens
@@ -79,7 +79,7 @@ def advantages(rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: ja
     return jax.lax.dynamic_slice_in_dim(x, start, block, axis=1).reshape(batch, chunks, length)
 
   def block_step(i, carry):
-    adv, state = carry  # state: H entering this block from its right, [B]
+    adv, ret, state = carry  # state: H entering this block from its right, [B]
     start = (num_blocks - 1 - i) * block
     r, v, mb = tile(rewards, start), tile(values, start), tile(mask, start)
     m = mb.astype(dtype)
@@ -97,9 +97,11 @@ def advantages(rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: ja
       state = entering_left[:, k] + chunk_decay[:, k] * state
     from_right = jnp.stack(from_right[::-1], axis=1) * jnp.exp((chunk_actions - half) * log_g)  # g^{n_k−L/2}·H_{k+1}
     h = jnp.exp((half - actions_before - m) * log_g3) * (after_sum + from_right[..., None])
-    a = jnp.where(mb, r - v + h, 0.0).reshape(batch, block)
-    return jax.lax.dynamic_update_slice_in_dim(adv, a, start, axis=1), state
+    a = jnp.where(mb, r - v + h, 0.0)
+    adv = jax.lax.dynamic_update_slice_in_dim(adv, a.reshape(batch, block), start, axis=1)
+    ret = jax.lax.dynamic_update_slice_in_dim(ret, jnp.where(mb, a + v, 0.0).reshape(batch, block), start, axis=1)
+    return adv, ret, state
 
-  adv = jnp.zeros((batch, num_blocks * block), dtype)
-  adv, _ = jax.lax.fori_loop(0, num_blocks, block_step, (adv, jnp.zeros((batch,), dtype)))
-  return adv[:, :num_tokens]
+  zeros = jnp.zeros((batch, num_blocks * block), dtype)
+  adv, ret, _ = jax.lax.fori_loop(0, num_blocks, block_step, (zeros, zeros, jnp.zeros((batch,), dtype)))
+  return adv[:, :num_tokens], ret[:, :num_tokens]

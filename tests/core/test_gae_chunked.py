@@ -9,7 +9,14 @@ from sao.core import gae_chunked
 from tests.core import reference as ref
 from tests.core.test_advantages import agent_mask
 
-_kernel = jax.jit(gae_chunked.advantages, static_argnames="block")
+_kernel_both = jax.jit(gae_chunked.advantages_and_returns, static_argnames="block")
+
+
+def _kernel(rewards, values, mask, gamma, gamma_lam, block):
+  """Advantages from the kernel, after checking its returns are `m·(A + V)`."""
+  adv, ret = _kernel_both(rewards, values, mask, gamma, gamma_lam, block=block)
+  np.testing.assert_allclose(ret, np.where(mask, np.asarray(adv) + values, 0.0), rtol=1e-6, atol=1e-6)
+  return adv
 _gae = jax.jit(adv_lib.gae, static_argnames="method")
 
 
@@ -118,4 +125,4 @@ def test_long_sequences(num_tokens):
 def test_block_must_be_a_multiple_of_the_chunk():
   x = np.zeros((1, 40), np.float32)
   with pytest.raises(ValueError, match="block"):
-    gae_chunked.advantages(x, x, x > 0, jnp.float32(1.0), jnp.ones((1,)), block=20)
+    gae_chunked.advantages_and_returns(x, x, x > 0, jnp.float32(1.0), jnp.ones((1,)), block=20)
