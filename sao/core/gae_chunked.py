@@ -1,4 +1,4 @@
-"""Skip-observation GAE as chunk-local triangular matmuls plus one short scan over chunk boundaries.
+"""Skip-observation GAE as chunk-local triangular matmuls, processed in cache-sized blocks of the time axis.
 
 The recursion of `sao.core.advantages.gae` (docs/algorithm.md), written for the state `h` that enters an action
 token's advantage, `A'_t = r_t − V_t + h_t`, is a sum over the action tokens after `t`:
@@ -7,19 +7,18 @@ token's advantage, `A'_t = r_t − V_t + h_t`, is a sum over the action tokens a
 
 with `K_s` the number of action tokens before `s` and `J_t = K_t + m_t` those up to and including `t`, so the
 exponent counts the action tokens strictly between `t` and `s` (observation tokens are bridged: they cost no
-discount step). Within a chunk of `L` tokens the weight factors, `g^{K_s − J_t} = g^{K_s − L/2} · g^{L/2 − J_t}`, so
-the chunk-local part is a scaled strict reverse cumulative sum — one `[B·T/L, L] @ [L, L]` matmul against a constant
-0/1 triangle (the "segment sum" of state-space models), which runs on the vector/matrix units instead of a
-`T`-step loop. Both factors stay within `g^{±L/2}`, so the scaling is exact in float32 while `g^{L/2}` stays far
-from underflow; `fits` says when it does. One reverse `lax.scan` over the `T/L` chunk boundaries (on `[B]` vectors)
-carries the state between chunks.
+discount step). Within a chunk of `L` tokens the weight factors, `g^{K_s − J_t} = g^{K_s − L/2} · g^{L/2 − J_t}`,
+so the chunk-local part is a scaled strict reverse cumulative sum: one `[·, L] @ [L, L]` matmul against a constant
+0/1 triangle (the "segment sum" of state-space models) instead of an `L`-step loop. Both factors stay within
+`g^{±L/2}`, so the scaling is exact in float32 while `g^{L/2}` stays far from underflow; `fits` says when it does.
+Between chunks the state obeys a short affine recurrence on `[B]` vectors, carried right to left through the blocks.
 """
 import jax
 import jax.numpy as jnp
 
 CHUNK = 16
 # Largest |exponent| a factor takes is CHUNK/2; keep g^{±CHUNK/2} within 2^{±64} so that neither the factors nor
-# their products with O(2^{60})-sized rewards and values overflow or leave the normal float32 range.
+# their products with rewards and values below ~2^{58} in magnitude overflow or leave the normal float32 range.
 _MAX_LOG2_SCALE = 64.0
 G_MIN = 2.0 ** (-_MAX_LOG2_SCALE / (CHUNK // 2))  # ≈ 0.0039
 

@@ -119,7 +119,8 @@ def test_long_sequences(num_tokens):
   advantages, _ = _gae(rewards, values, mask, 1.0, lam, method="chunked")
   want, _ = ref.gae(rewards, values, mask, 1.0, lam)
   scale = np.max(np.abs(want))
-  np.testing.assert_allclose(advantages, want, rtol=0, atol=4 * np.finfo(np.float32).eps * np.sqrt(num_tokens) * scale)
+  bound = 4 * np.finfo(np.float32).eps * np.sqrt(num_tokens) * scale
+  np.testing.assert_allclose(advantages, want, rtol=0, atol=bound)
 
 
 def test_block_must_be_a_multiple_of_the_chunk():
