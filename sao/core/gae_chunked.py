@@ -29,8 +29,11 @@ def fits(gamma_lam: jax.Array, mask: jax.Array) -> jax.Array:
   Outside that range (λ = 0, γ = 0, λ below ~0.004) `g^{−L/2}` leaves the float32 range and the factored weights
   are not exact; callers use the scan there. Sequences without an action token have all-zero advantages whatever g.
   """
-  in_range = (gamma_lam >= G_MIN) & (gamma_lam <= 1.0 / G_MIN)
-  return jnp.all(in_range | ~jnp.any(mask, axis=-1))
+  return jnp.all(_in_range(gamma_lam) | ~jnp.any(mask, axis=-1))
+
+
+def _in_range(gamma_lam):
+  return (gamma_lam >= G_MIN) & (gamma_lam <= 1.0 / G_MIN)
 
 
 def advantages_and_returns(rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: jax.Array,
@@ -61,8 +64,10 @@ def advantages_and_returns(rewards: jax.Array, values: jax.Array, mask: jax.Arra
     mask = jnp.pad(mask, ((0, 0), (0, pad)))
   dtype = rewards.dtype
   chunks = block // length
-  # Rows without an action token have all-zero advantages whatever g; g = 1 keeps their intermediates finite.
-  gamma_lam = jnp.where(jnp.any(mask, axis=-1), gamma_lam, 1.0)
+  # Rows without an action token have all-zero advantages whatever g, and when `fits` is false the caller discards
+  # this result (under `vmap` a `lax.cond` computes both branches): g = 1 there keeps every intermediate finite
+  # (log 0 would put inf and NaN into the discarded branch).
+  gamma_lam = jnp.where(_in_range(gamma_lam) & jnp.any(mask, axis=-1), gamma_lam, 1.0)
   log_g = jnp.log(gamma_lam)[:, None]  # [B, 1], finite when fits()
   g3, log_g3 = gamma_lam[:, None, None], log_g[:, :, None]
   scale_left = jnp.exp(half * log_g)  # g^{L/2}

@@ -127,3 +127,17 @@ def test_block_must_be_a_multiple_of_the_chunk():
   x = np.zeros((1, 40), np.float32)
   with pytest.raises(ValueError, match="block"):
     gae_chunked.advantages_and_returns(x, x, x > 0, jnp.float32(1.0), jnp.ones((1,)), block=20)
+
+
+def test_vmap_and_grad_with_lambda_zero_stay_finite():
+  # Under vmap the lax.cond in gae() becomes a select that computes the chunked branch too, with g = 0 where it does
+  # not fit; the result and its gradient must still be the scan's, finite.
+  rewards, values, mask = edge_rows(4, num_tokens=20)
+
+  def total(values, method):
+    per_row = jax.vmap(lambda r, v, m: adv_lib.gae(r[None], v[None], m[None], 0.9, 0.0, method=method)[0][0])
+    return per_row(rewards, values, mask).sum()
+
+  got = jax.grad(total)(values, "chunked")
+  assert np.all(np.isfinite(got))
+  np.testing.assert_allclose(got, jax.grad(total)(values, "scan"), rtol=1e-6, atol=1e-6)
