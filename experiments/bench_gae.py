@@ -1,12 +1,16 @@
-r"""Benchmark: skip-observation GAE + masked whitening, jitted (scan / associative) vs a NumPy loop vs a copy.
+r"""Benchmark: skip-observation GAE + masked whitening, jitted (chunked / scan / associative) vs a NumPy loop vs a copy.
 
     python experiments/bench_gae.py                      # both sizes, median of 5 timed runs each
     python experiments/bench_gae.py --sizes=64x4096 --repeats=3
 
 Prints one table of tokens/s per implementation with its ratio to the NumPy loop (the way verl's reference
 `compute_gae_advantage_return` loops over t) and to the copy bound (a jitted pass that reads the same inputs and
-writes the same outputs, i.e. the memory floor of any GAE). All numbers come from this one run.
+writes the same outputs, i.e. the memory floor of any GAE). Two more rows split the default pipeline: GAE alone
+(`method="chunked"`) and `masked_whiten` alone on precomputed advantages. All numbers come from this one run.
+`ms` is the median wall time; `cpu ms` the median process CPU time of the same runs (all threads), which moves less
+than wall time when other jobs share the cores.
 """
+import os
 import time
 
 from absl import app, flags
@@ -51,19 +55,30 @@ def make_jitted(method):
 
 
 @jax.jit
+def gae_only(rewards, values, mask):
+  lam = adv_lib.length_adaptive_lambda(mask)
+  return adv_lib.gae(rewards, values, mask, _GAMMA.value, lam, method="chunked")
+
+
+whiten_only = jax.jit(adv_lib.masked_whiten)
+
+
+@jax.jit
 def copy_bound(rewards, values, mask):
   # Reads the same three inputs and writes two float32 outputs of the same size: the memory floor.
   return jnp.where(mask, rewards, 0.0), jnp.where(mask, values, 0.0)
 
 
 def median_seconds(fn, repeats):
+  """(median wall seconds, median process CPU seconds) over `repeats` calls after a warm-up call."""
   jax.block_until_ready(fn())  # warm up (and compile)
-  times = []
+  wall, cpu = [], []
   for _ in range(repeats):
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
+    wall.append(time.perf_counter() - start)
+    cpu.append(time.process_time() - start_cpu)
+  return float(np.median(wall)), float(np.median(cpu))
 
 
 def inputs(batch, num_tokens, seed=0):
@@ -84,8 +99,9 @@ def inputs(batch, num_tokens, seed=0):
 def main(argv):
   del argv
   print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} device(s)); median of "
-        f"{_REPEATS.value} runs after warm-up")
-  header = f"{'B x T':>12} {'implementation':>24} {'ms':>10} {'Mtok/s':>10} {'vs loop':>9} {'vs copy':>9}"
+        f"{_REPEATS.value} runs after warm-up; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+  header = (f"{'B x T':>12} {'implementation':>26} {'ms':>9} {'cpu ms':>9} {'Mtok/s':>9} {'vs loop':>9} "
+            f"{'vs copy':>9}")
   print(header)
   print("-" * len(header))
   for size in _SIZES.value:
@@ -97,14 +113,19 @@ def main(argv):
         "numpy loop over t": median_seconds(lambda: numpy_loop(rewards, values, mask, _GAMMA.value, lam),
                                             max(1, _REPEATS.value // 2)),
     }
-    for method in ("scan", "associative"):
+    for method in ("chunked", "scan", "associative"):
       fn = make_jitted(method)
       timings[f"jax gae+whiten {method}"] = median_seconds(lambda: fn(*device_args), _REPEATS.value)
+    timings["  gae alone (chunked)"] = median_seconds(lambda: gae_only(*device_args), _REPEATS.value)
+    advantages = gae_only(*device_args)[0]
+    timings["  masked_whiten alone"] = median_seconds(lambda: whiten_only(advantages, device_args[2]),
+                                                      _REPEATS.value)
     timings["copy (memory bound)"] = median_seconds(lambda: copy_bound(*device_args), _REPEATS.value)
     tokens = batch * num_tokens
-    for name, seconds in timings.items():
-      print(f"{size:>12} {name:>24} {seconds * 1e3:>10.2f} {tokens / seconds / 1e6:>10.1f} "
-            f"{timings['numpy loop over t'] / seconds:>8.1f}x {seconds / timings['copy (memory bound)']:>8.2f}x")
+    loop, copy = timings["numpy loop over t"][0], timings["copy (memory bound)"][0]
+    for name, (seconds, cpu_seconds) in timings.items():
+      print(f"{size:>12} {name:>26} {seconds * 1e3:>9.2f} {cpu_seconds * 1e3:>9.2f} {tokens / seconds / 1e6:>9.1f} "
+            f"{loop / seconds:>8.1f}x {seconds / copy:>8.2f}x")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from sao.core import checks
+from sao.core import gae_chunked
 from sao.core.masked import masked_mean, masked_var, masked_whiten  # re-exported: part of this module's API
 
 __all__ = [
@@ -115,7 +116,7 @@ def gae(
     action_mask: jax.Array,
     gamma: float | jax.Array,
     lam: float | jax.Array,
-    method: Literal["scan", "associative"] = "scan",
+    method: Literal["chunked", "scan", "associative"] = "chunked",
 ) -> tuple[jax.Array, jax.Array]:
   """Skip-observation generalized advantage estimation.
 
@@ -135,7 +136,10 @@ def gae(
     action_mask: `[B, T]` bool/int, 1 on model-action tokens.
     gamma: scalar discount γ.
     lam: scalar λ or per-sequence `[B]` (e.g. from `length_adaptive_lambda`).
-    method: "scan" (reverse `lax.scan`) or "associative" (parallel scan); they agree to float rounding.
+    method: "chunked" (chunk-local triangular matmuls plus a scan over chunk boundaries, `sao.core.gae_chunked`;
+      the fastest, and it falls back to "scan" for a batch with a sequence whose γλ is outside
+      `[gae_chunked.G_MIN, 1/G_MIN]`, e.g. λ = 0), "scan" (two-level reverse `lax.scan`, the reference) or
+      "associative" (parallel scan). They agree to float rounding.
 
   Returns:
     `(advantages, returns)`, both `[B, T]` in the compute dtype (float32 for float32/bfloat16 inputs), 0 where `m == 0`.
@@ -150,14 +154,19 @@ def gae(
     raise ValueError(f"gamma must be a scalar, got shape {gamma.shape}")
   lam = checks.per_sequence("lam", lam, values.shape[0], dtype)
   rewards, values = rewards.astype(dtype), values.astype(dtype)
+  def with_returns(advantages):
+    return advantages, jnp.where(mask, advantages + values, 0.0)
+
   if method == "scan":
-    advantages = _gae_scan(rewards, values, mask, gamma, lam)
-  elif method == "associative":
-    advantages = _gae_associative(rewards, values, mask, gamma, lam)
-  else:
-    raise ValueError(f"method must be 'scan' or 'associative', got {method!r}")
-  returns = jnp.where(mask, advantages + values, 0.0)
-  return advantages, returns
+    return with_returns(_gae_scan(rewards, values, mask, gamma, lam))
+  if method == "associative":
+    return with_returns(_gae_associative(rewards, values, mask, gamma, lam))
+  if method == "chunked":
+    gamma_lam = (gamma * lam)[:, 0]  # [B]
+    return jax.lax.cond(gae_chunked.fits(gamma_lam, mask),
+                        lambda: gae_chunked.advantages_and_returns(rewards, values, mask, gamma, gamma_lam),
+                        lambda: with_returns(_gae_scan(rewards, values, mask, gamma, lam)))
+  raise ValueError(f"method must be 'chunked', 'scan' or 'associative', got {method!r}")
 
 
 def length_adaptive_lambda(action_mask: jax.Array, alpha: float = 1.5) -> jax.Array:

@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 
 from sao.core import advantages as adv_lib
+from sao.core import gae_chunked
 from tests.core import reference as ref
+
+METHODS = ["chunked", "scan", "associative"]
 
 
 def agent_mask(rng, batch, num_tokens):
@@ -35,7 +38,7 @@ def random_inputs(seed, batch=6, num_tokens=37):
   return rewards, values, agent_mask(rng, batch, num_tokens), rng
 
 
-@pytest.mark.parametrize("method", ["scan", "associative"])
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (0.99, 0.95), (0.9, "per_sequence"), (0.5, 0.0)])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_gae_matches_float64_loop(method, gamma, lam, seed):
@@ -54,7 +57,7 @@ def test_gae_matches_float64_loop(method, gamma, lam, seed):
 def test_gae_float64_exact_under_x64():
   rewards, values, mask, _ = random_inputs(3, batch=4, num_tokens=50)
   with jax.enable_x64(True):
-    for method in ("scan", "associative"):
+    for method in METHODS:
       a, r = adv_lib.gae(rewards.astype(np.float64), values.astype(np.float64), mask, 0.97, 0.9, method=method)
       assert a.dtype == jnp.float64
       want_a, want_r = ref.gae(rewards, values, mask, 0.97, 0.9)
@@ -62,37 +65,44 @@ def test_gae_float64_exact_under_x64():
       np.testing.assert_allclose(r, want_r, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (1, 9), (5, 1)])
+@pytest.mark.parametrize("shape", [(1, 1), (1, 9), (5, 1), (0, 4), (3, 0)])
 def test_gae_edge_shapes(shape):
   rng = np.random.default_rng(4)
   rewards = rng.normal(size=shape).astype(np.float32)
   values = rng.normal(size=shape).astype(np.float32)
   mask = rng.random(shape) < 0.5
-  for method in ("scan", "associative"):
+  for method in METHODS:
     a, r = adv_lib.gae(rewards, values, mask, 0.9, 0.7, method=method)
     want_a, want_r = ref.gae(rewards, values, mask, 0.9, 0.7)
     np.testing.assert_allclose(a, want_a, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(r, want_r, rtol=1e-5, atol=1e-6)
 
 
-def test_gae_bridges_observations_and_is_monte_carlo_at_gamma_lambda_one():
+@pytest.mark.parametrize("method", METHODS)
+def test_gae_bridges_observations_and_is_monte_carlo_at_gamma_lambda_one(method):
   # Terminal reward on the last action token, γ = λ = 1: every action token's return is the outcome reward,
   # however long the observation runs between turns.
   mask = np.array([[0, 1, 1, 0, 0, 0, 1, 0, 0]], bool)
   token_rewards, _ = adv_lib.place_terminal_reward(jnp.array([1.0]), mask)
   values = np.linspace(0.1, 0.9, 9, dtype=np.float32)[None]
-  a, r = adv_lib.gae(token_rewards, values, mask, 1.0, 1.0)
+  a, r = adv_lib.gae(token_rewards, values, mask, 1.0, 1.0, method=method)
   np.testing.assert_allclose(np.asarray(r)[mask], 1.0, rtol=1e-6)
   np.testing.assert_allclose(np.asarray(a)[mask], 1.0 - values[mask], rtol=1e-6)
 
 
-def test_gae_bfloat16_inputs_compute_in_float32():
+@pytest.mark.parametrize("method", METHODS)
+def test_gae_bfloat16_inputs_compute_in_float32(method):
   rewards, values, mask, _ = random_inputs(5)
-  a, r = adv_lib.gae(jnp.asarray(rewards, jnp.bfloat16), jnp.asarray(values, jnp.bfloat16), mask, 0.99, 0.95)
+  a, r = adv_lib.gae(jnp.asarray(rewards, jnp.bfloat16), jnp.asarray(values, jnp.bfloat16), mask, 0.99, 0.95,
+                     method=method)
   assert a.dtype == jnp.float32 and r.dtype == jnp.float32
   want_a, _ = ref.gae(np.asarray(jnp.asarray(rewards, jnp.bfloat16), np.float64),
                       np.asarray(jnp.asarray(values, jnp.bfloat16), np.float64), mask, 0.99, 0.95)
   np.testing.assert_allclose(a, want_a, rtol=1e-4, atol=1e-4)
+
+
+# jit caches one compile per (shape, method); γ and λ are traced, so hypothesis' values cost no recompiles.
+_jitted_gae = jax.jit(adv_lib.gae, static_argnames="method")
 
 
 @hypothesis.settings(deadline=None, max_examples=40)
@@ -104,17 +114,20 @@ def test_gae_bfloat16_inputs_compute_in_float32():
     gamma=st.floats(0.5, 1.0),
     lam=st.floats(0.0, 1.0),
 )
-def test_gae_property_scan_equals_associative_equals_loop(data, batch, num_tokens, gamma, lam):
+def test_gae_property_methods_equal_loop(data, batch, num_tokens, gamma, lam):
   floats = st.floats(-10, 10, width=32)
   rewards = data.draw(hnp.arrays(np.float32, (batch, num_tokens), elements=floats))
   values = data.draw(hnp.arrays(np.float32, (batch, num_tokens), elements=floats))
   mask = data.draw(hnp.arrays(np.bool_, (batch, num_tokens)))
-  a_scan, r_scan = adv_lib.gae(rewards, values, mask, gamma, lam, method="scan")
-  a_assoc, r_assoc = adv_lib.gae(rewards, values, mask, gamma, lam, method="associative")
+  a_scan, r_scan = _jitted_gae(rewards, values, mask, gamma, lam, method="scan")
+  a_assoc, r_assoc = _jitted_gae(rewards, values, mask, gamma, lam, method="associative")
+  a_chunk, r_chunk = _jitted_gae(rewards, values, mask, gamma, lam, method="chunked")
   want_a, want_r = ref.gae(rewards, values, mask, gamma, lam)
   np.testing.assert_allclose(a_scan, want_a, rtol=1e-5, atol=1e-4)
   np.testing.assert_allclose(a_assoc, a_scan, rtol=1e-5, atol=1e-4)
   np.testing.assert_allclose(r_assoc, r_scan, rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(a_chunk, want_a, rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(r_chunk, want_r, rtol=1e-5, atol=1e-4)
 
 
 def test_length_adaptive_lambda():

@@ -33,7 +33,7 @@ def test_sharded_gae_equals_unsharded():
   lam = adv_lib.length_adaptive_lambda(mask)
   sharding = NamedSharding(mesh, P("data"))
   args = [jax.device_put(a, sharding) for a in (rewards, values, mask)]
-  for method in ("scan", "associative"):
+  for method in ("chunked", "scan", "associative"):
     got = jax.jit(adv_lib.gae, static_argnames="method")(*args, 1.0, lam, method=method)
     want = adv_lib.gae(rewards, values, mask, 1.0, lam, method=method)
     # Same math, compiled differently (the sharded associative scan fuses in another order): float32 rounding of
