@@ -13,6 +13,7 @@ Chip facts (`CHIPS`), from the Google Cloud TPU documentation pages "TPU v4", "T
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 
 import jax
@@ -53,6 +54,9 @@ def topology_devices(name: str) -> tuple[Chip, list[jax.Device]]:
   """The chip and the devices (one per chip) of a TPU topology. Needs libtpu (`pip install "jax[tpu]"`)."""
   chip, dims = parse_topology(name)
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  # libtpu takes a machine-wide lock (/tmp/libtpu_lockfile) so that two processes never drive one TPU; compiling
+  # drives none, and two compiles (a test and its subprocess, two reports) must be able to run side by side.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   try:
     description = topologies.get_topology_desc(platform="tpu", topology_name=name,
                                                 chip_config_name=chip.chip_config_name)
