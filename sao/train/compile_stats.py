@@ -142,22 +142,22 @@ def buffer_report(dump_dir: str, top: int = 3) -> BufferReport | None:
       value = _VALUE.match(line) if kind else None
       if value:
         buffers.append(Buffer(int(value.group(2)), kind, value.group(1), value.group(3).split("{")[0]))
-  largest: list[Buffer] = []
-  for buffer in sorted(buffers, key=lambda b: -b.size):
-    if not any(b.instruction == buffer.instruction for b in largest):
-      largest.append(buffer)
-    if len(largest) == top:
-      break
-  names = {b.instruction for b in largest}
+  candidates = sorted(buffers, key=lambda b: -b.size)[:8 * top]
+  names = {b.instruction for b in candidates}
   hlo = _module_file(dump_dir, ".after_optimizations.txt")
   if hlo and names:
+    op_names = {}
     with open(hlo) as f:
       for line in f:
         match = _OP_NAME.match(line)
         if match and match.group(1) in names:
-          for b in largest:
-            if b.instruction == match.group(1) and not b.op_name:
-              b.op_name = match.group(2)
+          op_names.setdefault(match.group(1), match.group(2))
+    for b in candidates:
+      b.op_name = op_names.get(b.instruction, "")
+  largest: list[Buffer] = []  # one per (jax operation, shape): XLA's rematerialised copies of a buffer count once
+  for b in candidates:
+    if len(largest) < top and not any((o.op_name, o.shape) == (b.op_name, b.shape) for o in largest):
+      largest.append(b)
   return BufferReport(sizes["argument"], sizes["output"], sizes["temporary"], largest)
 
 
