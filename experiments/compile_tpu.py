@@ -61,14 +61,7 @@ def format_table(rows, chip) -> str:
   lines = [f"HBM GiB per chip ({chip.name}: {chip.hbm_bytes / GIB:.0f} GiB); TFLOPs per step over all chips; est s "
            f"and MFU are XLA's cost-model estimate, not a measurement (r: roofline of XLA's FLOP and byte counts, where "
            f"XLA's own time was not positive)", header, "-" * len(header)]
-  for r in rows:
-    lines.append(
-        f"{r.program:<18}{r.bucket:>7}{r.batch:>5}{r.calls:>6} {r.argument_bytes / GIB:>8.2f}{r.temp_bytes / GIB:>9.2f}"
-        f"{r.output_bytes / GIB:>8.2f}{r.hbm_bytes_per_chip / GIB:>9.2f}{chip.hbm_bytes / GIB:>5.0f}  "
-        f"{'yes' if r.fits else 'NO':<5}{_fmt(r.xla_flops / 1e12 if r.fits else None, '.3e'):>11}"
-        f"{r.flops / 1e12:>11.3e}{r.analytic_flops / 1e12:>11.3e}{_fmt(r.estimated_seconds, '.3e'):>10}"
-        f"{_fmt(None if r.estimated_mfu is None else 100 * r.estimated_mfu, '.1f'):>6}%"
-        f"{'' if r.estimate_source != 'roofline_of_xla_counts' else ' r'}")
+  lines += [row_line(r, chip) for r in rows]
   for r in rows:
     if not r.fits:
       lines.append(f"does not fit: {r.program} at T={r.bucket}: {r.error}")
@@ -76,6 +69,16 @@ def format_table(rows, chip) -> str:
         lines.append(f"    {b['size'] / GIB:9.2f} GiB {b['kind']:<9} {b['shape']:<28} {b['instruction']} "
                      f"{b['op_name'][-110:]}")
   return "\n".join(lines)
+
+
+def row_line(r, chip) -> str:
+  return (
+        f"{r.program:<18}{r.bucket:>7}{r.batch:>5}{r.calls:>6} {r.argument_bytes / GIB:>8.2f}{r.temp_bytes / GIB:>9.2f}"
+        f"{r.output_bytes / GIB:>8.2f}{r.hbm_bytes_per_chip / GIB:>9.2f}{chip.hbm_bytes / GIB:>5.0f}  "
+        f"{'yes' if r.fits else 'NO':<5}{_fmt(r.xla_flops / 1e12 if r.fits else None, '.3e'):>11}"
+        f"{r.flops / 1e12:>11.3e}{r.analytic_flops / 1e12:>11.3e}{_fmt(r.estimated_seconds, '.3e'):>10}"
+        f"{_fmt(None if r.estimated_mfu is None else 100 * r.estimated_mfu, '.1f'):>6}%"
+        f"{'' if r.estimate_source != 'roofline_of_xla_counts' else ' r'}")
 
 
 def update_summary(rows, chip, chips: int) -> list[str]:
@@ -104,18 +107,26 @@ def main(argv):
   print(f"{config.name}: {config.learner.algorithm}, {model_config.model_type} ({model_config.dtype}), "
         f"{_TOPOLOGY.value} = {len(devices)} chips, mesh {dict(config.learner.mesh)}, "
         f"micro_batch_size {config.learner.batching.micro_batch_size}", flush=True)
-  progress = lambda r: print(f"  compiled {r.program} T={r.bucket} in {r.compile_seconds:.0f} s "
-                             f"({'fits' if r.fits else 'does not fit'})", flush=True)
-  rows = aot.compile_update(config, model_config, devices, chip, [int(b) for b in _BUCKETS.value] or None,
-                            _PROGRAMS.value, progress)
+  meta = {"topology": _TOPOLOGY.value, "config": config.name, "command": " ".join(sys.argv), "chips": len(devices),
+          "peak_bf16_flops_per_chip": chip.peak_bf16_flops, "model_dtype": model_config.dtype}
+  done = []
+
+  def progress(row):  # each row as soon as it is compiled (a full config takes many minutes per program)
+    print(f"  [{row.compile_seconds:.0f} s] {row_line(row, chip)}", flush=True)
+    done.append(row)
+    if _OUT.value:
+      with open(_OUT.value, "w") as f:
+        json.dump([dict(vars(r), **meta) for r in done], f, indent=1)
+
+  try:
+    rows = aot.compile_update(config, model_config, devices, chip, [int(b) for b in _BUCKETS.value] or None,
+                              _PROGRAMS.value, progress)
+  except ValueError as e:  # a config the learner rejects on this topology: say so, as the trainer would
+    print(f"compile_tpu: {config.name} on {_TOPOLOGY.value}: {e}", file=sys.stderr)
+    sys.exit(2)
   print(format_table(rows, chip))
   print("\n".join(update_summary(rows, chip, len(devices))))
   print(f"compiled {len(rows)} programs in {time.perf_counter() - start:.0f} s")
-  if _OUT.value:
-    meta = {"topology": _TOPOLOGY.value, "config": config.name, "command": " ".join(sys.argv), "chips": len(devices),
-            "peak_bf16_flops_per_chip": chip.peak_bf16_flops, "model_dtype": model_config.dtype}
-    with open(_OUT.value, "w") as f:
-      json.dump([dict(vars(r), **meta) for r in rows], f, indent=1)
   failed = [f"{r.program} (T={r.bucket})" for r in rows if not r.fits]
   if failed:
     print(f"does not fit on {_TOPOLOGY.value}: {', '.join(failed)}", file=sys.stderr)
