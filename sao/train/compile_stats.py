@@ -141,7 +141,8 @@ def buffer_report(dump_dir: str, top: int = 3) -> BufferReport | None:
         kind = None
       value = _VALUE.match(line) if kind else None
       if value:
-        buffers.append(Buffer(int(value.group(2)), kind, value.group(1), value.group(3).split("{")[0]))
+        # `fusion.12{1}`: element 1 of a multi-output instruction's tuple; the instruction is `fusion.12`.
+        buffers.append(Buffer(int(value.group(2)), kind, value.group(1).split("{")[0], value.group(3).split("{")[0]))
   candidates = sorted(buffers, key=lambda b: -b.size)[:8 * top]
   names = {b.instruction for b in candidates}
   hlo = _module_file(dump_dir, ".after_optimizations.txt")

@@ -70,6 +70,20 @@ def test_jaxpr_flops_multiplies_loops_out():
   assert compile_stats.program_flops(grad, w, jax.ShapeDtypeStruct((4, 8), "float32")) == 2 * (2 * 4 * 8 * 16)
 
 
+def test_known_hf_configs_build_the_published_models():
+  """The hub ids the configs name build without their checkpoints (abstract shapes only)."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from sao.models import known_configs  # pylint: disable=g-import-not-at-top
+  from sao.models.transformer import abstract_params  # pylint: disable=g-import-not-at-top
+  config = ModelConfig.from_hf(known_configs.hf_config("Qwen/Qwen3-30B-A3B"))
+  params = abstract_params(config)
+  total = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nn.meta.unbox(params)))
+  assert 30.0e9 < total < 31.0e9 and 2.9e9 < compile_stats.active_params(config, params) < 3.2e9  # "30B-A3B"
+  with pytest.raises(ValueError, match="model.hf_path.*no config.json"):
+    known_configs.hf_config("/nonexistent/checkpoint")
+
+
 def test_topology_names_are_checked():
   chip, dims = parse_topology("v5p:4x4x8")
   assert chip.hbm_bytes == 95 * GIB and dims == (4, 4, 8)
