@@ -91,6 +91,7 @@ def test_topology_names_are_checked():
     parse_topology("v7x:2x2x1")
 
 
+@pytest.mark.slow
 def test_update_programs_compile_on_cpu_devices():
   """The recorder and the report on the host's CPU devices (no libtpu): every SAO program, FLOPs in bounds."""
   config = _config(sao_openswe, "qwen3_moe", 32)
@@ -100,6 +101,7 @@ def test_update_programs_compile_on_cpu_devices():
   _check_rows(rows, SAO_PROGRAMS, model_config)
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_compile_tpu_reports_every_program_of_sao_and_gspo(tmp_path):
   """The command for a 2-layer qwen3_moe SAO config on a v5p-4 (JSON rows), and a 2-layer qwen3_5_moe_text GSPO
