@@ -35,6 +35,9 @@ EXTRAS_REQUIRE = {
         "torch==2.13.0",
         "transformers>=5.0,<6",
         "grpcio-tools>=1.85.1,<2",
+        # libtpu, through jax's own `tpu` extra at the jax pin (jax 0.10.2 -> libtpu 0.0.42.*): ahead-of-time
+        # compilation for TPU topologies on a CPU machine (experiments/compile_tpu.py and its tests).
+        "jax[tpu]>=0.10.2,<0.11",
     ],
     # GPU hosts only: SGLang hard-pins a CUDA torch and does not install on CPU machines.
     # Nothing importable on CPU imports it.

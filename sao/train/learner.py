@@ -75,11 +75,13 @@ class Learner:
     config: `default_learner_config()` with overrides (validated here).
     model_config: the policy architecture (the critic shares it, with a value head).
     actor_params: policy params `{'model', 'lm_head'?}` (host or device arrays; copied into the mesh shardings).
+      None: an abstract learner — role states are `jax.ShapeDtypeStruct`s with their shardings, nothing is
+      allocated or loaded, and the jitted programs can only be lowered (ahead-of-time compilation, `sao.train.aot`).
     critic_params: critic params `{'model', 'value_head'}`; if None, built per `config.critic.init`.
     mesh: defaults to `make_mesh(config.mesh)`.
   """
 
-  def __init__(self, config: ml_collections.ConfigDict, model_config: ModelConfig, actor_params: Any,
+  def __init__(self, config: ml_collections.ConfigDict, model_config: ModelConfig, actor_params: Any | None,
                critic_params: Any | None = None, mesh: Mesh | None = None):
     self.config = validate_learner_config(config)
     self.model_config = model_config
@@ -100,8 +102,11 @@ class Learner:
     self.version = 0
 
     self.actor = _Role("actor", abstract_params(model_config), c.actor, self.mesh)
-    state_lib.check_params("actor_params", actor_params, self.actor.abstract_params)
-    self.actor.state = state_lib.init_state(actor_params, self.actor.shardings, self.actor.tx)
+    if actor_params is None:  # abstract learner (see Args)
+      self.actor.state = self.actor.abstract_state()
+    else:
+      state_lib.check_params("actor_params", actor_params, self.actor.abstract_params)
+      self.actor.state = state_lib.init_state(actor_params, self.actor.shardings, self.actor.tx)
     self._actor_steps = {
         loss.name: steps.make_actor_step(loss.name, model_config, self.actor.tx, self.actor.trainable,
                                          self.actor.shardings, self.mesh, micro_batch_size=mbs,
@@ -113,13 +118,16 @@ class Learner:
     self.critic: _Role | None = None
     if c.algorithm == "sao":
       self.critic = _Role("critic", abstract_params(model_config, critic=True), c.critic, self.mesh)
-      if critic_params is None and c.critic.init == "checkpoint":
+      if actor_params is None:  # abstract learner: no critic params are built or loaded
+        self.critic.state = self.critic.abstract_state()
+      elif critic_params is None and c.critic.init == "checkpoint":
         critic_params = ckpt_lib.load_params(c.critic.init_path, self.critic.sharded_abstract_params())
       elif critic_params is None:
         critic_params = jax.jit(init_critic_from_policy, out_shardings=self.critic.param_shardings)(
             self.actor.state.params, critic_rng)
-      state_lib.check_params("critic_params", critic_params, self.critic.abstract_params)
-      self.critic.state = state_lib.init_state(critic_params, self.critic.shardings, self.critic.tx)
+      if actor_params is not None:
+        state_lib.check_params("critic_params", critic_params, self.critic.abstract_params)
+        self.critic.state = state_lib.init_state(critic_params, self.critic.shardings, self.critic.tx)
       self._critic_step = steps.make_critic_step(model_config, self.critic.tx, self.critic.trainable,
                                                  self.critic.shardings, self.mesh, micro_batch_size=mbs,
                                                  value_clip=c.critic.value_clip)

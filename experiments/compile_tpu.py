@@ -1,0 +1,137 @@
+r"""Compiles one training step of an experiment config for a TPU topology, on any machine (libtpu, no TPU), and
+reports per program and bucket length the HBM per chip, the FLOPs and XLA's cost-model time.
+
+    python experiments/compile_tpu.py --config=experiments/configs/sao_openswe.py:full --topology=v5p:4x4x8 \
+        --out=/tmp/sao_full_v5p128.json
+
+The programs are the trainer's own (`sao.train.aot`: an abstract `Learner` on the topology's mesh runs its update
+code with every jitted program recorded, then each is lowered and compiled). No weights are read: a `full` config's
+`model.hf_path` needs only its `config.json` (a local directory, or a hub id `sao.models.known_configs` knows).
+The model is built as the trainer loads it (`hf.load_pretrained`: float32 unless `--model_dtype`).
+
+Columns: HBM per chip in GiB (arguments, temporaries, new outputs, total) against the chip's capacity; TFLOPs of
+the whole step over all chips: `xla` is XLA's `cost_analysis()` (it counts each loop body once), `program` the
+matmul FLOPs of the program with loops multiplied out, `model` the analytic count (6·N_active·tokens for a train
+step, 2·N_active·tokens for a forward, plus attention); `est s` and `MFU` are XLA's cost-model estimate (scaled
+by the loop trip counts XLA leaves out) — an estimate, not a measurement. Exits 1 when a program does not fit,
+naming it; `--out` writes the rows as JSON.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from absl import app, flags
+from ml_collections import config_flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # `experiments.configs` imports
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (get_config(arg)).", lock_config=True)
+_TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology, <chip>:<shape>: v5p:4x4x8, v6e:16x16, v4:4x4x4 …")
+_OUT = flags.DEFINE_string("out", "", "Write the report rows here as JSON.")
+_BUCKETS = flags.DEFINE_list("buckets", [], "Bucket lengths to compile (default: the config's).")
+_PROGRAMS = flags.DEFINE_list("programs", [], "Programs to compile (default: every program of the update).")
+_MODEL_DTYPE = flags.DEFINE_enum("model_dtype", "float32", ["float32", "bfloat16"],
+                                 "Param and compute dtype of an hf model (the trainer loads float32).")
+flags.mark_flags_as_required(["config", "topology"])
+
+GIB = float(1 << 30)
+
+
+def model_config_of(config, dtype: str):
+  """The policy architecture the trainer would build for `config.model` (without reading weights)."""
+  from sao.models import known_configs  # pylint: disable=g-import-not-at-top
+  from sao.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  from sao.models.tokenizer import toy_tokenizer  # pylint: disable=g-import-not-at-top
+  if config.model.init == "hf":
+    return ModelConfig.from_hf(known_configs.hf_config(config.model.hf_path), dtype=dtype, param_dtype=dtype)
+  toy = {k: v for k, v in config.model.toy.items() if k != "model_type"}
+  return ModelConfig.tiny(config.model.toy.model_type, vocab_size=toy_tokenizer().vocab_size, **toy)
+
+
+def _fmt(value, spec: str, missing: str = "-") -> str:
+  return missing if value is None else format(value, spec)
+
+
+def format_table(rows, chip) -> str:
+  header = (f"{'program':<18}{'T':>7}{'B':>5}{'calls':>6} {'args':>8}{'temp':>9}{'out':>8}{'total':>9}"
+            f"{'/cap':>5}  {'fits':<5}{'xla TF':>11}{'program TF':>11}{'model TF':>11}{'est s':>10}{'MFU':>7}")
+  lines = [f"HBM GiB per chip ({chip.name}: {chip.hbm_bytes / GIB:.0f} GiB); TFLOPs per step over all chips; est s "
+           f"and MFU are XLA's cost-model estimate, not a measurement (r: roofline of XLA's FLOP and byte counts, where "
+           f"XLA's own time was not positive)", header, "-" * len(header)]
+  lines += [row_line(r, chip) for r in rows]
+  for r in rows:
+    if not r.fits:
+      lines.append(f"does not fit: {r.program} at T={r.bucket}: {r.error}")
+      for b in r.largest_buffers:
+        lines.append(f"    {b['size'] / GIB:9.2f} GiB {b['kind']:<9} {b['shape']:<28} {b['instruction']} "
+                     f"{b['op_name'][-110:]}")
+  return "\n".join(lines)
+
+
+def row_line(r, chip) -> str:
+  return (
+        f"{r.program:<18}{r.bucket:>7}{r.batch:>5}{r.calls:>6} {r.argument_bytes / GIB:>8.2f}{r.temp_bytes / GIB:>9.2f}"
+        f"{r.output_bytes / GIB:>8.2f}{r.hbm_bytes_per_chip / GIB:>9.2f}{chip.hbm_bytes / GIB:>5.0f}  "
+        f"{'yes' if r.fits else 'NO':<5}{_fmt(r.xla_flops / 1e12 if r.fits else None, '.3e'):>11}"
+        f"{r.flops / 1e12:>11.3e}{r.analytic_flops / 1e12:>11.3e}{_fmt(r.estimated_seconds, '.3e'):>10}"
+        f"{_fmt(None if r.estimated_mfu is None else 100 * r.estimated_mfu, '.1f'):>6}%"
+        f"{'' if r.estimate_source != 'roofline_of_xla_counts' else ' r'}")
+
+
+def update_summary(rows, chip, chips: int) -> list[str]:
+  """Per bucket: one update's estimated time (Σ calls · est s) and model FLOPs, when every program fits."""
+  lines = []
+  for bucket in sorted({r.bucket for r in rows}):
+    at = [r for r in rows if r.bucket == bucket and r.calls]
+    if not all(r.fits for r in at):
+      lines.append(f"update at T={bucket}: does not fit ({', '.join(r.program for r in at if not r.fits)})")
+      continue
+    seconds = sum(r.calls * (r.estimated_seconds or 0.0) for r in at)
+    model = sum(r.calls * r.analytic_flops for r in at)
+    mfu = model / (seconds * chips * chip.peak_bf16_flops) if seconds else 0.0
+    lines.append(f"update at T={bucket}: XLA-estimated {seconds:.4g} s, {model / 1e12:.4g} model TFLOP, "
+                 f"estimated MFU {100 * mfu:.1f}%")
+  return lines
+
+
+def main(argv):
+  del argv
+  from sao.train import aot, tpu_topology  # pylint: disable=g-import-not-at-top
+  config = _CONFIG.value
+  start = time.perf_counter()
+  chip, devices = tpu_topology.topology_devices(_TOPOLOGY.value)
+  model_config = model_config_of(config, _MODEL_DTYPE.value)
+  print(f"{config.name}: {config.learner.algorithm}, {model_config.model_type} ({model_config.dtype}), "
+        f"{_TOPOLOGY.value} = {len(devices)} chips, mesh {dict(config.learner.mesh)}, "
+        f"micro_batch_size {config.learner.batching.micro_batch_size}", flush=True)
+  meta = {"topology": _TOPOLOGY.value, "config": config.name, "command": " ".join(sys.argv), "chips": len(devices),
+          "peak_bf16_flops_per_chip": chip.peak_bf16_flops, "model_dtype": model_config.dtype}
+  done = []
+
+  def progress(row):  # each row as soon as it is compiled (a full config takes many minutes per program)
+    print(f"  [{row.compile_seconds:.0f} s] {row_line(row, chip)}", flush=True)
+    done.append(row)
+    if _OUT.value:
+      with open(_OUT.value, "w") as f:
+        json.dump([dict(vars(r), **meta) for r in done], f, indent=1)
+
+  try:
+    rows = aot.compile_update(config, model_config, devices, chip, [int(b) for b in _BUCKETS.value] or None,
+                              _PROGRAMS.value, progress)
+  except ValueError as e:  # a config the learner rejects on this topology: say so, as the trainer would
+    print(f"compile_tpu: {config.name} on {_TOPOLOGY.value}: {e}", file=sys.stderr)
+    sys.exit(2)
+  print(format_table(rows, chip))
+  print("\n".join(update_summary(rows, chip, len(devices))))
+  print(f"compiled {len(rows)} programs in {time.perf_counter() - start:.0f} s")
+  failed = [f"{r.program} (T={r.bucket})" for r in rows if not r.fits]
+  if failed:
+    print(f"does not fit on {_TOPOLOGY.value}: {', '.join(failed)}", file=sys.stderr)
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,243 @@
+"""Ahead-of-time compilation of one learner update for any device set (a TPU topology from libtpu, or CPU devices):
+per program and bucket length, HBM per chip, FLOPs and XLA's cost-model time.
+
+The programs are the trainer's own. `compile_update` builds an abstract `Learner` (`actor_params=None`: states are
+`ShapeDtypeStruct`s with the learner's shardings, nothing is allocated or loaded) on a mesh over the given devices,
+then runs the learner's update code (`Learner._update_sao` / `_update_group`) on an abstract batch with every
+jitted program of the learner — its attributes (`_critic_values`, `_critic_step`, `_actor_steps[...]`, …) and the
+jitted functions of `sao.train.learner` (`_critic_targets`, …) — replaced by a recorder. The recorder keeps each
+call's abstract arguments and answers with the program's abstract outputs, so the update runs to its end, in the
+trainer's order, with the trainer's micro-batching; then each recorded program is lowered and compiled once per
+bucket length. `actor_logprobs` (the learner's forward log-prob program, which an update of DIS / GSPO with
+`ratio_base="trainer"` does not call) is compiled as well, with calls = 0.
+
+The abstract batch is `Learner.make_batch` of `rollout.batch_size` trajectories of the bucket's length, so `B` is
+padded exactly as in training.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import tempfile
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from sao.models.config import ModelConfig
+from sao.train import batching, compile_stats
+from sao.train import learner as learner_lib
+from sao.train import mesh as mesh_lib
+from sao.train.learner import Learner
+from sao.train.tpu_topology import Chip
+from sao.transport.trajectory import Trajectory
+
+FORWARD_PROGRAMS = ("actor_logprobs",)  # compiled though an update does not call them (see the module docstring)
+
+
+@dataclasses.dataclass
+class ProgramRow:
+  """One (program, bucket) of the report. Bytes are per chip; FLOPs are for the whole program over all chips."""
+  program: str
+  bucket: int
+  batch: int  # B: padded rows of the batch
+  calls: int  # how many times one update runs it
+  role: str  # actor | critic | "" (elementwise programs)
+  train: bool
+  fits: bool
+  argument_bytes: int
+  output_bytes: int  # outputs that do not reuse a donated argument
+  temp_bytes: int
+  hbm_bytes_per_chip: int
+  hbm_capacity_bytes: int
+  flops: float  # matmul FLOPs of the program, loops multiplied out (compile_stats.jaxpr_flops)
+  xla_flops: float  # XLA's cost_analysis() FLOPs over all chips (each loop body once)
+  analytic_flops: float  # PaLM model FLOPs (compile_stats.analytic_flops); 0 for elementwise programs
+  # XLA's cost-model time (`optimal_seconds`, or the roofline of its FLOP and byte counts when that is not positive),
+  # scaled by flops / xla_flops for the loop iterations XLA leaves out; None if it does not fit.
+  estimated_seconds: float | None
+  estimated_mfu: float | None  # analytic_flops / (estimated_seconds · chips · peak bf16 FLOP/s)
+  compile_seconds: float
+  error: str = ""  # XLA's message when it does not fit
+  largest_buffers: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+  estimate_source: str = ""  # xla_optimal_seconds | roofline_of_xla_counts (when XLA's own time is not positive)
+
+
+class _Recorder:
+  """Stands in for jitted programs while the update runs on abstract arrays (see the module docstring)."""
+
+  def __init__(self):
+    self.calls: dict[str, list] = collections.OrderedDict()  # name -> [jitted, abstract args, count]
+
+  def wrap(self, name: str, jitted: Any) -> Callable:
+    def call(*args):
+      args = tuple(_abstract(a) for a in args)
+      if name in self.calls:
+        self.calls[name][2] += 1
+      else:
+        self.calls[name] = [jitted, args, 1]
+      return jax.eval_shape(jitted, *args)
+    return call
+
+
+def _abstract(tree: Any) -> Any:
+  """Concrete jax arrays (the learner's rng keys, on the host's CPU) → unsharded ShapeDtypeStructs."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if isinstance(x, jax.Array) else x, tree)
+
+
+def _is_jitted(value: Any) -> bool:
+  return callable(value) and hasattr(value, "lower") and hasattr(value, "trace")
+
+
+def abstract_learner(config: ml_collections.ConfigDict, model_config: ModelConfig,
+                     devices: Sequence[jax.Device]) -> Learner:
+  """The learner of `config.learner` on a mesh over `devices`, with abstract states."""
+  mesh = mesh_lib.make_mesh(dict(config.learner.mesh), devices)
+  return Learner(config.learner, model_config, None, mesh=mesh)
+
+
+def _abstract_batch(learner: Learner, batch_size: int, length: int) -> dict[str, jax.ShapeDtypeStruct]:
+  """The device batch of `batch_size` trajectories of `length` tokens, padded as the learner pads (`B` from
+  `Learner.make_batch` on two-token trajectories, so no `[B, length]` host array is built)."""
+  trajectories = [Trajectory(task_id=str(i), token_ids=np.zeros(2, np.int32), action_mask=np.array([False, True]),
+                             rollout_logprobs=np.zeros(2, np.float32), reward=0.0, group_id=str(i))
+                  for i in range(batch_size)]
+  host, _ = learner.make_batch(trajectories)
+  sharding = mesh_lib.batch_sharding(learner.mesh, 1)
+  shape = lambda x: (x.shape[0], length) if x.ndim == 2 else x.shape
+  return {k: jax.ShapeDtypeStruct(shape(np.asarray(host[k])), np.asarray(host[k]).dtype, sharding=sharding)
+          for k in batching.FIELDS}
+
+
+def record_update(learner: Learner, batch: dict[str, jax.ShapeDtypeStruct]) -> dict[str, list]:
+  """Runs one update of `learner` on the abstract `batch` with every jitted program recorded, not run.
+
+  Returns `{program name: [jitted, abstract args, calls]}` in call order, plus `FORWARD_PROGRAMS` (calls 0).
+  """
+  recorder = _Recorder()
+  saved_attrs, saved_globals = {}, {}
+  for attr, value in list(vars(learner).items()):
+    name = attr.strip("_")
+    if _is_jitted(value):
+      saved_attrs[attr] = value
+      setattr(learner, attr, recorder.wrap(name, value))
+    elif isinstance(value, dict) and value and all(_is_jitted(v) for v in value.values()):
+      saved_attrs[attr] = value
+      setattr(learner, attr, {k: recorder.wrap(f"{name.rstrip('s')}_{k}", v) for k, v in value.items()})
+  for attr, value in list(vars(learner_lib).items()):
+    if _is_jitted(value):
+      saved_globals[attr] = value
+      setattr(learner_lib, attr, recorder.wrap(attr.strip("_"), value))
+  saved_state = {role.name: role.state for role in (learner.actor, learner.critic) if role is not None}
+  saved_updates = learner.num_updates
+  try:
+    # Past the critic warmup, so that the SAO update also runs its actor step.
+    learner.num_updates = learner.config.sao.critic_warmup_steps
+    if learner.config.algorithm == "sao":
+      learner._update_sao(batch)  # pylint: disable=protected-access
+    else:
+      learner._update_group(batch)  # pylint: disable=protected-access
+    for name in FORWARD_PROGRAMS:
+      getattr(learner, name)(saved_state["actor"].params, {k: batch[k] for k in ("input_ids", "attention_mask")})
+      recorder.calls[name][2] = 0
+  finally:
+    for attr, value in saved_attrs.items():
+      setattr(learner, attr, value)
+    for attr, value in saved_globals.items():
+      setattr(learner_lib, attr, value)
+    for role in (learner.actor, learner.critic):
+      if role is not None:
+        role.state = saved_state[role.name]
+    learner.num_updates = saved_updates
+  return recorder.calls
+
+
+def _role_of(learner: Learner, first_arg: Any) -> tuple[str, bool]:
+  """(role, is a train step) of a program from its first argument: a role's TrainState or its params."""
+  for role in (learner.actor, learner.critic):
+    if role is None:
+      continue
+    if jax.tree.structure(first_arg) == jax.tree.structure(role.state):
+      return role.name, True
+    if jax.tree.structure(first_arg) == jax.tree.structure(role.state.params):
+      return role.name, False
+  return "", False
+
+
+def compile_program(name: str, jitted: Any, args: tuple, calls: int, learner: Learner, model_config: ModelConfig,
+                    chip: Chip, bucket: int, n_active: dict[str, float]) -> ProgramRow:
+  """Lowers and compiles one recorded program; a program XLA finds too big for the chip gives `fits=False`."""
+  role, train = _role_of(learner, args[0]) if args else ("", False)
+  chips = learner.mesh.devices.size
+  batches = [a for a in args if isinstance(a, dict) and "action_mask" in a or isinstance(a, dict) and "input_ids" in a]
+  batch = int(next(iter(batches[0].values())).shape[0]) if batches else 0  # B of the program's batch argument
+  start = time.perf_counter()
+  traced = jitted.trace(*args)
+  flops = compile_stats.jaxpr_flops(traced.jaxpr)
+  lowered = traced.lower()
+  analytic = compile_stats.analytic_flops(model_config, n_active[role], batch, bucket, train) if role else 0.0
+  with tempfile.TemporaryDirectory(prefix="sao_aot_") as dump_dir:
+    error, compiled = "", None
+    try:
+      compiled = lowered.compile(compiler_options={"xla_dump_to": dump_dir})
+    except jax.errors.JaxRuntimeError as e:
+      if "RESOURCE_EXHAUSTED" not in str(e):
+        raise
+      error = str(e).splitlines()[0]
+    report = compile_stats.buffer_report(dump_dir)
+  seconds = time.perf_counter() - start
+  largest = [dataclasses.asdict(b) for b in report.largest] if report else []
+  if compiled is not None:
+    memory = compiled.memory_analysis()
+    outputs = memory.output_size_in_bytes - memory.alias_size_in_bytes
+    arguments, temps = memory.argument_size_in_bytes, memory.temp_size_in_bytes
+    total = arguments + outputs + temps + memory.generated_code_size_in_bytes
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    xla_flops = float(cost.get("flops", 0.0)) * chips
+    scale = max(1.0, flops / xla_flops) if xla_flops > 0 else 1.0
+    est, source = float(cost.get("optimal_seconds", -1.0)), "xla_optimal_seconds"
+    if est <= 0:  # libtpu 0.0.42.1 returns a negative time for the train steps: use the roofline of XLA's counts
+      est = max(float(cost.get("flops", 0.0)) / chip.peak_bf16_flops,
+                float(cost.get("bytes accessed", 0.0)) / chip.hbm_bytes_per_second)
+      source = "roofline_of_xla_counts"
+    est = est * scale or None
+    mfu = analytic / (est * chips * chip.peak_bf16_flops) if est and analytic else None
+    return ProgramRow(name, bucket, batch, calls, role, train, True, arguments, outputs, temps, total,
+                      chip.hbm_bytes, flops, xla_flops, analytic, est, mfu, seconds, "", largest, source)
+  if report is not None:
+    arguments, outputs, temps = report.argument_bytes, report.output_bytes, report.temp_bytes
+    total = arguments + outputs + temps
+  else:
+    required = compile_stats.oom_required_bytes(error)
+    arguments = outputs = temps = 0
+    total = required[0] if required else 0
+  return ProgramRow(name, bucket, batch, calls, role, train, False, arguments, outputs, temps, total,
+                    chip.hbm_bytes, flops, 0.0, analytic, None, None, seconds, error, largest)
+
+
+def compile_update(config: ml_collections.ConfigDict, model_config: ModelConfig, devices: Sequence[jax.Device],
+                   chip: Chip, buckets: Sequence[int] | None = None, programs: Sequence[str] = (),
+                   progress: Callable[[ProgramRow], None] = lambda row: None) -> list[ProgramRow]:
+  """Every program of one update of `config` (an experiment config: `learner`, `rollout.batch_size`) at every
+  bucket length (`config.learner.batching.bucket_lengths` unless `buckets`), compiled for `devices`.
+  `programs` (names) restricts the report; `progress` sees each row as it is made."""
+  learner = abstract_learner(config, model_config, devices)
+  n_active = {role.name: compile_stats.active_params(model_config, role.abstract_params)
+              for role in (learner.actor, learner.critic) if role is not None}
+  rows = []
+  for bucket in buckets or tuple(config.learner.batching.bucket_lengths):
+    batch = _abstract_batch(learner, int(config.rollout.batch_size), int(bucket))
+    recorded = record_update(learner, batch)
+    unknown = set(programs) - set(recorded)
+    if unknown:
+      raise ValueError(f"programs: {sorted(unknown)} are not programs of this update ({list(recorded)})")
+    for name, (jitted, args, calls) in recorded.items():
+      if programs and name not in programs:
+        continue
+      row = compile_program(name, jitted, args, calls, learner, model_config, chip, int(bucket), n_active)
+      progress(row)
+      rows.append(row)
+  return rows

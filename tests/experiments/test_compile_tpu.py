@@ -1,0 +1,142 @@
+"""Ahead-of-time compilation of the learner's update (`sao.train.aot`, `experiments/compile_tpu.py`).
+
+The TPU tests compile for a v5p-4 topology through libtpu (the `test` extra installs it; without it they skip).
+The CPU test runs the same path on this machine's CPU devices, so a change to the learner that breaks the recorder
+fails here even without libtpu.
+
+FLOP bounds: the model's MoE layers run every expert on every token (dense dispatch), so the program's matmul FLOPs
+lie between the analytic count (active experts only) and `num_experts / top_k` (= 4 for the tiny models) times it;
+frozen critic attention skips its weight gradients, which can only lower the count, by less than half.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from experiments.compile_tpu import model_config_of
+from experiments.configs import gspo_openswe, sao_openswe
+from sao.models.config import ModelConfig
+from sao.train import aot, compile_stats
+from sao.train.tpu_topology import GIB, Chip, parse_topology
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SAO_PROGRAMS = {"critic_values", "critic_targets", "critic_step", "policy_advantages", "actor_step_dis",
+                "actor_logprobs"}
+GSPO_PROGRAMS = {"group_advantages", "actor_step_gspo", "actor_logprobs"}
+needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                                  reason="libtpu is not installed (pip install -e '.[test]' installs it)")
+
+
+def _config(module, model_type: str, bucket: int, batch_size: int = 8):
+  config = module.get_config(f"toy,rollout.batch_size={batch_size}")
+  config.unlock()
+  config.model.toy.model_type = model_type
+  config.learner.batching.bucket_lengths = (bucket,)
+  config.lock()
+  return config
+
+
+def _check_rows(rows, programs, model_config: ModelConfig):
+  assert {r.program for r in rows} == programs
+  ratio_bound = model_config.num_experts / model_config.num_experts_per_tok
+  for r in rows:
+    assert r.fits, r
+    assert r.hbm_bytes_per_chip > 0 and r.argument_bytes > 0
+    if r.role:  # a model program: its FLOPs against the analytic count
+      assert r.batch > 0 and r.analytic_flops > 0
+      assert 0.5 * r.analytic_flops <= r.flops <= ratio_bound * r.analytic_flops, (r.program, r.flops,
+                                                                                   r.analytic_flops)
+      assert r.estimated_seconds > 0 and 0 < r.estimated_mfu < 1
+  calls = {r.program: r.calls for r in rows}
+  if "critic_step" in calls:
+    assert calls["critic_step"] == 2 and calls["critic_values"] == 2 and calls["actor_step_dis"] == 1
+  assert calls["actor_logprobs"] == 0
+
+
+def test_jaxpr_flops_multiplies_loops_out():
+  """XLA counts a loop body once; the jaxpr count multiplies by the scan length (matmul `[4, 8] @ [8, 16]`)."""
+  w = jax.ShapeDtypeStruct((8, 16), "float32")
+  xs = jax.ShapeDtypeStruct((5, 4, 8), "float32")
+  scan = lambda w, xs: jax.lax.scan(lambda c, x: (c + (x @ w).sum(), None), 0.0, xs)[0]
+  assert compile_stats.program_flops(scan, w, xs) == 5 * 2 * 4 * 8 * 16
+  grad = jax.grad(lambda w, x: (x @ w).sum())  # the forward matmul, and one more for dL/dw (none for dL/dx)
+  assert compile_stats.program_flops(grad, w, jax.ShapeDtypeStruct((4, 8), "float32")) == 2 * (2 * 4 * 8 * 16)
+
+
+def test_known_hf_configs_build_the_published_models():
+  """The hub ids the configs name build without their checkpoints (abstract shapes only)."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from sao.models import known_configs  # pylint: disable=g-import-not-at-top
+  from sao.models.transformer import abstract_params  # pylint: disable=g-import-not-at-top
+  config = ModelConfig.from_hf(known_configs.hf_config("Qwen/Qwen3-30B-A3B"))
+  params = abstract_params(config)
+  total = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nn.meta.unbox(params)))
+  assert 30.0e9 < total < 31.0e9 and 2.9e9 < compile_stats.active_params(config, params) < 3.2e9  # "30B-A3B"
+  with pytest.raises(ValueError, match="model.hf_path.*no config.json"):
+    known_configs.hf_config("/nonexistent/checkpoint")
+
+
+def test_topology_names_are_checked():
+  chip, dims = parse_topology("v5p:4x4x8")
+  assert chip.hbm_bytes == 95 * GIB and dims == (4, 4, 8)
+  with pytest.raises(ValueError, match="topology.*v7x"):
+    parse_topology("v7x:2x2x1")
+
+
+@pytest.mark.slow
+def test_update_programs_compile_on_cpu_devices():
+  """The recorder and the report on the host's CPU devices (no libtpu): every SAO program, FLOPs in bounds."""
+  config = _config(sao_openswe, "qwen3_moe", 32)
+  model_config = model_config_of(config, "float32")
+  cpu_chip = Chip("cpu", "cpu", 1 << 40, 1e12, 1e11, "")
+  rows = aot.compile_update(config, model_config, jax.devices("cpu")[:4], cpu_chip)
+  _check_rows(rows, SAO_PROGRAMS, model_config)
+
+
+@pytest.mark.slow
+@needs_libtpu
+def test_compile_tpu_reports_every_program_of_sao_and_gspo(tmp_path):
+  """The command for a 2-layer qwen3_moe SAO config on a v5p-4 (JSON rows), and a 2-layer qwen3_5_moe_text GSPO
+  config through the module."""
+  out = tmp_path / "rows.json"
+  result = subprocess.run(
+      [sys.executable, str(ROOT / "experiments" / "compile_tpu.py"),
+       "--config=experiments/configs/sao_openswe.py:toy,rollout.batch_size=8", "--config.model.toy.model_type=qwen3_moe",
+       "--topology=v5p:2x2x1", "--buckets=64", f"--out={out}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = json.loads(out.read_text())
+  assert {r["program"] for r in rows} == SAO_PROGRAMS
+  for r in rows:
+    assert r["topology"] == "v5p:2x2x1" and r["config"] == "sao_openswe_toy" and r["bucket"] == 64
+    assert r["hbm_bytes_per_chip"] > 0 and r["hbm_capacity_bytes"] == 95 * GIB
+    assert (r["flops"] > 0) == (r["analytic_flops"] > 0)  # elementwise programs (advantages) have no matmuls
+    assert set(r) >= {"analytic_flops", "estimated_seconds", "estimated_mfu"}
+  assert "actor_step_dis" in result.stdout and "estimated MFU" in result.stdout
+
+  from sao.train import tpu_topology  # pylint: disable=g-import-not-at-top
+  chip, devices = tpu_topology.topology_devices("v5p:2x2x1")
+  config = _config(gspo_openswe, "qwen3_5_moe_text", 64)
+  model_config = model_config_of(config, "float32")
+  _check_rows(aot.compile_update(config, model_config, devices, chip), GSPO_PROGRAMS, model_config)
+
+
+@needs_libtpu
+def test_compile_tpu_exits_nonzero_naming_the_program_that_does_not_fit():
+  """A bucket of 2^20 tokens: the critic's `[rows, heads, T, T]` attention scores need terabytes per chip."""
+  result = subprocess.run(
+      [sys.executable, str(ROOT / "experiments" / "compile_tpu.py"),
+       "--config=experiments/configs/sao_openswe.py:toy,rollout.batch_size=8", "--topology=v5p:2x2x1",
+       "--buckets=1048576", "--programs=critic_values"],
+      cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+  assert "does not fit on v5p:2x2x1: critic_values (T=1048576)" in result.stderr
+  assert "does not fit: critic_values at T=1048576" in result.stdout  # with the largest buffers below it
