@@ -141,6 +141,18 @@ class Run:
   def kill(self) -> None:
     _kill_group(self.process)
 
+  def kill_when(self, what: str, predicate, timeout_s: float) -> None:
+    """Kills the run at a moment `predicate()` holds. The trainer is frozen (SIGSTOP) before the check that decides,
+    so it cannot change the state (consume the pending trajectories, say) between that check and the kill."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+      self.wait_for(what, predicate, max(deadline - time.monotonic(), 1.0), poll_s=0.2)
+      os.kill(self.process.pid, signal.SIGSTOP)
+      if predicate():
+        self.kill()
+        return
+      os.kill(self.process.pid, signal.SIGCONT)
+
 
 @pytest.fixture
 def runs():
@@ -261,9 +273,8 @@ def test_sao_end_to_end_with_worker_and_trainer_kills(tmp_path, runs, cache_dir)
 
   # --- Kill the whole run (its session) once a checkpoint is written and some accepted trajectories wait.
   log_dir = os.path.join(workdir, "trajectories")
-  run_a.wait_for("an unconsumed trajectory after a checkpoint",
-                 lambda: _latest_extra(workdir) and log_lib.unconsumed(log_dir), 120, poll_s=0.2)
-  run_a.kill()
+  run_a.kill_when("an unconsumed trajectory after a checkpoint",
+                  lambda: _latest_extra(workdir) and log_lib.unconsumed(log_dir), 120)
   assert not _group_members(run_a.pgid), "processes of the killed run are left"
   resume_step = int(_latest_extra(workdir)["step"])
   assert 1 < resume_step < end_step, resume_step
