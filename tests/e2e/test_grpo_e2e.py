@@ -17,7 +17,7 @@ from tests.e2e.test_train_e2e import cache_dir, runs  # noqa: F401  (fixtures)  
 pytestmark = pytest.mark.slow
 
 GROUP = 4  # G; BATCH = 2 tasks × 4 samples
-STEPS = 3  # step 0 publishes v1; the later steps' groups are sampled from it
+STEPS = 4  # step 0 publishes v1; later steps' groups are sampled from it (with 3, a fast machine sampled all from v0)
 # The shared tiny settings; one base validation pass of the 2 validation tasks instead of 4.
 ARG = f"grpo_openswe.py:toy,total_steps={STEPS},rollout.group_size={GROUP},{COMMON},rollout.base_eval_repeats=1"
 
