@@ -3,7 +3,7 @@ r"""Renders (and with `--execute` runs) the commands that start an SGLang fleet 
 `--config.engine_urls=...` override that points a run at the fleet.
 
     python -m launch.sglang_fleet --gpu_hosts=gpu-0,gpu-1 --model_path=/mnt/models/Qwen3.5-35B-A3B \
-        --tp_size=4 --gpus_per_host=8 [--no_router] [--execute]
+        --tp_size=4 --gpus_per_host=8 [--norouter] [--execute]
 
 With 8 GPUs per host and `--tp_size=4` every host runs two servers: GPUs 0-3 on port 30000 and GPUs 4-7 on port
 30001 (`--base-gpu-id`, consecutive ports). Each server command is, on its host (over ssh):
@@ -17,7 +17,7 @@ versions then count up from there through `/update_weights_from_disk`). The rout
     python3 -m sglang_router.launch_router --worker-urls http://gpu-0:30000 ... --host 0.0.0.0 --port 30080 \
         --policy cache_aware
 
-The engine URL the run gets is the router's (or, with `--no_router`, every server's URL; the worker round-robins
+The engine URL the run gets is the router's (or, with `--norouter`, every server's URL; the worker round-robins
 over them). The trainer writes new policies to its workdir and the servers load them from the same path, so the
 workdir must be mounted at one path on the trainer and every GPU host.
 """
