@@ -6,7 +6,8 @@ its worker admin API (which servers are in its rotation; take one out, put it ba
     await RouterAdmin(router.url).workers()        # {server URL: worker id}
     router.stop()
 
-The router (sglang-router 0.3.x, `python -m sglang_router.launch_router`) forwards `/generate` to one server and
+The router (sglang-router 0.3.x, `python -m sglang_router.launch_router`; started here as
+`python -m sao.engines.router <its flags>`, which first arranges to end with its launcher, `lifetime`) forwards `/generate` to one server and
 returns its body unchanged (log-probs and `meta_info.weight_version` included); a request whose server refuses the
 connection is retried on another (`--retry-max-retries`). It does NOT forward `/update_weights_from_disk` (404):
 `sao.engines.fleet` updates every server itself. Its admin API, checked against the 0.3.2 binary:
@@ -34,7 +35,7 @@ from typing import Any, Mapping, Sequence
 
 import aiohttp
 
-from sao.engines import auth, processes
+from sao.engines import auth, lifetime, processes
 
 POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
 INSTALL_HINT = ('sglang-router is not installed; it is in the test extra: pip install -e ".[test]" '
@@ -60,13 +61,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 def router_argv(worker_urls: Sequence[str], port: int, *, host: str = "127.0.0.1", policy: str = "cache_aware",
                 prometheus_port: int, python: str = sys.executable,
                 extra_args: Sequence[str] = ()) -> list[str]:
-  """The `sglang_router.launch_router` command line. `prometheus_port`: its metrics port (the default, 29000, is
-  one port for every router on a machine: two runs' routers would collide)."""
+  """The router's command line (`sao.engines.router` run as a program: `sglang_router.launch_router` that ends with
+  its launcher). `prometheus_port`: its metrics port (the default, 29000, is one port for every router on a
+  machine: two runs' routers would collide)."""
   if policy not in POLICIES:
     raise ValueError(f"policy: {policy!r} is not one of {POLICIES}")
   if not worker_urls:
     raise ValueError("worker_urls: empty; the router needs at least one server")
-  return [python, "-m", "sglang_router.launch_router", "--worker-urls", *worker_urls, "--host", host,
+  return [python, "-m", "sao.engines.router", "--worker-urls", *worker_urls, "--host", host,
           "--port", str(port), "--policy", policy, "--prometheus-host", host, "--prometheus-port",
           str(prometheus_port), "--log-level", "warn", *extra_args]
 
@@ -198,3 +200,15 @@ class RouterAdmin:
 
 __all__ = ["INSTALL_HINT", "POLICIES", "RouterAdmin", "RouterError", "RouterProcess", "free_port",
            "require_router", "router_argv", "start_router"]
+
+
+def main(argv: Sequence[str]) -> None:
+  """`python -m sao.engines.router <sglang_router.launch_router flags>`: the router, ending with its launcher."""
+  lifetime.exit_with_parent()
+  require_router()
+  from sglang_router import launch_router  # pylint: disable=g-import-not-at-top
+  launch_router.launch_router(launch_router.parse_router_args(list(argv)))
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])

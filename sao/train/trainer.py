@@ -29,7 +29,7 @@ from absl import logging
 
 from sao import run_config
 from sao.analysis import critic_traces
-from sao.engines.sglang_client import SGLangEngine
+from sao.engines import fleet as fleet_lib
 from sao.models import hf, streaming, transformer
 from sao.models.config import ModelConfig
 from sao.models.tokenizer import Tokenizer
@@ -69,11 +69,11 @@ def export_policy(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, 
   return directory
 
 
-async def _publish(urls: Sequence[str], model_path: str, version: int) -> None:
-  async def one(url):
-    async with SGLangEngine(url, timeout_s=300.0) as engine:
-      await engine.update_weights_from_disk(model_path, weight_version=str(version))
-  await asyncio.gather(*(one(u) for u in urls))
+async def _publish(urls: Sequence[str], model_path: str, version: int,
+                   fleet: fleet_lib.Fleet | None = None) -> dict[str, float]:
+  """Loads `model_path` as `version` on every server behind `urls` (routers included; `sao.engines.fleet`);
+  returns the fleet's metrics (every server's reported version)."""
+  return (await (fleet or fleet_lib.Fleet(urls)).publish(model_path, version)).metrics()
 
 
 def _per_harness_rewards(trajectories: Sequence[Trajectory]) -> dict[str, float]:
@@ -171,6 +171,7 @@ class Trainer:
       value_init = os.path.join(self.workdir, "value_init")
       resume = bool(checkpointer.all_steps())
       self.engine_urls = tuple(c.engine_urls) or tuple(launcher.start_engines(base_dir))
+      self.fleet = fleet_lib.Fleet(self.engine_urls)  # remembers servers it took out of a router's rotation
       server = self._server(model_config, self.engine_urls)
       step, learner = 0, None
       if resume:
@@ -234,15 +235,16 @@ class Trainer:
     print(f"[value pretraining] critic saved to {value_init}; the RL phase loads it", flush=True)
     return steps
 
-  def _publish(self, model_config, learner, server) -> None:
+  def _publish(self, model_config, learner, server) -> dict[str, float]:
     version = learner.version
     path = os.path.join(self.workdir, "policy", f"v{version}")
     export_policy(model_config, learner.actor_params, self.tokenizer, path)
     server.announce_policy_version(version)  # before the engines serve it: their trajectories are not "future"
-    asyncio.run(_publish(self.engine_urls, path, version))
+    fleet_metrics = asyncio.run(_publish(self.engine_urls, path, version, self.fleet))
     server.set_policy_version(version)
     old = os.path.join(self.workdir, "policy", f"v{version - self.config.keep_policy_exports}")
     shutil.rmtree(old, ignore_errors=True)
+    return fleet_metrics
 
   def _take(self, server, n: int) -> list[Trajectory]:
     while True:
@@ -290,7 +292,7 @@ class Trainer:
       metrics = self._update(learner, trainable, step, phase) if trainable else {}
       server.mark_consumed(trajectories, step)
       if learner.version != version_before:
-        self._publish(model_config, learner, server)
+        metrics = {**metrics, **self._publish(model_config, learner, server)}
       for result in server.eval_results():
         validation = result.success_rate
         self.validations.append((result.policy_version, result.success_rate))

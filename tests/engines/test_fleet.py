@@ -157,7 +157,7 @@ def test_start_router_names_the_test_extra_when_sglang_router_is_missing(monkeyp
 def test_router_argv_and_bad_arguments():
   argv = router_lib.router_argv(["http://a:1", "http://b:2"], 30080, policy="round_robin", prometheus_port=29001,
                                 python="py")
-  assert argv[:3] == ["py", "-m", "sglang_router.launch_router"]
+  assert argv[:3] == ["py", "-m", "sao.engines.router"]
   assert argv[argv.index("--worker-urls") + 1:argv.index("--host")] == ["http://a:1", "http://b:2"]
   assert argv[argv.index("--port") + 1] == "30080" and argv[argv.index("--prometheus-port") + 1] == "29001"
   with pytest.raises(ValueError, match="policy"):
