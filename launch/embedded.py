@@ -91,7 +91,10 @@ class EmbeddedProcesses:
     config's external `engine_urls` (then nothing is started)."""
     if self.config.engine_urls:
       return list(self.config.engine_urls)
+    from sao.engines import router as router_lib  # pylint: disable=g-import-not-at-top
     from sao.engines.local_server import start_local_engine  # pylint: disable=g-import-not-at-top
+    if self.config.num_engines > 1:
+      router_lib.require_router()  # before the engines start: ImportError with the install command
     args = engine_args(self.config, os.path.join(self.workdir, "jax_cache"))
     urls = []
     for i in range(self.config.num_engines):
@@ -102,7 +105,6 @@ class EmbeddedProcesses:
     print(f"[embedded] engines: {urls}", flush=True)
     if len(urls) == 1:
       return urls
-    from sao.engines import router as router_lib  # pylint: disable=g-import-not-at-top
     self.router = router_lib.start_router(urls, log_path=os.path.join(self.log_dir, "router.log"),
                                           policy=ROUTER_POLICY, env=child_env())
     print(f"[embedded] sglang-router {self.router.url} in front of {len(urls)} engines "
@@ -132,7 +134,8 @@ class EmbeddedProcesses:
           print(f"[embedded] {handle.name} (pid {handle.pid}) exited with code {handle.returncode}; the run goes "
                 f"on with the other engines behind the router. Its log ends:\n{handle.log_tail(1000)}", flush=True)
       if len(self.dead_engines) == len(self.engines):
-        self.engines[-1].check()  # every engine is gone: the ChildError of the last
+        raise processes.ChildError(f"every engine behind the router exited ({', '.join(sorted(self.dead_engines))});"
+                                   f" their logs are under {self.log_dir}")
     else:
       for handle in self.engines:
         handle.check()  # no restart budget: a dead engine is a ChildError naming it, with its log's tail
