@@ -8,6 +8,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 import urllib.error
 import urllib.request
 
@@ -17,6 +23,9 @@ from sao.engines import fleet as fleet_lib
 from sao.engines import router as router_lib
 from sao.engines.sglang_client import SGLangEngine
 from tests.engines.fleet_helpers import FakeServer
+from tests.engines.test_lifetime import _alive
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture
@@ -167,3 +176,31 @@ def test_router_argv_and_bad_arguments():
   with pytest.raises(ValueError, match="engine_urls"):
     fleet_lib.Fleet([])
   assert json.loads(json.dumps(fleet_lib.metric_name("http://10.0.0.3:30001/"))) == "10.0.0.3:30001"
+
+
+_LAUNCHER = textwrap.dedent("""
+    import time
+    from sao.engines import router as router_lib
+    from tests.engines.fleet_helpers import FakeServer
+    server = FakeServer()
+    router = router_lib.start_router([server.url])
+    print(router.pid, flush=True)
+    time.sleep(120)
+""")
+
+
+def test_the_router_ends_with_its_launcher():
+  launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                              env=dict(os.environ, PYTHONPATH=REPO))
+  try:
+    router_pid = int(launcher.stdout.readline())
+    assert _alive(router_pid)
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait(timeout=10)
+    deadline = time.monotonic() + 20
+    while _alive(router_pid) and time.monotonic() < deadline:
+      time.sleep(0.1)
+    assert not _alive(router_pid), "the router outlived its SIGKILLed launcher"
+  finally:
+    launcher.kill()
+    launcher.wait()
