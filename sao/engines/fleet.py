@@ -31,7 +31,7 @@ import asyncio
 import dataclasses
 import logging
 import re
-from typing import Any, Sequence
+from typing import Sequence
 
 import aiohttp
 
@@ -109,10 +109,10 @@ class Fleet:
     self.api_key = api_key
     self.servers: dict[str, ServerState] = {}  # every server seen, by URL, in discovery order
 
-  async def discover(self) -> dict[str, str | None]:
-    """Adds the servers each engine URL stands for to `servers`; returns {engine URL: {server: id}} for routers
-    (None for a URL that is a server). A server a router no longer lists stays known (it is retried)."""
-    rotations: dict[str, Any] = {}
+  async def discover(self) -> dict[str, dict[str, str] | None]:
+    """Adds the servers each engine URL stands for to `servers`; returns {engine URL: {server URL: worker id}} for
+    routers (None for a URL that is a server). A server a router no longer lists stays known (it is retried)."""
+    rotations: dict[str, dict[str, str] | None] = {}
     for url in self.engine_urls:
       async with router_lib.RouterAdmin(url, api_key=self.api_key) as admin:
         try:
@@ -122,7 +122,8 @@ class Fleet:
           workers = None
       rotations[url] = workers
       if workers is None:
-        self.servers.setdefault(url, ServerState(url))
+        if not any(state.router == url for state in self.servers.values()):  # not a router seen before
+          self.servers.setdefault(url, ServerState(url))
         continue
       for server in workers:
         state = self.servers.setdefault(server, ServerState(server, router=url))
@@ -164,14 +165,19 @@ class Fleet:
         continue
       async with router_lib.RouterAdmin(router_url, api_key=self.api_key) as admin:
         for s in behind:
-          if s.version != version and s.in_rotation:
-            await admin.remove(s.url)
-            s.in_rotation = False
-            log.warning("fleet: %s taken out of %s's rotation (%s)", s.url, router_url, s.error)
-          elif s.version == version and not s.in_rotation:
-            await admin.add(s.url)
-            s.in_rotation = True
-            log.warning("fleet: %s is at version %s again: back in %s's rotation", s.url, version, router_url)
+          try:
+            if s.version != version and s.in_rotation:
+              await admin.remove(s.url)
+              s.in_rotation = False
+              log.warning("fleet: %s taken out of %s's rotation (%s)", s.url, router_url, s.error)
+            elif s.version == version and not s.in_rotation:
+              await admin.add(s.url)
+              s.in_rotation = True
+              log.warning("fleet: %s is at version %s again: back in %s's rotation", s.url, version, router_url)
+          except (router_lib.RouterError, aiohttp.ClientError, asyncio.TimeoutError) as e:
+            # The rotation stays as it was for this server (the report says so); the next publish tries again.
+            s.error = f"{s.error}; router {router_url}: {type(e).__name__}: {e}".lstrip("; ")
+            log.error("fleet: could not change %s's rotation for %s: %s", router_url, s.url, e)
     for s in states:
       if not s.router and s.version != version:
         log.warning("fleet: %s (no router in front) stays in the workers' rotation at version %s: %s", s.url,

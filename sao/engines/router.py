@@ -159,7 +159,8 @@ class RouterAdmin:
     if status == 404:
       return None
     if status != 200 or not isinstance(body, Mapping) or not isinstance(body.get("workers"), list):
-      raise RouterError(f"router {self.url}: GET /workers answered {status}: {str(body)[:300]}")
+      raise RouterError(f"{self.url}: GET /workers answered {status} (a router lists its servers there, a server "
+                        f"answers 404): {str(body)[:300]}")
     return {str(w["url"]).rstrip("/"): str(w["id"]) for w in body["workers"]}
 
   async def _until(self, what: str, done) -> None:

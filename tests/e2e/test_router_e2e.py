@@ -31,8 +31,10 @@ pytestmark = pytest.mark.slow
 
 STEPS = 4  # RL steps after 1 value-pretraining step; every RL step publishes a version
 KILL_AFTER_VERSION = 2
+# COMMON's 6 s lease TTL is for its worker-kill test; here nothing kills a worker, and on a busy machine short
+# leases only expire and redo work.
 ARG = (f"sao_openswe.py:toy,num_engines=2,total_steps={STEPS},recipe.value_pretrain_steps=1,"
-       f"learner.sao.critic_warmup_steps=1,critic_trace_every=0,{COMMON}")
+       f"learner.sao.critic_warmup_steps=1,critic_trace_every=0,{COMMON},rollout.lease_ttl_s=60")
 
 
 def _engine_urls(output: str) -> list[str]:

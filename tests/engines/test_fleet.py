@@ -204,3 +204,17 @@ def test_the_router_ends_with_its_launcher():
   finally:
     launcher.kill()
     launcher.wait()
+
+
+def test_a_router_that_went_away_does_not_stop_the_publish(servers, router):
+  good, bad = servers
+  fleet = fleet_lib.Fleet([router.url], max_retries=0)
+  asyncio.run(fleet.publish("/policy/v1", 1))
+  router.stop()
+  bad.refuse = True
+  report = asyncio.run(fleet.publish("/policy/v2", 2))  # the servers it knows are still updated, directly
+  by_url = {s.url: s for s in report.servers}
+  assert set(by_url) == {good.url, bad.url}  # the router's own URL is not taken for a server
+  assert by_url[good.url].version == "2" and by_url[bad.url].version == "1"
+  assert "refused" in by_url[bad.url].error and f"router {router.url}" in by_url[bad.url].error
+  assert by_url[bad.url].in_rotation  # it could not be taken out: the report does not pretend it was
