@@ -7,7 +7,9 @@ stderr appended to `<that dir>/launch.log`. On success the runner writes `<that 
 skips runs with a `DONE` marker and restarts the others in the same directory, where the trainer resumes from its
 latest checkpoint (a run cut off by a crash, a kill or Ctrl-C continues rather than starting over). A failed run is
 reported with the tail of its log and does not stop the others; the exit status is 1 if any run failed. Every
-run's overrides are checked against its config before anything starts (`launch.sweep.validate_run`).
+run's overrides are checked against its config before anything starts (`launch.sweep.validate_run`). Each run
+directory gets the checkout's code version (`code_version.json`); a sweep whose directories hold another version is
+refused before anything starts (`launch.sweep`'s module docstring).
 """
 from __future__ import annotations
 
@@ -136,7 +138,10 @@ def run_sweep(runs: Sequence[sweep_lib.Run], workdir: str, max_parallel: int = 1
   states = [RunState(r, os.path.join(os.path.abspath(workdir), r.name)) for r in runs]
   for s in states:
     s.status = initial_status(s.workdir)
+  version = sweep_lib.code_version(cwd)  # one sweep, one code version (launch.sweep's module docstring)
+  sweep_lib.check_code_versions([s.workdir for s in states], version)
   queue = [s for s in states if s.status in (PENDING, RESUME)]
+  print(f"[launch] code version {version}", file=out, flush=True)
   print(progress_table(states), file=out, flush=True)
   running: list[RunState] = []
   last_report = time.monotonic()
@@ -145,6 +150,7 @@ def run_sweep(runs: Sequence[sweep_lib.Run], workdir: str, max_parallel: int = 1
       changed = time.monotonic() - last_report >= report_s
       while queue and len(running) < max_parallel:
         state = queue.pop(0)
+        sweep_lib.stamp_code_version(state.workdir, version)
         _start(state, command_fn(state.run, state.workdir), cwd)
         running.append(state)
         changed = True
