@@ -114,6 +114,11 @@ class Run:
     flags = run_config.override_flags(self.overrides)
     return [python, train_script, f"--config={self.config}", *flags, f"--workdir={workdir}"]
 
+  def evaluate_command(self, workdir: str, python: str = sys.executable) -> list[str]:
+    """The argv that re-measures this run's final policy (`experiments/evaluate.py`; results land in
+    `<workdir>/evaluation/vN.json`)."""
+    return self.command(workdir, "experiments/evaluate.py", python)
+
 
 format_value = run_config.format_value  # a config flag value ml_collections parses back to the same value
 
