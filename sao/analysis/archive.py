@@ -2,7 +2,8 @@
 `experiments/paper/runs/<sweep>/<run>/`:
 
     metrics.jsonl      the records' `step`, `time`, `phase/*` and `ANALYSIS_KEYS` (floats to 6 significant digits,
-                       `time` to the millisecond); every other key and the `hparams` line are dropped
+                       `time` to the millisecond; ≈ 200 bytes a step); every other key, the `hparams` line and the
+                       progress rows' copy of the latest validation are dropped
     run.json           `RUN_FILE`: name, arm, seed, config, overrides, code version, status (`complete` when the run
                        finished — its launcher wrote DONE — and logged its last step; else `incomplete`), last and
                        expected last step, and a note (the last error line of its launch log, if any)
@@ -26,7 +27,7 @@ COMPLETE, INCOMPLETE = "complete", "incomplete"
 WAIT_KEY = "trainer/wait_s"  # seconds the trainer waited for the step's batch (the busy-fraction input)
 ANALYSIS_KEYS = (
     "validation", EVAL_RECORD_KEY, "validation/policy_version", "batch/num_trajectories", "dropped", "reward",
-    "turns", "response_length", runs_lib.EV_KEY, "staleness", "batch/staleness_mean", "policy_version", WAIT_KEY)
+    "turns", "response_length", runs_lib.EV_KEY, "staleness", WAIT_KEY)
 
 
 def _round(key: str, value: Any) -> Any:
@@ -36,11 +37,14 @@ def _round(key: str, value: Any) -> Any:
 
 
 def trim_records(records: list[dict]) -> list[dict]:
-  """Each record reduced to `step`, `time`, `phase/*` and `ANALYSIS_KEYS` (module docstring)."""
+  """Each record reduced to `step`, `time`, `phase/*` and `ANALYSIS_KEYS` (module docstring). When the log marks
+  its evaluation records (`EVAL_RECORD_KEY`), the progress rows' repeated `validation` is dropped too."""
+  marked = any(EVAL_RECORD_KEY in r for r in records)
   out = []
   for r in records:
     keep = {k: _round(k, v) for k, v in r.items()
-            if k in ("step", "time") or k.startswith("phase/") or k in ANALYSIS_KEYS}
+            if (k in ("step", "time") or k.startswith("phase/") or k in ANALYSIS_KEYS)
+            and not (marked and k == "validation" and EVAL_RECORD_KEY not in r)}
     out.append(keep)
   return out
 

@@ -64,7 +64,8 @@ class SweepRun:
 def load_sweep_runs(directory: str) -> list[SweepRun]:
   """Every run under `directory` (subdirectories with a `run.json`), sorted by name; FileNotFoundError when none."""
   if not os.path.isdir(directory):
-    raise FileNotFoundError(f"no sweep runs directory {directory!r}")
+    raise FileNotFoundError(f"no sweep runs directory {directory!r}: no runs of this sweep are committed yet "
+                            "(experiments/paper/trim.py writes them; docs/results.md has the commands)")
   out = []
   for name in sorted(os.listdir(directory)):
     run_dir = os.path.join(directory, name)

@@ -13,6 +13,7 @@ import pytest
 from experiments.paper import sweeps
 
 from sao.analysis import archive, sweep_runs
+from sao.analysis import runs as runs_lib
 from tests.analysis import sweep_fixtures as fx
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -61,6 +62,32 @@ def test_trim_keeps_what_the_tables_read(algorithms_sweep, capsys):
       *records)
   assert sorted(os.listdir(os.path.join(out, "sao-seed0"))) == ["evaluation", "metrics.jsonl", "run.json"]
   assert os.listdir(os.path.join(out, "sao-seed0", "evaluation")) == ["v39.json"]
+  # The tables' measures are the same from the trimmed log as from the trainer's.
+  trimmed = {r.name: r for r in sweep_runs.load_sweep_runs(out)}
+  for name in ("sao-seed1", "gspo-seed3"):
+    raw = sweep_runs.SweepRun(trimmed[name].info, runs_lib.load_run(name, os.path.join(work, name)),
+                              trimmed[name].evaluation, trimmed[name].evaluated_policy)
+    expected, got = sweep_runs.measures(raw, 55.0), sweep_runs.measures(trimmed[name], 55.0)
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+      assert got[key] == pytest.approx(value, rel=1e-5, nan_ok=True), (name, key)
+
+
+def test_evaluation_locations(tmp_path):
+  for version in (3, 12, 7):
+    os.makedirs(tmp_path / "policy" / f"v{version}")
+  os.makedirs(tmp_path / "policy" / "v99.tmp")
+  assert runs_lib.final_policy_dir(str(tmp_path)) == str(tmp_path / "policy" / "v12")
+  assert runs_lib.evaluation_path_for(str(tmp_path / "policy" / "v12")) == str(tmp_path / "evaluation" / "v12.json")
+  assert runs_lib.evaluation_path_for(str(tmp_path / "base_model")) == str(tmp_path / "evaluation" /
+                                                                           "base_model.json")
+  assert runs_lib.evaluation_path_for(str(tmp_path / "elsewhere")) == ""
+  with pytest.raises(FileNotFoundError, match="no exported policy"):
+    runs_lib.final_policy_dir(str(tmp_path / "empty"))
+  os.makedirs(tmp_path / "evaluation")
+  for name, rate in (("v3", 0.1), ("v12", 0.5), ("base_model", 0.0)):
+    (tmp_path / "evaluation" / f"{name}.json").write_text(json.dumps({"test": {"success_rate": rate}}))
+  assert runs_lib.final_evaluation(str(tmp_path)) == ("v12", {"test": {"success_rate": 0.5}})
 
 
 def test_algorithm_tables(algorithms_sweep):
