@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import shlex
+import subprocess
+from typing import Callable
 
 from launch import local
 from launch import sweep as sweep_lib
@@ -19,8 +21,23 @@ def sweep_name(sweep: str) -> str:
   return os.path.splitext(os.path.basename(sweep))[0]
 
 
-def trim_sweep(sweep: str, workdir: str, out: str, only: list[str] | None = None) -> list[dict]:
-  """Trims every started run of `sweep` under `workdir` into `out`; returns their `run.json` contents."""
+def _evaluate(run: sweep_lib.Run, run_dir: str, command: list[str]) -> None:
+  """Runs `command` (the re-measurement of the run's final policy), its output appended to `<run dir>/evaluate.log`."""
+  log_path = os.path.join(run_dir, "evaluate.log")
+  print(f"[trim] {run.name}: re-measuring the final policy (log {log_path})", flush=True)
+  with open(log_path, "ab") as log:
+    code = subprocess.run(command, cwd=sweep_lib.REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL, check=False).returncode
+  if code != 0:
+    print(f"[trim] {run.name}: re-measurement failed (exit code {code}); tail of {log_path}:\n"
+          f"{local.log_tail(log_path, 1500)}", flush=True)
+
+
+def trim_sweep(sweep: str, workdir: str, out: str, only: list[str] | None = None,
+               evaluate_command: Callable[[sweep_lib.Run, str], list[str]] | None = None) -> list[dict]:
+  """Trims every started run of `sweep` under `workdir` into `out`; returns their `run.json` contents. With
+  `evaluate_command(run, run_dir)` (e.g. `Run.evaluate_command`), a finished run whose final policy has no
+  re-measurement yet is re-measured first."""
   run_list = sweep_lib.load_sweep(sweep_lib.sweep_path(sweep))
   if only:
     unknown = sorted(set(only) - {r.name for r in run_list})
@@ -38,8 +55,10 @@ def trim_sweep(sweep: str, workdir: str, out: str, only: list[str] | None = None
       print(f"[trim] {run.name}: WARNING no {sweep_lib.VERSION_FILE} (not launched by launch.local); version unknown")
     info = {"name": run.name, "arm": run.arm_name, "seed": run.overrides.get("seed", 0), "config": run.config,
             "overrides": dict(run.overrides), "code_version": version or "unknown"}
-    meta = archive.write_trimmed_run(run_dir, os.path.join(out, run.name), info,
-                                     finished=os.path.isfile(os.path.join(run_dir, local.DONE)),
+    finished = os.path.isfile(os.path.join(run_dir, local.DONE))
+    if evaluate_command is not None and finished and runs_lib.final_evaluation(run_dir) is None:
+      _evaluate(run, run_dir, evaluate_command(run, run_dir))
+    meta = archive.write_trimmed_run(run_dir, os.path.join(out, run.name), info, finished=finished,
                                      expected_last_step=sweep_lib.expected_last_step(run),
                                      log_path=os.path.join(run_dir, local.LOG))
     evaluated = runs_lib.final_evaluation(run_dir)

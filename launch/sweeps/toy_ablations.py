@@ -7,7 +7,7 @@ in-run evaluations, and the re-measured final policy where `experiments/evaluate
 arm's, seed by seed, with intervals.
 
     python -m launch.local --sweep=launch/sweeps/toy_ablations.py --workdir=/tmp/toy_ablations --max_parallel=1
-    python experiments/paper/trim.py --sweep=toy_ablations --workdir=/tmp/toy_ablations
+    python experiments/paper/trim.py --sweep=toy_ablations --workdir=/tmp/toy_ablations --evaluate
     python experiments/reproduce.py --sweep=toy_ablations
 """
 from launch import sweep as s

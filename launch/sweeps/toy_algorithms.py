@@ -7,8 +7,7 @@ trajectories, critic only) come before and are not counted, as in the write-up; 
 Seed k gives every arm the same supervised base policy and task lists, so arms are compared seed by seed.
 
     python -m launch.local --sweep=launch/sweeps/toy_algorithms.py --workdir=/tmp/toy_algorithms --max_parallel=1
-    python experiments/evaluate.py --config=<run's config> --workdir=/tmp/toy_algorithms/<run>   # each run's final policy
-    python experiments/paper/trim.py --sweep=toy_algorithms --workdir=/tmp/toy_algorithms
+    python experiments/paper/trim.py --sweep=toy_algorithms --workdir=/tmp/toy_algorithms --evaluate
     python experiments/reproduce.py --sweep=toy_algorithms [--out_dir=/tmp/toy_algorithms_tables]
 """
 from launch import sweep as s

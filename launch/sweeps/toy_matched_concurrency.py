@@ -8,7 +8,7 @@ to the threshold, the trainer's busy fraction and staleness side by side, and th
 write-up's assumed linear scaling (4×).
 
     python -m launch.local --sweep=launch/sweeps/toy_matched_concurrency.py --workdir=/tmp/toy_mc --max_parallel=1
-    python experiments/paper/trim.py --sweep=toy_matched_concurrency --workdir=/tmp/toy_mc
+    python experiments/paper/trim.py --sweep=toy_matched_concurrency --workdir=/tmp/toy_mc --evaluate
     python experiments/reproduce.py --sweep=toy_matched_concurrency
 """
 from launch import sweep as s

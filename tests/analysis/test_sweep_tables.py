@@ -135,7 +135,8 @@ def test_mixed_code_versions_are_refused_or_grouped(algorithms_sweep):
   assert f"## Sweep `test_sweep` — code version {'b' * 40}" in text and "1 runs started: 1 complete" in text
 
 
-CONCURRENCY = '''ANALYSIS = {"kind": "concurrency", "algorithms": ("sao", "gspo"), "loops": (16, 64), "threshold_pct": 55.0}'''
+CONCURRENCY = ('''ANALYSIS = {"kind": "concurrency", "algorithms": ("sao", "gspo"), "loops": (16, 64), '''
+               '''"threshold_pct": 55.0}''')
 CONCURRENCY_RUNS = '''  out = []
   for loops in (16, 64):
     grid = s.product(s.sweep("seed", [0, 1]), s.fixed(**{"total_steps": 40, "rollout.concurrency": loops}))
@@ -163,8 +164,10 @@ def test_concurrency_tables(tmp_path, monkeypatch):
   assert "linear scaling: 4×" in text and "| sao | seconds per RL step | 2.00 [2.00, 2.00] (n=2) |" in text
 
 
-ABLATIONS = '''ANALYSIS = {"kind": "ablations", "reference": "stabilized", "factors": {"no_whitening": "advantages not whitened"}}'''
-ABLATION_RUNS = '''  seeds = s.product(s.sweep("seed", [0, 1, 2]), s.fixed(**{"total_steps": 40, "recipe.value_pretrain_steps": 0}))
+ABLATIONS = ('''ANALYSIS = {"kind": "ablations", "reference": "stabilized", '''
+             '''"factors": {"no_whitening": "advantages not whitened"}}''')
+ABLATION_RUNS = '''  seeds = s.product(s.sweep("seed", [0, 1, 2]),
+                    s.fixed(**{"total_steps": 40, "recipe.value_pretrain_steps": 0}))
   return (s.runs("stabilized", "experiments/configs/sao_openswe.py:toy", seeds, name_keys=("seed",)) +
           s.runs("no_whitening", "experiments/configs/sao_openswe.py:toy",
                  s.product(seeds, s.fixed(**{"learner.sao.whiten_advantages": False})), name_keys=("seed",)))'''
@@ -203,3 +206,24 @@ def test_reproduce_cli_sweep(algorithms_sweep):
 def test_no_runs_is_an_error(tmp_path):
   with pytest.raises(FileNotFoundError, match="holds no runs"):
     sweep_runs.load_sweep_runs(str(tmp_path))
+
+
+def test_trim_re_measures_finished_runs_first(algorithms_sweep, capsys):
+  sweep, work, out = algorithms_sweep
+  fake = ("import json, os, sys; d = sys.argv[1]; assert not d.endswith('seed1'), 'engine died'; "
+          "os.makedirs(os.path.join(d, 'evaluation')); "
+          "json.dump({'test': {'success_rate': 0.25}}, open(os.path.join(d, 'evaluation', 'v39.json'), 'w'))")
+  asked = []
+
+  def command(run, run_dir):
+    asked.append(run.name)
+    return [sys.executable, "-c", fake, run_dir]
+
+  metas = sweeps.trim_sweep(sweep, work, out, evaluate_command=command)
+  # SAO runs already have one; the incomplete gspo-seed3 is not re-measured.
+  assert asked == ["gspo-seed0", "gspo-seed1", "gspo-seed2"]
+  printed = capsys.readouterr().out
+  assert "gspo-seed1: re-measurement failed (exit code 1)" in printed and "engine died" in printed
+  runs = {r.name: r for r in sweep_runs.load_sweep_runs(out)}
+  assert runs["gspo-seed0"].evaluation == {"test": {"success_rate": 0.25}} and runs["gspo-seed1"].evaluation is None
+  assert len(metas) == 7

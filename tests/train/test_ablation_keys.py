@@ -33,7 +33,8 @@ def test_fixed_policy_lambda_replaces_the_length_adaptive_one():
   batch = {"action_mask": mask, "token_rewards": rewards}
   lengths = mask.sum(1)
   for fixed, lam in ((0.0, 1.0 - 1.0 / (1.5 * lengths)), (0.95, np.full(3, 0.95))):
-    adv, diag = learner_lib._policy_advantages(batch, values, values, 1.0, 1.5, False, fixed)  # pylint: disable=protected-access
+    # pylint: disable-next=protected-access
+    adv, diag = learner_lib._policy_advantages(batch, values, values, 1.0, 1.5, False, fixed)
     np.testing.assert_allclose(np.asarray(adv), _gae_reference(rewards, values, mask, lam), rtol=1e-5, atol=1e-6)
     assert float(diag["advantages/lambda_mean"]) == pytest.approx(lam.mean(), rel=1e-6)
 
