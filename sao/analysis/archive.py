@@ -6,7 +6,11 @@
                        progress rows' copy of the latest validation are dropped
     run.json           `RUN_FILE`: name, arm, seed, config, overrides, code version, status (`complete` when the run
                        finished — its launcher wrote DONE — and logged its last step; else `incomplete`), last and
-                       expected last step, and a note (the last error line of its launch log, if any)
+                       expected last step, restarts, and a note (the last error line of an incomplete run's launch
+                       log; that a resumed run's wall times include its restarts)
+
+A resumed run logs again from its checkpoint's step; the records of the abandoned attempt after that step are
+dropped (`drop_abandoned`).
     evaluation/vN.json the final policy's re-measurement (`experiments/evaluate.py`), copied when present
 
 Nothing else (checkpoints, trajectories, policies, TensorBoard events, critic traces) is kept.
@@ -49,6 +53,19 @@ def trim_records(records: list[dict]) -> list[dict]:
   return out
 
 
+def drop_abandoned(records: list[dict]) -> tuple[list[dict], int]:
+  """(the records without those a restart superseded, the number of restarts). A resumed trainer logs again from its
+  checkpoint's step: where the step goes back to s, the earlier attempt's records of steps ≥ s are dropped."""
+  out: list[dict] = []
+  restarts = 0
+  for r in records:
+    if out and r["step"] < out[-1]["step"]:
+      restarts += 1
+      out = [o for o in out if o["step"] < r["step"]]
+    out.append(r)
+  return out, restarts
+
+
 def run_status(records: list[dict], finished: bool, expected_last_step: int) -> tuple[str, int]:
   """(`complete` | `incomplete`, the last logged step; −1 when none)."""
   last = max((int(r["step"]) for r in records), default=-1)
@@ -78,10 +95,13 @@ def write_trimmed_run(src_workdir: str, dst_dir: str, info: Mapping[str, Any], f
   path = os.path.join(src_workdir, runs_lib.METRICS_FILE)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"run {info.get('name')!r}: {src_workdir!r} has no {runs_lib.METRICS_FILE}")
-  records = trim_records(read_metrics(path))
+  records, restarts = drop_abandoned(trim_records(read_metrics(path)))
   status, last = run_status(records, finished, expected_last_step)
+  notes = [error_note(log_path)] if status == INCOMPLETE else []
+  if restarts:
+    notes.append(f"resumed {restarts}× from a checkpoint: its wall times include the restarts")
   meta = {**info, "status": status, "last_step": last, "expected_last_step": expected_last_step,
-          "note": error_note(log_path) if status == INCOMPLETE else ""}
+          "restarts": restarts, "note": "; ".join(n for n in notes if n)}
   if os.path.isdir(dst_dir):
     shutil.rmtree(dst_dir)  # a re-trim replaces the whole directory (no stale evaluation files)
   os.makedirs(dst_dir)

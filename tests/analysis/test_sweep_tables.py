@@ -227,3 +227,11 @@ def test_trim_re_measures_finished_runs_first(algorithms_sweep, capsys):
   runs = {r.name: r for r in sweep_runs.load_sweep_runs(out)}
   assert runs["gspo-seed0"].evaluation == {"test": {"success_rate": 0.25}} and runs["gspo-seed1"].evaluation is None
   assert len(metas) == 7
+
+
+def test_a_resumed_run_keeps_its_last_attempt():
+  steps = [0, 1, 2, 3, 4, 2, 3, 4, 5, 3, 4, 5, 6]  # checkpoints at 2, then at 3
+  records = [{"step": st, "attempt": i} for i, st in enumerate(steps)]
+  kept, restarts = archive.drop_abandoned(records)
+  assert restarts == 2 and [r["step"] for r in kept] == [0, 1, 2, 3, 4, 5, 6]
+  assert [r["attempt"] for r in kept] == [0, 1, 5, 9, 10, 11, 12]
