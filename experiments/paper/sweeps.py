@@ -79,7 +79,9 @@ def sweep_report(sweep: str, runs_dir: str, by_version: bool = False, threshold:
   if not by_version:
     sweep_runs.check_one_version(runs)
   groups = sweep_runs.by_version(runs)
-  text = "\n".join(sweep_tables.sweep_tables(name, group, analysis, version, threshold, window)
+  committed = {r.name for r in runs}
+  not_started = [r.name for r in sweep_lib.load_sweep(sweep_lib.sweep_path(sweep)) if r.name not in committed]
+  text = "\n".join(sweep_tables.sweep_tables(name, group, analysis, version, threshold, window, not_started)
                    for version, group in groups.items())
   if len(groups) > 1:
     text = (f"# {len(groups)} code versions: each has its own tables (runs of different versions are not "

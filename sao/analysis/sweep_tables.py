@@ -117,7 +117,9 @@ def algorithms_tables(runs: Sequence[SweepRun], analysis: Mapping[str, Any], m: 
   return parts
 
 
-def concurrency_tables(runs: Sequence[SweepRun], analysis: Mapping[str, Any], m: Mapping[str, dict]) -> list[str]:
+def concurrency_tables(runs: Sequence[SweepRun], analysis: Mapping[str, Any], m: Mapping[str, dict],
+                       window: int) -> list[str]:
+  del window  # no windowed measure here
   thr, loops, algorithms = analysis["threshold_pct"], tuple(analysis["loops"]), tuple(analysis["algorithms"])
   arms = _group(runs, [f"{a}-loops{n}" for n in loops for a in algorithms])
   rows = []
@@ -143,7 +145,8 @@ def concurrency_tables(runs: Sequence[SweepRun], analysis: Mapping[str, Any], m:
   return parts
 
 
-def ablation_tables(runs: Sequence[SweepRun], analysis: Mapping[str, Any], m: Mapping[str, dict]) -> list[str]:
+def ablation_tables(runs: Sequence[SweepRun], analysis: Mapping[str, Any], m: Mapping[str, dict],
+                    window: int) -> list[str]:
   reference, factors = analysis["reference"], dict(analysis["factors"])
   arms = _group(runs, [reference, *factors])
   rows = []
@@ -159,7 +162,7 @@ def ablation_tables(runs: Sequence[SweepRun], analysis: Mapping[str, Any], m: Ma
     rows.append(row + [_cell(rs, "best", m), _cell(rs, "ev", m, 3)])
   return [f"### One-factor ablations vs `{reference}` (final validation %)", markdown_table(
       ["arm", "change", "complete/started", "in-run last-3 mean", "re-measured validation",
-       f"Δ last-3 vs {reference}", f"Δ re-measured vs {reference}", "in-run best", "critic EV last 20"], rows)]
+       f"Δ last-3 vs {reference}", f"Δ re-measured vs {reference}", "in-run best", f"critic EV last {window}"], rows)]
 
 
 KINDS: dict[str, Callable[..., list[str]]] = {"algorithms": algorithms_tables, "concurrency": concurrency_tables,
@@ -167,8 +170,9 @@ KINDS: dict[str, Callable[..., list[str]]] = {"algorithms": algorithms_tables, "
 
 
 def sweep_tables(name: str, runs: Sequence[SweepRun], analysis: Mapping[str, Any], version: str,
-                 threshold_pct: float | None = None, window: int = 20) -> str:
-  """The markdown document for one sweep (one code version's runs)."""
+                 threshold_pct: float | None = None, window: int = 20, not_started: Sequence[str] = ()) -> str:
+  """The markdown document for one sweep (one code version's runs); `not_started`: the sweep's runs with no
+  committed directory yet."""
   kind = analysis["kind"]
   if kind not in KINDS:
     raise ValueError(f"sweep {name}: unknown ANALYSIS kind {kind!r}; expected one of {sorted(KINDS)}")
@@ -180,7 +184,9 @@ def sweep_tables(name: str, runs: Sequence[SweepRun], analysis: Mapping[str, Any
   parts = [f"## Sweep `{name}` — code version {version}",
            f"{len(runs)} runs started: {complete} complete, {len(runs) - complete} incomplete (not in the statistics; "
            "listed below). " + METHOD]
-  kwargs = {"window": window} if kind == "algorithms" else {}
-  parts += KINDS[kind](runs, analysis, m, **kwargs)
+  if not_started:
+    parts.append(f"Not started (or not committed) yet: {len(not_started)} of the sweep's runs — "
+                 f"{', '.join(not_started)}.")
+  parts += KINDS[kind](runs, analysis, m, window)
   parts += ["### Every started run", runs_table(runs, m)]
   return "\n\n".join(parts) + "\n"

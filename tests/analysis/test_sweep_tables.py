@@ -96,6 +96,7 @@ def test_algorithm_tables(algorithms_sweep):
   text, groups = sweeps.sweep_report(sweep, out)
   assert list(groups) == [fx.VERSION]
   assert "7 runs started: 6 complete, 1 incomplete" in text
+  assert "Not started (or not committed) yet: 1 of the sweep's runs — sao-seed3." in text
   sao_half = T975[2] * 2.0 / 3 ** 0.5  # last-3: 60, 62, 64 → s = 2
   gspo_half = T975[2] * 3.0 / 3 ** 0.5  # 50, 53, 56 → s = 3
   # SAO: base 40, last-3 62 ± 4.97, best 62 ± 4.97, re-measured validation 60 ± t·5/√3, test 50, train 70; 21 RL steps
