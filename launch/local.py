@@ -7,9 +7,7 @@ stderr appended to `<that dir>/launch.log`. On success the runner writes `<that 
 skips runs with a `DONE` marker and restarts the others in the same directory, where the trainer resumes from its
 latest checkpoint (a run cut off by a crash, a kill or Ctrl-C continues rather than starting over). A failed run is
 reported with the tail of its log and does not stop the others; the exit status is 1 if any run failed. Every
-run's overrides are checked against its config before anything starts (`launch.sweep.validate_run`). Each run
-directory gets the checkout's code version (`code_version.json`); a sweep whose directories hold another version is
-refused before anything starts (`launch.sweep`'s module docstring).
+run's overrides are checked against its config before anything starts (`launch.sweep.validate_run`).
 """
 from __future__ import annotations
 
