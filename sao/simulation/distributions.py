@@ -5,6 +5,8 @@
   pareto     `a · X` with X ~ Pareto(α = `b`) on [1, ∞), as `slow_number_search` draws its episode delay (numpy's
              `a * (1 + rng.pareto(b))`); infinite variance for α <= 2.
   choice     uniformly one of `values` (an empirical distribution, e.g. measured trainer step times).
+  cycle      `values` in order, over and over (a replayed trace; hand-computable cases). The position lives in the
+             object: one simulated run per `Distribution("cycle", ...)` object.
 
 Every kind is then clipped to [`lo`, `hi`]. `mean()` is exact for constant and choice, and for the clipped Pareto
 (the bench's delay); the others use a fixed-seed Monte-Carlo estimate (200,000 draws).
@@ -16,7 +18,7 @@ import math
 
 import numpy as np
 
-KINDS = ("constant", "lognormal", "pareto", "choice")
+KINDS = ("constant", "lognormal", "pareto", "choice", "cycle")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,13 +30,14 @@ class Distribution:
   lo: float = 0.0
   hi: float = math.inf
   values: tuple[float, ...] = ()
+  _position: list[int] = dataclasses.field(default_factory=lambda: [0], compare=False, repr=False)
 
   def __post_init__(self):
     if self.kind not in KINDS:
       raise ValueError(f"Distribution.kind must be one of {KINDS}, got {self.kind!r}")
     if self.lo > self.hi:
       raise ValueError(f"Distribution: lo {self.lo} > hi {self.hi}")
-    if self.kind == "choice":
+    if self.kind in ("choice", "cycle"):
       if not self.values or not all(math.isfinite(v) for v in self.values):
         raise ValueError(f"Distribution('choice') needs finite values, got {self.values!r}")
     elif self.kind == "constant":
@@ -53,6 +56,8 @@ class Distribution:
         x = self.a * math.exp(self.b * rng.standard_normal())
       elif self.kind == "pareto":
         x = self.a * (1.0 + rng.pareto(self.b))
+      elif self.kind == "cycle":
+        x = self._next(1)[0]
       else:
         x = self.values[int(rng.integers(0, len(self.values)))]
       return float(min(max(x, self.lo), self.hi))
@@ -63,15 +68,22 @@ class Distribution:
       x = self.a * np.exp(self.b * rng.standard_normal(n))
     elif self.kind == "pareto":
       x = self.a * (1.0 + rng.pareto(self.b, n))
+    elif self.kind == "cycle":
+      x = np.asarray(self._next(n), dtype=float)
     else:
       x = np.asarray(self.values, dtype=float)[rng.integers(0, len(self.values), n)]
     return np.clip(x, self.lo, self.hi)
+
+  def _next(self, n: int) -> list[float]:
+    start = self._position[0]
+    self._position[0] = start + n
+    return [self.values[(start + i) % len(self.values)] for i in range(n)]
 
   def mean(self) -> float:
     """E[clip(X, lo, hi)] (module docstring: exact or a fixed-seed estimate)."""
     if self.kind == "constant":
       return float(np.clip(self.a, self.lo, self.hi))
-    if self.kind == "choice":
+    if self.kind in ("choice", "cycle"):
       return float(np.mean(np.clip(self.values, self.lo, self.hi)))
     if self.kind == "pareto" and self.lo <= self.a:
       return _clipped_pareto_mean(self.a, self.b, self.hi)
@@ -94,8 +106,8 @@ def parse(spec: str) -> Distribution:
   kind, _, rest = spec.partition(":")
   fields = [f.strip() for f in rest.split(",")] if rest else []
   try:
-    if kind == "choice":
-      return Distribution("choice", values=tuple(float(f) for f in fields))
+    if kind in ("choice", "cycle"):
+      return Distribution(kind, values=tuple(float(f) for f in fields))
     names = ("a", "b", "lo", "hi") if kind != "constant" else ("a", "lo", "hi")
     if len(fields) > len(names):
       raise ValueError(f"at most {len(names)} fields ({', '.join(names)})")

@@ -275,7 +275,12 @@ class FleetSimulator:
         r.dropped_stale += 1
         r.discarded_s += self._episode_seconds(traj)
     r.in_learner = self._batch_fresh = fresh
-    step_s = c.warmup_step_s[r.steps] if r.steps < len(c.warmup_step_s) else c.step_s.sample(self._rng)
+    if not fresh:
+      step_s = 0.0  # nothing trainable: the trainer skips the update (and publishes nothing)
+    elif r.steps < len(c.warmup_step_s):
+      step_s = c.warmup_step_s[r.steps]
+    else:
+      step_s = c.step_s.sample(self._rng)
     self._at(self.now + step_s, "train_end")
     self._schedule_retry()  # room in the buffer: pushed-back samples may go in now
     self._poll()
