@@ -18,8 +18,9 @@ trained on, and the trainer's busy fraction (time not spent waiting for a batch 
 ratios. Also measured (and written with `--out=<file>.json`, which `experiments/simulate_fleet.py --validate` reads):
 the staleness of every trained trajectory as the trainer counts it (learner version − the trajectory's policy
 version, at the step that takes it), each step's training time, each training episode's wall time from lease to
-acceptance, the mean turns, and the load average (`os.getloadavg`) before and after: the machine may be shared. Compilation goes to a persistent JAX cache shared by both modes and the engine, and the second mode reuses
-the first one's base policy and engine.
+acceptance, the mean turns and the agent loop's timings (engine, env steps, total), and the load average
+(`os.getloadavg`) before and after: the machine may be shared. Compilation goes to a persistent JAX cache shared by
+both modes and the engine, and the second mode reuses the first one's base policy and engine.
 """
 from __future__ import annotations
 

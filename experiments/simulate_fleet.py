@@ -16,6 +16,7 @@ instead compares the simulator with `experiments/bench_pipeline.py --out=...` me
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -102,6 +103,8 @@ def run_validation(paths, tolerance: float, seeds: int) -> bool:
 
 def main(argv):
   del argv
+  # Leases of samples rejected as stale lapse and are re-leased by design; one INFO line each would drown the table.
+  logging.getLogger("sao.transport.dispenser").setLevel(logging.WARNING)
   if _VALIDATE.value:
     ok = run_validation(_VALIDATE.value, _TOLERANCE.value, _SEEDS.value)
     print(f"\nall within {_TOLERANCE.value:.0%}: {'yes' if ok else 'NO'}")

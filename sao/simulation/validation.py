@@ -3,9 +3,10 @@
 The simulator is given what the bench measured as *inputs*: the episode delay distribution (the same capped Pareto
 `slow_number_search` sleeps), the mean turns, the agent loop's mean engine and env-step seconds per turn (the
 trajectories' own timings), the transport's share (mean lease-to-acceptance time minus the agent loop's mean total,
-spent between the episode's end and its submission), the trainer's step times (resampled; the warm-up steps' own times, compilations included), and the service
-knobs. It *predicts* what the bench reports: trajectories/s, the trainer's busy fraction and the mean staleness of
-trained batches. `compare` puts the two side by side with relative errors.
+spent between the episode's end and its submission), the trainer's step times (resampled; the warm-up steps' own
+times, compilations included), and the service knobs. It *predicts* what the bench reports: trajectories/s, the
+trainer's busy fraction and the mean staleness of trained batches. `compare` puts the two side by side with relative
+errors.
 """
 from __future__ import annotations
 
