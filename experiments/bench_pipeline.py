@@ -118,6 +118,7 @@ def _bench_trainer_class():
       self.timings: list[dict[str, float]] = []  # per step: the batch's mean agent-loop timings (generate_s, ...)
       self.leased_at: dict[str, float] = {}  # training lease id → when it was issued
       self.episode_s: list[tuple[float, float]] = []  # (accepted at, seconds from lease to acceptance) per sample
+      self.published_at: list[float] = []  # when each new version reached the engines and the server
 
     def _server(self, model_config, engine_urls):
       server = super()._server(model_config, engine_urls)
@@ -148,6 +149,10 @@ def _bench_trainer_class():
         return complete_fn(lease_record, traj)
 
       dispenser.lease, dispenser.complete = lease, complete
+
+    def _publish(self, model_config, learner, server):
+      super()._publish(model_config, learner, server)
+      self.published_at.append(time.monotonic())
 
     def _take(self, server, n):
       start = time.monotonic()
@@ -267,12 +272,16 @@ def _run_mode(mode: str, processes: _Processes, base_dir: str | None) -> dict[st
   ends = [begin for begin, _ in trainer.waits[1:]] + [trainer.end_time]
   train_s = [end - waited for (_, waited), end in zip(trainer.waits, ends)]
   staleness = [s for step in trainer.staleness[warmup:] for s in step]
+  # Where in its step each measured version landed (0: at the take, 1: at the next wait): the rest is bookkeeping.
+  publish_fraction = [(p - waited) / (end - waited) for (_, waited), end in zip(trainer.waits[warmup:], ends[warmup:])
+                      for p in trainer.published_at if waited <= p <= end and end > waited]
   return {"mode": mode, "traj_per_s": len(measured) * config.rollout.batch_size / wall,
           "busy": 1.0 - waiting / wall, "wall_s": wall, "steps": len(measured),
           "stale_rejected": stats.get("rejected_by_reason", {}).get("STALE_POLICY", 0),
           "staleness_mean": sum(staleness) / max(len(staleness), 1), "staleness": staleness,
           "train_step_s": train_s[warmup:], "warmup_train_step_s": train_s[:warmup],
           "episode_s": [d for t, d in trainer.episode_s if t >= start],
+          "publish_fraction_mean": sum(publish_fraction) / len(publish_fraction) if publish_fraction else 1.0,
           "turns_mean": sum(trainer.turns[warmup:]) / max(len(trainer.turns[warmup:]), 1),
           # The agent loop's own seconds per trajectory (engine calls, env steps, the whole episode incl. reset).
           **{f"{k}_mean": sum(t[k] for t in trainer.timings[warmup:]) / max(len(trainer.timings[warmup:]), 1)

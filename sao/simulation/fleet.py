@@ -98,7 +98,7 @@ class FleetSimulator:
     self._at(c.lease_ttl_s / 3, "heartbeat")
     handlers = {"poll": self._poll, "setup_done": self._setup_done, "first_turn": self._first_turn,
                 "end": self._end, "submit": self._first_submit, "retry": self._retry, "train_end": self._train_end,
-                "publish_end": self._publish_end, "heartbeat": self._heartbeat}
+                "publish_end": self._publish_end, "step_done": self._step_done, "heartbeat": self._heartbeat}
     while self._events and not self._done():
       t, _, kind, payload = heapq.heappop(self._events)
       if t > horizon:
@@ -281,14 +281,16 @@ class FleetSimulator:
       step_s = c.warmup_step_s[r.steps]
     else:
       step_s = c.step_s.sample(self._rng)
-    self._at(self.now + step_s, "train_end")
+    f = c.publish_fraction
+    self._at(self.now + f * step_s, "train_end", (1.0 - f) * step_s)
     self._schedule_retry()  # room in the buffer: pushed-back samples may go in now
     self._poll()
 
   def _episode_seconds(self, traj: Trajectory) -> float:
     return float(traj.metrics.get("episode_s", 0.0))
 
-  def _train_end(self, _=None) -> None:
+  def _train_end(self, rest_s: float) -> None:
+    """The update is done; the new version (if any) is published, then `rest_s` of the step remains."""
     c, r = self.config, self.report
     r.trained += self._batch_fresh
     r.in_learner = 0
@@ -299,17 +301,24 @@ class FleetSimulator:
     if self._batch_fresh:
       self._updates += 1
       if self._updates > c.actor_warmup_steps:
-        self._at(self.now + c.publish_s, "publish_end", self.version + 1)
+        self._at(self.now + c.publish_s, "publish_end", (self.version + 1, rest_s))
         return
-    self._step_done()
+    self._after(rest_s)
 
-  def _publish_end(self, version: int) -> None:
+  def _publish_end(self, payload: tuple[int, float]) -> None:
+    version, rest_s = payload
     self.version = version
     self.dispenser.set_policy_version(version)
     self._schedule_retry()  # a new version may make pushed-back samples stale
-    self._step_done()
+    self._after(rest_s)
 
-  def _step_done(self) -> None:
+  def _after(self, rest_s: float) -> None:
+    if rest_s > 0:
+      self._at(self.now + rest_s, "step_done")
+    else:
+      self._step_done()
+
+  def _step_done(self, _=None) -> None:
     c, r = self.config, self.report
     r.steps += 1
     self._training = False

@@ -50,7 +50,10 @@ class FleetConfig:
     batch_size: trajectories per learner step (a multiple of `group_size`).
     episode: the episode model; engine_slots: concurrent generations at full speed (0 = unlimited).
     submit_latency_s: from an episode's end to its submission reaching the trainer (the loop stays held).
-    step_s: the trainer's time per step (take to publish); publish_s: weights to the engines after an update.
+    step_s: the trainer's time per step (take to next take, publishing included); publish_s: weights to the
+      engines after an update, on top of step_s (0 when step_s includes it).
+    publish_fraction: where in a step the new version lands on the engines and the server (1: at its end; the
+      rest of the step is bookkeeping: metrics, the consumed ledger).
     actor_warmup_steps: first updates that leave the policy version unchanged (SAO's `critic_warmup_steps`).
     max_staleness, max_outstanding, buffer_capacity, lease_ttl_s: the server's and dispenser's knobs
       (`ServerConfig`, `DispenserConfig`); max_outstanding 0 = no flow control.
@@ -70,6 +73,7 @@ class FleetConfig:
   engine_slots: int = 0
   submit_latency_s: float = 0.0
   publish_s: float = 0.0
+  publish_fraction: float = 1.0
   actor_warmup_steps: int = 0
   max_staleness: int = 8
   max_outstanding: int = 128
@@ -109,6 +113,8 @@ class FleetConfig:
     if not (self.lease_ttl_s > 0 and self.max_hours > 0):
       raise ValueError(f"FleetConfig.lease_ttl_s and max_hours must be > 0, got {self.lease_ttl_s}, "
                        f"{self.max_hours}")
+    if not 0.0 <= self.publish_fraction <= 1.0:
+      raise ValueError(f"FleetConfig.publish_fraction must lie in [0, 1], got {self.publish_fraction}")
     if not all(math.isfinite(t) and t >= 0 for t in self.warmup_step_s):
       raise ValueError(f"FleetConfig.warmup_step_s must be finite and >= 0, got {self.warmup_step_s}")
     if not (self.target_trajectories or self.max_steps or math.isfinite(self.max_hours)):

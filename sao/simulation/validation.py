@@ -4,9 +4,9 @@ The simulator is given what the bench measured as *inputs*: the episode delay di
 `slow_number_search` sleeps), the mean turns, the agent loop's mean engine and env-step seconds per turn (the
 trajectories' own timings), the transport's share (mean lease-to-acceptance time minus the agent loop's mean total,
 spent between the episode's end and its submission), the trainer's step times (resampled; the warm-up steps' own
-times, compilations included), and the service knobs. It *predicts* what the bench reports: trajectories/s, the
-trainer's busy fraction and the mean staleness of trained batches. `compare` puts the two side by side with relative
-errors.
+times, compilations included), where in its step a new version lands (the rest is bookkeeping), and the service
+knobs. It *predicts* what the bench reports: trajectories/s, the trainer's busy fraction and the mean staleness of
+trained batches. `compare` puts the two side by side with relative errors.
 """
 from __future__ import annotations
 
@@ -56,11 +56,12 @@ def bench_config(measured: Mapping[str, Any], seed: int = 0) -> FleetConfig:
                          tool_s=Distribution("constant", tool_s))
   return FleetConfig(
       loops=int(measured["concurrency"]), episode=episode, submit_latency_s=submit_s,
+      publish_fraction=min(1.0, max(0.0, float(measured.get("publish_fraction_mean", 1.0)))),
       step_s=Distribution("choice", values=tuple(float(t) for t in measured["train_step_s"])),
       batch_size=int(measured["batch_size"]), actor_warmup_steps=BENCH_ACTOR_WARMUP_STEPS,
       max_staleness=int(measured["max_staleness"]), max_outstanding=int(measured["max_outstanding"]),
       buffer_capacity=int(measured["buffer_capacity"]), lease_ttl_s=BENCH_LEASE_TTL_S,
-      no_work_retry_s=BENCH_NO_WORK_RETRY_S, num_tasks=1000, seed=seed, max_hours=math.inf,
+      no_work_retry_s=BENCH_NO_WORK_RETRY_S, num_tasks=1000, seed=seed, max_hours=24.0,  # a stalled twin stops
       max_steps=int(measured["warmup_steps"]) + int(measured["steps"]), warmup_steps=int(measured["warmup_steps"]),
       warmup_step_s=tuple(float(t) for t in measured.get("warmup_train_step_s", ())))
 

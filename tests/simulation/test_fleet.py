@@ -113,3 +113,13 @@ def test_bad_configs_name_the_problem(kwargs, match):
   base = dict(loops=8, episode=_episode(), step_s=_const(1.0), batch_size=8, max_hours=1.0)
   with pytest.raises(ValueError, match=match):
     FleetConfig(**{**base, **kwargs})
+
+
+@pytest.mark.parametrize("fraction,version", [(1.0, 0), (0.3, 1)])
+def test_the_version_lands_where_the_step_publishes(fraction, version):
+  """The first batch is taken at 2 s and trained for 10 s; stopped at 5.5 s, the new version has landed only if it is
+  published 30 % into the step (at 5 s)."""
+  r = simulate(FleetConfig(loops=1, episode=_episode(), step_s=_const(10.0), batch_size=1, max_outstanding=0,
+                           buffer_capacity=4, publish_fraction=fraction, max_hours=5.5 / 3600, num_tasks=10))
+  assert r.sim_s == pytest.approx(5.5)
+  assert r.final_version == version
