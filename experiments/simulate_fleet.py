@@ -1,6 +1,7 @@
 r"""A fleet you cannot afford, simulated: SAO and GSPO at thousands of agent loops (docs/fleet.md).
 
-    python experiments/simulate_fleet.py --config=experiments/configs/fleet_sim.py:full --out_dir=/tmp/fleet_sim
+    python experiments/simulate_fleet.py --config=experiments/configs/simulation/fleet_sim.py:full \
+        --out_dir=/tmp/fleet_sim
 
 runs `sao.simulation` (the project's dispenser, buffer, flow control and admission under a simulated clock) for every
 (algorithm, flow control, loops) of the config, prints one row each (trajectories trained per hour next to what linear
@@ -31,7 +32,7 @@ from sao.simulation.fleet import simulate  # pylint: disable=g-import-not-at-top
 from sao.simulation.model import EpisodeModel, FleetConfig  # pylint: disable=g-import-not-at-top
 
 _CONFIG = config_flags.DEFINE_config_file("config", os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                                 "configs", "fleet_sim.py:full"),
+                                                                 "configs", "simulation", "fleet_sim.py:full"),
                                           "Fleet simulation config (get_config(arg)).", lock_config=True)
 _OUT_DIR = flags.DEFINE_string("out_dir", "", "Write fleet.json and fleet.png here ('' = print only).")
 _VALIDATE = flags.DEFINE_list("validate", [], "bench_pipeline.py --out JSON files: compare instead of simulating.")

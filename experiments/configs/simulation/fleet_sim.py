@@ -1,8 +1,9 @@
 r"""The simulated fleet (`experiments/simulate_fleet.py`, `sao.simulation`): SAO and GSPO at 64 / 512 / 4,096 agent
 loops, with the service knobs the `full` configs ship and with flow control scaled to the fleet.
 
-    python experiments/simulate_fleet.py --config=experiments/configs/fleet_sim.py:full --out_dir=/tmp/fleet_sim
-    python experiments/simulate_fleet.py --config=experiments/configs/fleet_sim.py:quick   # seconds, a smoke run
+    python experiments/simulate_fleet.py --config=experiments/configs/simulation/fleet_sim.py:full \
+        --out_dir=/tmp/fleet_sim
+    python experiments/simulate_fleet.py --config=experiments/configs/simulation/fleet_sim.py:quick  # a smoke run
 
 Where the numbers come from (docs/fleet.md discusses each):
 - Trainer step times: the compile report's XLA cost-model estimates for the `full` configs on a v5p-128 (docs/tpu.md,
