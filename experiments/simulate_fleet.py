@@ -44,18 +44,24 @@ def fleet_config(config, algorithm: str, loops: int, flow_control: str) -> Fleet
   """One cell of the grid as a `FleetConfig`."""
   if algorithm not in ("sao", "gspo"):
     raise ValueError(f"algorithm {algorithm!r}: expected 'sao' or 'gspo'")
-  if flow_control not in ("shipped", "scaled"):
-    raise ValueError(f"flow_control {flow_control!r}: expected 'shipped' or 'scaled'")
   a = config[algorithm]
+  shipped = 2 * a.batch_size  # `common.finalize`: max_outstanding = 2 × batch
+  if flow_control == "shipped":
+    max_outstanding = shipped
+  elif flow_control == "scaled":
+    max_outstanding = max(shipped, loops)
+  elif flow_control.endswith("x") and flow_control[:-1].isdigit() and int(flow_control[:-1]) > 0:
+    max_outstanding = int(flow_control[:-1]) * a.batch_size  # e.g. "4x": 4 × batch
+  else:
+    raise ValueError(f"flow_control {flow_control!r}: expected 'shipped', 'scaled' or '<k>x' (k × batch)")
   e = config.episode
   episode = EpisodeModel(setup_s=distributions.parse(e.setup_s), turns=distributions.parse(e.turns),
                          gen_s=distributions.parse(e.gen_s), tool_s=distributions.parse(e.tool_s))
-  shipped = 2 * a.batch_size  # `common.finalize`: max_outstanding = 2 × batch
   return FleetConfig(
       loops=loops, episode=episode, step_s=distributions.Distribution("constant", a.step_s),
       group_size=a.group_size, batch_size=a.batch_size, engine_slots=config.engine_slots, publish_s=config.publish_s,
       max_staleness=config.max_staleness, buffer_capacity=a.buffer_capacity,
-      max_outstanding=shipped if flow_control == "shipped" else max(shipped, loops),
+      max_outstanding=max_outstanding,
       lease_ttl_s=config.lease_ttl_s, backpressure_retry_s=config.backpressure_retry_s,
       no_work_retry_s=config.no_work_retry_s, num_tasks=config.num_tasks, seed=config.seed,
       target_trajectories=a.target_trajectories, max_hours=config.max_hours)

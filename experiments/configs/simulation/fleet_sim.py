@@ -34,7 +34,8 @@ def get_config(arg: str | None = None):
       seed=0,
       loops=(64, 512, 4096),
       algorithms=("sao", "gspo"),
-      flow_control=("shipped", "scaled"),  # shipped: max_outstanding = 2 × batch; scaled: max(2 × batch, loops)
+      # shipped: max_outstanding = 2 × batch; scaled: max(2 × batch, loops); "<k>x": k × batch.
+      flow_control=("shipped", "scaled"),
       sao=dict(group_size=1, batch_size=64, step_s=138.0, buffer_capacity=512, target_trajectories=12_800),
       gspo=dict(group_size=8, batch_size=512, step_s=304.0, buffer_capacity=1024, target_trajectories=48_600),
       episode=dict(setup_s="lognormal:30,0.5", turns="lognormal:40,0.5,1,100", gen_s="lognormal:5,0.7",
