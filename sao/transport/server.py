@@ -239,9 +239,9 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
     max_tasks = min(request.max_tasks, self.config.max_lease_per_call)
     if self.config.max_outstanding:
       # Flow control (`flow.lease_allowance`): rollouts run at most `max_outstanding` samples ahead of the learner.
-      with self._cond:
-        occupancy = self._buffer.occupancy
-      max_tasks = flow.lease_allowance(max_tasks, self.config.max_outstanding, occupancy, self.dispenser.num_leased,
+      with self._cond:  # one snapshot: a sample moves from leased to buffered under this condition
+        occupancy, leased = self._buffer.occupancy, self.dispenser.num_leased
+      max_tasks = flow.lease_allowance(max_tasks, self.config.max_outstanding, occupancy, leased,
                                        self.dispenser.config.group_size)
       if max_tasks <= 0:
         return sao_pb2.LeaseResponse(policy_version=self._version, engine_urls=self.config.engine_urls,
