@@ -6,8 +6,8 @@ touches a socket or a file: the caller owns the synchronisation.
 
   lease_allowance  how many tasks a LeaseTasks call may get under `max_outstanding` (leased + buffered samples).
   admit            a submitted sample's lease is live (held against expiry), its version is fresh enough
-                   (`policy_version >= current - max_staleness`, else STALE_POLICY) and the buffer has room for
-                   its unit (else BACKPRESSURE).
+                   (`policy_version >= current - max_staleness`, else STALE_POLICY, and the sample is re-leased at
+                   once) and the buffer has room for its unit (else BACKPRESSURE).
   accept           the durable record is stored: the dispenser completes the sample and the buffer takes it.
   is_fresh         the trainer's own test at the step that takes a trajectory (learner version − policy version
                    <= max_staleness): what the buffer held may have aged past the bound since admission.
@@ -61,6 +61,7 @@ def admit(dispenser: TaskDispenser, buffer: GroupBuffer, traj: Trajectory, worke
       return lease
     oldest = current_version - max_staleness
     if not is_fresh(current_version, traj.policy_version, max_staleness):
+      dispenser.reject_submission(lease, traj)  # final: the sample is re-leased now, not at lease expiry
       raise TrajectoryError("policy_version", ReasonCode.STALE_POLICY,
                             f"version {traj.policy_version} older than {oldest} (current {current_version}, "
                             f"max_staleness {max_staleness})")
@@ -69,7 +70,7 @@ def admit(dispenser: TaskDispenser, buffer: GroupBuffer, traj: Trajectory, worke
         raise TrajectoryError("trajectories", ReasonCode.BACKPRESSURE,
                               f"buffer full ({buffer.occupancy}/{buffer.capacity}); retry later")
   except BaseException:
-    dispenser.abort_submission(lease, traj)
+    dispenser.abort_submission(lease, traj)  # a no-op for a rejected sample (no longer in the lease)
     raise
   return lease
 

@@ -62,9 +62,12 @@ def test_admit_checks_staleness_before_room_and_releases_the_hold():
     flow.admit(dispenser, buffer, _traj(first, 0, 1), "w", current_version=4, max_staleness=2)
   assert e.value.reason_code == ReasonCode.STALE_POLICY
   assert not dispenser.lease_info(first.lease_id).submitting  # the hold is released
-  sample0 = _traj(first, 0, 2)
+  assert dispenser.lease_info(first.lease_id).pending == {1}  # the stale sample left its lease ...
+  (again,) = dispenser.lease("w", 1)  # ... and is re-leased at once, ahead of fresh work
+  assert (again.group_id, again.sample_indices) == (first.group_id, (0,))
+  sample0 = _traj(again, 0, 2)
   lease = flow.admit(dispenser, buffer, sample0, "w", current_version=4, max_staleness=2)
-  assert sample0.group_id == first.group_id  # filled in from the lease, as the stored record carries it
+  assert sample0.group_id == again.group_id  # filled in from the lease, as the stored record carries it
   assert buffer.occupancy == 2  # the whole group is reserved
   with pytest.raises(TrajectoryError) as e:
     flow.admit(dispenser, buffer, _traj(second, 0, 4), "w", current_version=4, max_staleness=2)
