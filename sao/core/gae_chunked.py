@@ -12,11 +12,14 @@ so the chunk-local part is a scaled strict reverse cumulative sum: one `[·, L] 
 0/1 triangle (the "segment sum" of state-space models) instead of an `L`-step loop. Both factors stay within
 `g^{±L/2}`, so the scaling is exact in float32 while `g^{L/2}` stays far from underflow; `fits` says when it does.
 Between chunks the state obeys a short affine recurrence on `[B]` vectors, carried right to left through the blocks.
+The in-chunk counts `K_t` are popcounts of the chunk's mask packed into one word (exact integers, elementwise).
+`advantages_returns_and_moments` also returns the masked mean and centred sum of squares of `A` from the same pass,
+so that whitening (`sao.core.advantages.whitened_gae`) reads `A` once more instead of three times.
 """
 import jax
 import jax.numpy as jnp
 
-CHUNK = 16
+CHUNK = 16  # at most 32: a chunk's mask is packed into one uint32 word
 # Largest |exponent| a factor takes is CHUNK/2; keep g^{±CHUNK/2} within 2^{±64} so that neither the factors nor
 # their products with rewards and values below ~2^{58} in magnitude overflow or leave the normal float32 range.
 _MAX_LOG2_SCALE = 64.0
