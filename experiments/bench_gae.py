@@ -1,4 +1,4 @@
-r"""Benchmark: skip-observation GAE + masked whitening, jitted (fused, chunked, scan, associative), a NumPy loop, a copy.
+r"""Benchmark: skip-observation GAE + masked whitening, jitted (fused, chunked, scan, associative), NumPy loop, copy.
 
     python experiments/bench_gae.py                      # both sizes, median of 5 timed runs each
     python experiments/bench_gae.py --sizes=64x4096 --repeats=3
@@ -7,9 +7,10 @@ Prints one table of tokens/s per implementation with its ratio to the NumPy loop
 `compute_gae_advantage_return` loops over t) and to the copy bound (a jitted pass that reads the same inputs and
 writes the same outputs, i.e. the memory floor of any GAE). "fused" is `whitened_gae` (whitening's moments come out
 of the chunked GAE pass); the chunked / scan / associative rows call `gae` then `masked_whiten`. Two more rows split
-the unfused pipeline: GAE alone (`method="chunked"`) and `masked_whiten` alone on precomputed advantages. All numbers come from this one run.
-`ms` is the median wall time; `cpu ms` the median process CPU time of the same runs (all threads), which moves less
-than wall time when other jobs share the cores; "cpu/copy" is the ratio of CPU times to the copy's.
+the unfused pipeline: GAE alone (`method="chunked"`) and `masked_whiten` alone on precomputed advantages. All
+numbers come from this one run. `ms` is the median wall time; `cpu ms` the median process CPU time of the same runs
+(all threads), which moves less than wall time when other jobs share the cores; "cpu/copy" is the ratio of CPU
+times to the copy's.
 """
 import os
 import time
