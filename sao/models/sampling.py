@@ -237,9 +237,12 @@ class Sampler:
     (a `RowState` of exactly those tokens, or None). Returns the completions and, per row, the state after
     prompt + completion (what a later request that extends this conversation continues from).
 
-    Shapes: the batch is padded to a batch bucket, the longest prefix to a prefix bucket Lb (0 when no row has one,
-    else one of `prompt_buckets`), the longest remaining suffix to a `suffix_buckets` bucket, so the number of
-    compiled programs stays bounded whatever the prefix lengths (`sao.models.prefix_state` has the layout).
+    Shapes: the batch is padded to a batch bucket, the longest remaining suffix to a `suffix_buckets` bucket Pb, the
+    longest prefix to Lb prefix slots: 0 when no row has one, else Lb = (the smallest prompt bucket >= longest
+    prefix + Pb) − Pb, so prefix and suffix together span what an uncached call's prompt would (when no prompt
+    bucket holds both: Lb = the longest prefix's prompt bucket). The number of compiled programs stays bounded
+    (at most 1 + |prompt buckets| · |suffix buckets| per batch and new-token bucket) whatever the prefix lengths;
+    `sao.models.prefix_state` has the layout.
     Row i's sampling key is the same as in `generate`; log-probs equal `generate`'s up to float rounding (a cached
     token's keys/values were computed in an earlier prefill or decode step, not in this prefill).
     """
@@ -255,8 +258,11 @@ class Sampler:
         raise ValueError(f"prefixes[{i}]: a prefix of {used} tokens must be shorter than its prompt ({p.size})")
     suffixes = [p[used:] for p, used in zip(prompts, reused)]
     batch = _bucket(n, self.batch_buckets, "batch size")
-    prefix_slots = _bucket(max(reused), self.prompt_buckets, "prefix length") if max(reused) else 0
     length = _bucket(max(s.size for s in suffixes), self.suffix_buckets, "prompt suffix length")
+    prefix_slots = 0
+    if max(reused):  # prefix + suffix slots fill a prompt bucket (the span an uncached call would have), if one fits
+      fits = [b for b in self.prompt_buckets if b >= max(reused) + length]
+      prefix_slots = fits[0] - length if fits else _bucket(max(reused), self.prompt_buckets, "prefix length")
     max_new = _bucket(max(sp.max_new_tokens for sp in sampling_params), self.new_token_buckets, "max_new_tokens")
     cache = prefix_state.pack(self.config, prefixes, batch, prefix_slots, prefix_slots + length + max_new)
     inputs = self._row_inputs(suffixes, sampling_params, batch, length, seed)
