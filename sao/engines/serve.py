@@ -80,7 +80,8 @@ def main(argv: list[str]) -> None:
       batch_buckets=_buckets(_BATCH_BUCKETS.value, defaults.batch_buckets),
       new_token_buckets=_buckets(_NEW_TOKEN_BUCKETS.value, defaults.new_token_buckets),
       suffix_buckets=_buckets(_SUFFIX_BUCKETS.value, defaults.suffix_buckets),
-      prefix_cache_bytes=defaults.prefix_cache_bytes if _PREFIX_CACHE_BYTES.value is None else _PREFIX_CACHE_BYTES.value,
+      prefix_cache_bytes=(defaults.prefix_cache_bytes if _PREFIX_CACHE_BYTES.value is None
+                          else _PREFIX_CACHE_BYTES.value),
       seed=_SEED.value, dtype=_DTYPE.value)
   asyncio.run(_serve(config, api_key))
 

@@ -268,7 +268,8 @@ class Sampler:
     inputs = self._row_inputs(suffixes, sampling_params, batch, length, seed)
     *outputs, cache = jax.device_get(_generate_continuing(self.params, cache, *inputs, config=self.config,
                                                           max_new=max_new))
-    completions = [dataclasses.replace(c, cached_tokens=used) for c, used in zip(self._completions(n, *outputs), reused)]
+    completions = [dataclasses.replace(c, cached_tokens=used)
+                   for c, used in zip(self._completions(n, *outputs), reused)]
     states = prefix_state.unpack(cache, [p.size + c.token_ids.size for p, c in zip(prompts, completions)])
     return completions, states
 
