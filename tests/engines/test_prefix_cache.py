@@ -20,8 +20,8 @@ import pytest
 from sao.engines.local_engine import EngineConfig, LocalEngine
 from sao.engines.prefix_cache import PrefixCache
 from sao.models.config import ModelConfig
-from sao.models.hf import save_pretrained
-from sao.models.sampling import SamplingParams
+from sao.models.hf import load_pretrained, save_pretrained
+from sao.models.sampling import Sampler, SamplingParams, _generate_continuing
 from sao.models.transformer import abstract_params
 
 ATOL = 1e-5
@@ -224,3 +224,21 @@ def test_concurrent_conversations_are_batched_and_equal_uncached(model):
     assert_same(a, b)
   assert stats["max_rows_per_batch"] > 1 and stats["batches"] < stats["rows"]
   assert stats["cached_prompt_tokens"] == sum(c.cached_tokens for conv in with_cache for _, c, _ in conv) > 0
+
+
+def test_prefix_lengths_are_bucketed_so_new_lengths_do_not_recompile(model):
+  _, model_dir, _ = model
+  config, params = load_pretrained(model_dir)  # the engines' config: their compiled programs are shared
+  sampler = Sampler(config, params, prompt_buckets=CONFIG["prompt_buckets"], batch_buckets=CONFIG["batch_buckets"],
+                    new_token_buckets=CONFIG["new_token_buckets"], suffix_buckets=CONFIG["suffix_buckets"])
+  rng = np.random.default_rng(5)
+  prompts = [rng.integers(0, 120, 40) for _ in range(2)]
+  first, states = sampler.generate_continuing(prompts, GREEDY, [None, None])  # the no-prefix program
+  prompts = [np.r_[p, c.token_ids, 9, 9, 9] for p, c in zip(prompts, first)]
+  sampler.generate_continuing(prompts, GREEDY, states)
+  compiled = _generate_continuing._cache_size()
+  for cut in (16, 23, 37, 47):  # other prefix lengths, as full attention reuses them (hybrid: exact states only)
+    prefixes = [s.truncated(cut) if s.truncatable else s for s in states]
+    completions, _ = sampler.generate_continuing(prompts, GREEDY, prefixes)
+    assert [c.cached_tokens for c in completions] == [s.length for s in prefixes]
+  assert _generate_continuing._cache_size() == compiled
