@@ -3,6 +3,7 @@ across turns each on vs off.
 
   python experiments/bench_rollout.py [--concurrency=8,32,128] [--modes=batch+cache,batch,cache,none]
       [--repeats=2] [--max_turns=4] [--max_new_tokens=16]
+  python experiments/bench_rollout.py --sampler_only   # one Sampler call, a turn with vs without its cached prefix
 
 number_search tasks, a tiny random qwen3 (1 layer, hidden 32) with the toy tokenizer, one engine subprocess per mode,
 all started before timing (batching on: `max_batch_size` = the largest concurrency; off: `max_batch_size=1`; cache
@@ -40,6 +41,8 @@ _MAX_TURNS = flags.DEFINE_integer("max_turns", 4, "Model turns per episode.")
 _MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 16, "Tokens per model turn.")
 _BATCH_WINDOW_MS = flags.DEFINE_float("batch_window_ms", 5.0, "Engine batching window.")
 _OUTPUT = flags.DEFINE_string("output", None, "Optional JSON file for the results.")
+_SAMPLER_ONLY = flags.DEFINE_bool("sampler_only", False, "Instead: time one Sampler call in this process, a turn "
+                                  "with vs without its cached prefix (no HTTP, no agent loop).")
 
 PROMPT_BUCKETS = (256, 512)
 SUFFIX_BUCKETS = (64, 256, 512)  # a later turn prefills only its new tokens (an observation: tens of tokens)
@@ -106,8 +109,42 @@ async def measure(url: str, concurrency: int, tokenizer, limits: EpisodeLimits, 
           "prefill_tokens_per_episode": (delta["prompt_tokens"] - delta["cached_prompt_tokens"]) / n}
 
 
+def sampler_only() -> None:
+  """Min / median of 15 calls: a second turn (prefix of L tokens + completion + 20 new tokens), uncached
+  (`generate`) vs continuing from the first turn's state (`generate_continuing`), B rows, the engine's buckets."""
+  import jax
+  import numpy as np
+
+  from sao.models.sampling import Sampler
+  from sao.models.transformer import init_params
+  config = ModelConfig.tiny("qwen3", vocab_size=300, num_layers=1, hidden_size=32, intermediate_size=64,
+                            num_heads=2, num_kv_heads=1, head_dim=16, max_position_embeddings=512)
+  sampler = Sampler(config, init_params(config, jax.random.PRNGKey(0)), prompt_buckets=PROMPT_BUCKETS,
+                    batch_buckets=(1, 8, 32), new_token_buckets=(_MAX_NEW_TOKENS.value,),
+                    suffix_buckets=SUFFIX_BUCKETS)
+  sp = SamplingParams(max_new_tokens=_MAX_NEW_TOKENS.value, temperature=1.0)
+  rng = np.random.default_rng(0)
+  print("| rows | prefix tokens | uncached ms (min / median) | cached ms (min / median) |\n|---:|---:|---|---|")
+  for rows, length in ((1, 100), (1, 220), (8, 100), (8, 220), (32, 100), (32, 220)):
+    first = [rng.integers(0, config.vocab_size, length) for _ in range(rows)]
+    done, states = sampler.generate_continuing(first, sp, [None] * rows)
+    prompts = [np.r_[p, c.token_ids, rng.integers(0, config.vocab_size, 20)] for p, c in zip(first, done)]
+    cells = []
+    for call in (lambda: sampler.generate(prompts, sp, 1), lambda: sampler.generate_continuing(prompts, sp, states, 1)):
+      call()  # compiles
+      times = []
+      for _ in range(15):
+        start = time.perf_counter()
+        call()
+        times.append(1e3 * (time.perf_counter() - start))
+      cells.append(f"{min(times):.1f} / {sorted(times)[7]:.1f}")
+    print(f"| {rows} | {length} | {cells[0]} | {cells[1]} |", flush=True)
+
+
 def main(argv: list[str]) -> None:
   del argv
+  if _SAMPLER_ONLY.value:
+    return sampler_only()
   from sao.models.tokenizer import toy_tokenizer
   levels = [int(c) for c in _CONCURRENCY.value]
   modes = list(_MODES.value)
