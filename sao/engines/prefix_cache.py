@@ -10,9 +10,11 @@ only the rest of its prompt. When a hit happens (`lookup`), for a prompt of P to
     token sequence (of L >= `block_size` tokens) is a prefix of the prompt with L <= P − 1.
 At least the prompt's last token is always prefilled (its logits start the decode).
 
-Index: the chained hash h_t = hash((h_{t−1}, token_t)) of every prefix; an entry is registered under h_t at each
-multiple t of `block_size` up to its length (truncatable states) and at its own length. A lookup walks the
-prompt's prefix hashes from the longest down and verifies the tokens of a candidate (a collision is a miss).
+Index: the chained hash of every prefix of whole blocks of `block_size` tokens, h_j = hash((h_{j−1}, block j)); an
+entry of L tokens is registered under its last full block (j = L // block_size) and, for truncatable states, under
+every earlier one. A lookup walks the prompt's block hashes from the longest down; at the first key with a usable
+entry among its most recent `_CANDIDATES`, it takes the one with the longest usable prefix (tokens are always
+verified: a hash collision is a miss).
 
 Bounds and invalidation: the entries' bytes (states + token ids) stay <= `max_bytes`, least recently used evicted
 first; an entry larger than the bound is not stored. The cache belongs to one weight version: `clear(version)` on a
@@ -31,6 +33,10 @@ import numpy as np
 
 __all__ = ["PrefixCache", "PrefixHit"]
 
+# Entries verified per index key and lookup: beyond a shared block, the most recent few (a system prompt shared by
+# every conversation must not make a lookup scan them all).
+_CANDIDATES = 8
+
 
 @dataclasses.dataclass(frozen=True)
 class PrefixHit:
@@ -48,11 +54,13 @@ class _Entry:
   keys: tuple[int, ...]  # the index hashes it is registered under
 
 
-def prefix_hashes(tokens: np.ndarray) -> list[int]:
-  """h[t − 1] = the chained hash of tokens[:t], for t = 1 … len(tokens)."""
+def block_hashes(tokens: np.ndarray, block_size: int) -> list[int]:
+  """h[j − 1] = the chained hash of tokens[:j · block_size], for j = 1 … len(tokens) // block_size (one Python hash
+  per block of ids, not per token: a lookup costs microseconds per row)."""
+  ids = np.asarray(tokens, np.int64)
   out, h = [], 0
-  for tok in tokens.tolist():
-    h = hash((h, tok))
+  for j in range(ids.size // block_size):
+    h = hash((h, ids[j * block_size:(j + 1) * block_size].tobytes()))
     out.append(h)
   return out
 
@@ -101,20 +109,25 @@ class PrefixCache:
       self.stats["lookups"] += 1
       if str(version) != self.version or not self._entries or tokens.size <= self.block_size:
         return None
-      hashes = prefix_hashes(tokens[:-1])  # the last prompt token is always prefilled
-      for t in range(len(hashes), self.block_size - 1, -1):
-        for entry_id in reversed(self._index.get(hashes[t - 1], {})):  # the most recent first
+      usable_tokens = tokens[:-1]  # the last prompt token is always prefilled
+      hashes = block_hashes(usable_tokens, self.block_size)
+      for j in range(len(hashes), 0, -1):
+        candidates = list(self._index.get(hashes[j - 1], {}))[-_CANDIDATES:]  # the most recent
+        best, best_id = 0, None
+        for entry_id in candidates:
           entry = self._entries[entry_id]
-          common = _common_prefix(entry.tokens, tokens[:-1])
+          common = _common_prefix(entry.tokens, usable_tokens)
           if self.truncatable:
-            usable = common if common >= t else 0
-          else:
-            usable = entry.tokens.size if common == entry.tokens.size == t else 0
-          if usable >= self.block_size:
-            self._entries.move_to_end(entry_id)
-            self.stats["hits"] += 1
-            self.stats["reused_tokens"] += usable
-            return PrefixHit(entry.state, usable, entry_id)
+            usable = common
+          else:  # only the entry's exact state: all of its tokens must be the prompt's first ones
+            usable = entry.tokens.size if common == entry.tokens.size else 0
+          if usable > best:
+            best, best_id = usable, entry_id
+        if best >= self.block_size:
+          self._entries.move_to_end(best_id)
+          self.stats["hits"] += 1
+          self.stats["reused_tokens"] += best
+          return PrefixHit(self._entries[best_id].state, best, best_id)
       return None
 
   def insert(self, tokens: np.ndarray, state: Any, version: str, replaces: int | None = None) -> bool:
@@ -128,9 +141,9 @@ class PrefixCache:
     with self._lock:
       if str(version) != self.version or tokens.size < self.block_size or nbytes > self.max_bytes:
         return False
-      hashes = prefix_hashes(tokens)
-      points = set(range(self.block_size, tokens.size + 1, self.block_size)) if self.truncatable else set()
-      points.add(tokens.size)
+      hashes = block_hashes(tokens, self.block_size)
+      # Registered under its last full block (its anchor); a cuttable state also under every earlier block.
+      keys = tuple(hashes) if self.truncatable else (hashes[-1],)
       for entry_id in list(self._index.get(hashes[-1], {})):  # the same sequence again: keep the newest only
         if np.array_equal(self._entries[entry_id].tokens, tokens):
           self._remove(entry_id)
@@ -138,7 +151,6 @@ class PrefixCache:
         old = self._entries[replaces].tokens
         if old.size < tokens.size and np.array_equal(old, tokens[:old.size]):
           self._remove(replaces)
-      keys = tuple(hashes[t - 1] for t in sorted(points))
       entry_id = self._next_id
       self._next_id += 1
       self._entries[entry_id] = _Entry(tokens, state, nbytes, keys)
