@@ -64,6 +64,20 @@ def test_recurrent_state_hits_only_its_exact_prefix():
   assert cache.lookup(np.r_[a[:7], 1, 2], "v") is None
 
 
+@pytest.mark.parametrize("truncatable", [True, False])
+def test_many_conversations_sharing_a_system_prompt_each_find_their_own(truncatable):
+  cache = PrefixCache(10**6, truncatable=truncatable, version="v", block_size=4)
+  system = np.arange(9)  # shared by all: two full blocks and a partial one
+  convs = [np.r_[system, 100 + i, np.arange(10) + 7 * i] for i in range(30)]
+  for conv in convs:
+    cache.insert(conv, FakeState(conv.size), "v")
+  for i, conv in enumerate(convs):  # the oldest too: beyond the shared blocks only its own entry matches
+    hit = cache.lookup(np.r_[conv, 1, 2], "v")
+    assert hit.length == conv.size and hit.state.length == conv.size, i
+  hit = cache.lookup(np.r_[system, 999, 1, 2, 3, 4], "v")  # a new conversation: only the system prompt is shared
+  assert (hit is not None and hit.length == 9) if truncatable else hit is None
+
+
 def test_clear_on_a_new_version_and_stale_inserts_are_ignored():
   cache = PrefixCache(10_000, truncatable=True, version="1:v", block_size=4)
   a = np.arange(10)
