@@ -42,7 +42,8 @@ def _result_json(engine: LocalEngine, completion: Completion, version: str, prom
   if engine.tokenizer is not None:
     text = engine.tokenizer.decode(ids, skip_special_tokens=bool(params.get("skip_special_tokens", True)))
   return {"text": text, "output_ids": ids,
-          "meta_info": {"prompt_tokens": prompt_tokens, "completion_tokens": len(ids), "cached_tokens": 0,
+          "meta_info": {"prompt_tokens": prompt_tokens, "completion_tokens": len(ids),
+                        "cached_tokens": completion.cached_tokens,
                         "finish_reason": finish, "weight_version": version, "e2e_latency": latency_s,
                         "output_token_logprobs": [[float(lp), int(t), None]
                                                   for lp, t in zip(completion.logprobs.tolist(), ids)]}}

@@ -19,6 +19,13 @@ the batch lock, swaps the params and sets the served `weight_version` in one ste
 the swap: requests already in a running batch finish on the OLD weights and report the old version; every later
 batch uses the new ones. (No request ever mixes two versions.)
 
+Prefix cache (`EngineConfig.prefix_cache_bytes`, on by default; 0 turns it off): the state after every served
+prompt + completion is kept (`sao.engines.prefix_cache`, LRU within the byte bound), and a later request whose prompt
+extends it (the next turn of the conversation) prefills only the new tokens (`Sampler.generate_continuing`). The
+cache is cleared on every weight update and keyed by the served weights, so a new version never reuses old keys and
+values. Log-probs equal the uncached ones up to float rounding (a cached token's keys/values come from the step
+that computed them, not from a fresh prefill): tests/engines/test_prefix_cache.py bounds the difference.
+
 Context length: a prompt must be shorter than the model's `max_position_embeddings` and fit the largest prompt
 bucket (else 400); `max_new_tokens` is clamped so prompt + completion fits the context (finish reason `length`).
 Stop ids: the request's `stop_token_ids` plus the tokenizer's eos ids (when the model directory has a tokenizer),
@@ -37,6 +44,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from sao.engines.prefix_cache import PrefixCache
 from sao.engines.request_checks import RequestError, RowLimits, check_row
 from sao.models.config import ModelConfig
 from sao.models.streaming import load_pretrained_sharded
@@ -64,12 +72,21 @@ class EngineConfig:
   max_stop_ids: int = 16
   seed: int = 0
   dtype: str = "float32"
+  # The prefix cache across turns (`sao.engines.prefix_cache`): its bound in bytes (0 turns it off) and the
+  # buckets of the prompt part it does not cover (empty: the prompt buckets).
+  prefix_cache_bytes: int = 256 * 2**20
+  suffix_buckets: tuple[int, ...] = ()
 
   def __post_init__(self):
     if self.max_batch_size < 1:
       raise ValueError(f"max_batch_size: must be >= 1, got {self.max_batch_size}")
     if self.batch_window_ms < 0:
       raise ValueError(f"batch_window_ms: must be >= 0, got {self.batch_window_ms}")
+    if self.prefix_cache_bytes < 0:
+      raise ValueError(f"prefix_cache_bytes: must be >= 0 (0 = off), got {self.prefix_cache_bytes}")
+    if self.suffix_buckets and max(self.suffix_buckets) < max(self.prompt_buckets):
+      raise ValueError(f"suffix_buckets {self.suffix_buckets}: the largest must cover the largest prompt bucket "
+                       f"{max(self.prompt_buckets)} (a request without a cached prefix prefills its whole prompt)")
     if self.max_batch_size > max(self.batch_buckets):
       raise ValueError(f"max_batch_size {self.max_batch_size} exceeds the largest batch bucket {self.batch_buckets}")
 
@@ -108,10 +125,15 @@ class LocalEngine:
     self.eos_ids, self.tokenizer = _load_eos_ids(model_path)
     self.sampler = Sampler(self.model_config, params, prompt_buckets=config.prompt_buckets,
                            batch_buckets=config.batch_buckets, new_token_buckets=config.new_token_buckets,
-                           max_stop_ids=config.max_stop_ids)
+                           max_stop_ids=config.max_stop_ids, suffix_buckets=config.suffix_buckets or None)
     self.weight_version = str(weight_version)
     self.stats = {"requests": 0, "rows": 0, "batches": 0, "max_rows_per_batch": 0, "weight_updates": 0,
-                  "generated_tokens": 0, "busy_s": 0.0, "isolated_batches": 0, "failed_rows": 0}
+                  "generated_tokens": 0, "busy_s": 0.0, "isolated_batches": 0, "failed_rows": 0,
+                  "prompt_tokens": 0, "cached_prompt_tokens": 0}
+    self.prefix_cache: PrefixCache | None = None
+    if config.prefix_cache_bytes:
+      truncatable = all(kind == "full_attention" for kind in self.model_config.layer_types)
+      self.prefix_cache = PrefixCache(config.prefix_cache_bytes, truncatable, version=self._weights_key())
     self._queue: asyncio.Queue[_Row] | None = None
     self._lock: asyncio.Lock | None = None  # held while a batch runs and while params are swapped
     self._loop_task: asyncio.Task | None = None
@@ -188,7 +210,7 @@ class LocalEngine:
       async with self._lock:
         version = self.weight_version
         start = time.monotonic()
-        outcomes = await self._run_isolated(loop, batch)
+        outcomes = await self._run_isolated(loop, batch, self._weights_key())
         self.stats["busy_s"] += time.monotonic() - start
       self.stats["batches"] += 1
       self.stats["rows"] += len(batch)
@@ -203,15 +225,15 @@ class LocalEngine:
           self.stats["generated_tokens"] += len(outcome.token_ids)
           r.future.set_result((outcome, version))
 
-  async def _run_isolated(self, loop: asyncio.AbstractEventLoop,
-                          batch: Sequence[_Row]) -> list[Completion | BaseException]:
+  async def _run_isolated(self, loop: asyncio.AbstractEventLoop, batch: Sequence[_Row],
+                          weights_key: str) -> list[Completion | BaseException]:
     """One Sampler call for the batch; if it raises or returns an unusable row, the affected rows are re-run one
     at a time, so each outcome is the row's own (a Completion, or the exception it fails with alone)."""
     outcomes: list[Completion | BaseException | None] = [None] * len(batch)
     try:
       completions = await loop.run_in_executor(
-          self._executor, self.sampler.generate, [r.prompt for r in batch], [r.params for r in batch],
-          next(self._seeds) % (2**31))
+          self._executor, self._sample, [r.prompt for r in batch], [r.params for r in batch],
+          next(self._seeds) % (2**31), weights_key)
     except Exception as e:  # noqa: BLE001 — which row caused it is found by re-running them one by one
       if len(batch) == 1:
         log.exception("engine row failed")
@@ -229,8 +251,8 @@ class LocalEngine:
       if isinstance(outcomes[k], Completion) or r.future.done():
         continue
       try:
-        (c,) = await loop.run_in_executor(self._executor, self.sampler.generate, [r.prompt], [r.params],
-                                          next(self._seeds) % (2**31))
+        (c,) = await loop.run_in_executor(self._executor, self._sample, [r.prompt], [r.params],
+                                          next(self._seeds) % (2**31), weights_key)
       except Exception as e:  # noqa: BLE001 — this row's own failure: its request gets it (500)
         log.exception("engine row %d of %d failed alone", k, len(batch))
         outcomes[k] = e
@@ -240,6 +262,27 @@ class LocalEngine:
       if why is not None:
         log.error("engine row %d of %d: %s", k, len(batch), why)
     return [RowFailedError("cancelled") if o is None else o for o in outcomes]
+
+  def _weights_key(self) -> str:
+    """Names the params being served: the version, and the count of updates (a reused version string differs)."""
+    return f"{self.stats['weight_updates']}:{self.weight_version}"
+
+  def _sample(self, prompts: list[np.ndarray], params: list[SamplingParams], seed: int,
+              weights_key: str) -> list[Completion]:
+    """One Sampler call (in the worker thread). With the prefix cache: each row continues from the longest cached
+    state its prompt extends, and the state after its prompt + completion is cached for the next turn."""
+    self.stats["prompt_tokens"] += sum(p.size for p in prompts)
+    cache = self.prefix_cache
+    if cache is None:
+      return self.sampler.generate(prompts, params, seed)
+    hits = [cache.lookup(p, weights_key) for p in prompts]
+    prefixes = [None if h is None else h.state.truncated(h.length) for h in hits]
+    completions, states = self.sampler.generate_continuing(prompts, params, prefixes, seed)
+    for p, c, state, hit in zip(prompts, completions, states, hits):
+      if _bad_completion(c) is None:
+        cache.insert(np.concatenate([p, c.token_ids]), state, weights_key, None if hit is None else hit.entry_id)
+    self.stats["cached_prompt_tokens"] += sum(c.cached_tokens for c in completions)
+    return completions
 
   # ---- weights ------------------------------------------------------------------------------------------------
 
@@ -259,11 +302,16 @@ class LocalEngine:
       self.weight_version = str(weight_version)
       self.model_path = model_path
       self.stats["weight_updates"] += 1
+      if self.prefix_cache is not None:  # keys/values of the old weights must never serve the new ones
+        self.prefix_cache.clear(self._weights_key())
     return self.weight_version
 
   def model_info(self) -> dict[str, Any]:
     stats = dict(self.stats)
     stats["rows_per_batch_mean"] = stats["rows"] / stats["batches"] if stats["batches"] else 0.0
+    if self.prefix_cache is not None:
+      stats["prefix_cache"] = {**self.prefix_cache.stats, "entries": len(self.prefix_cache),
+                               "bytes": self.prefix_cache.nbytes, "max_bytes": self.prefix_cache.max_bytes}
     return {"model_path": self.model_path, "tokenizer_path": self.model_path if self.tokenizer else None,
             "is_generation": True, "weight_version": self.weight_version, "engine": "sao-local-jax",
             "vocab_size": self.model_config.vocab_size, "context_length": self.context_length,

@@ -33,6 +33,10 @@ _MAX_BATCH_SIZE = flags.DEFINE_integer("max_batch_size", 128, "Rows per batch (1
 _PROMPT_BUCKETS = flags.DEFINE_list("prompt_buckets", None, "Prompt-length buckets (default: the Sampler's).")
 _BATCH_BUCKETS = flags.DEFINE_list("batch_buckets", None, "Batch-size buckets (default: the Sampler's).")
 _NEW_TOKEN_BUCKETS = flags.DEFINE_list("new_token_buckets", None, "max_new_tokens buckets (default: Sampler's).")
+_SUFFIX_BUCKETS = flags.DEFINE_list("suffix_buckets", None, "Buckets of the prompt part the prefix cache does not "
+                                    "cover (default: the prompt buckets).")
+_PREFIX_CACHE_BYTES = flags.DEFINE_integer("prefix_cache_bytes", None, "Prefix cache across turns: its bound in "
+                                           "bytes (0 turns it off; default: EngineConfig's).")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed base.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Param and compute dtype.")
 _COMPILATION_CACHE_DIR = flags.DEFINE_string("compilation_cache_dir", None,
@@ -75,6 +79,9 @@ def main(argv: list[str]) -> None:
       prompt_buckets=_buckets(_PROMPT_BUCKETS.value, defaults.prompt_buckets),
       batch_buckets=_buckets(_BATCH_BUCKETS.value, defaults.batch_buckets),
       new_token_buckets=_buckets(_NEW_TOKEN_BUCKETS.value, defaults.new_token_buckets),
+      suffix_buckets=_buckets(_SUFFIX_BUCKETS.value, defaults.suffix_buckets),
+      prefix_cache_bytes=(defaults.prefix_cache_bytes if _PREFIX_CACHE_BYTES.value is None
+                          else _PREFIX_CACHE_BYTES.value),
       seed=_SEED.value, dtype=_DTYPE.value)
   asyncio.run(_serve(config, api_key))
 

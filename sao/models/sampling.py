@@ -19,7 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sao.models import prefix_state
 from sao.models.config import ModelConfig
+from sao.models.prefix_state import RowState
 from sao.models.transformer import CausalLM, init_cache
 
 Array = jax.Array
@@ -41,10 +43,12 @@ class SamplingParams:
 
 @dataclasses.dataclass(frozen=True)
 class Completion:
-  """token_ids: [n] int32 (a sampled stop token is included); logprobs: [n] float32; finish_reason: stop | length."""
+  """token_ids: [n] int32 (a sampled stop token is included); logprobs: [n] float32; finish_reason: stop | length;
+  cached_tokens: prompt tokens whose state came from a cache instead of this call's prefill."""
   token_ids: np.ndarray
   logprobs: np.ndarray
   finish_reason: str
+  cached_tokens: int = 0
 
 
 def _bucket(n: int, buckets: Sequence[int], name: str) -> int:
@@ -88,17 +92,16 @@ def sample_tokens(logits: Array, keys: Array, temperature: Array, top_p: Array,
   return tokens, jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
 
 
-@functools.partial(jax.jit, static_argnames=("config", "max_new"))
-def _generate(params, prompt_ids, prompt_mask, temperature, top_p, top_k, stop_ids, max_new_tokens, row_keys,
-              config: ModelConfig, max_new: int):
-  """prompt_ids/mask: [B, P] left-padded; stop_ids: [B, S] (−1 = none); max_new_tokens: [B] (0 = empty row).
+def _prefill_and_decode(params, cache, prompt_ids, prompt_mask, temperature, top_p, top_k, stop_ids,
+                        max_new_tokens, row_keys, config: ModelConfig, max_new: int):
+  """Prefills prompt_ids [B, P] (left-padded, mask [B, P]) on top of `cache`, then decodes up to max_new tokens.
 
-  Returns (ids [B, N], logprobs [B, N], lengths [B], stopped [B]) with N = max_new.
+  Returns (ids [B, N], logprobs [B, N], lengths [B], stopped [B], final cache) with N = max_new; the final cache
+  holds every real token fed (the cache's own, the prompt's, and every generated token, the last one included).
   """
   model = CausalLM(config)
   variables = {"params": params}
   batch = prompt_ids.shape[0]
-  cache = init_cache(config, batch, prompt_ids.shape[1] + max_new)
   hidden, cache = model.apply(variables, prompt_ids, prompt_mask, cache, method=CausalLM.hidden)
   logits = model.apply(variables, hidden[:, -1], method=CausalLM.logits)  # left padding: last slot is real
 
@@ -125,8 +128,24 @@ def _generate(params, prompt_ids, prompt_mask, temperature, top_p, top_k, stop_i
   state = (jnp.int32(0), cache, logits, jnp.zeros((batch, max_new), jnp.int32),
            jnp.zeros((batch, max_new), jnp.float32), max_new_tokens <= 0, jnp.zeros((batch,), jnp.int32),
            jnp.zeros((batch,), bool))
-  _, _, _, out_ids, out_lp, _, lengths, stopped = jax.lax.while_loop(cond, body, state)
-  return out_ids, out_lp, lengths, stopped
+  _, cache, _, out_ids, out_lp, _, lengths, stopped = jax.lax.while_loop(cond, body, state)
+  return out_ids, out_lp, lengths, stopped, cache
+
+
+@functools.partial(jax.jit, static_argnames=("config", "max_new"))
+def _generate(params, prompt_ids, prompt_mask, temperature, top_p, top_k, stop_ids, max_new_tokens, row_keys,
+              config: ModelConfig, max_new: int):
+  """prompt_ids/mask: [B, P] left-padded; stop_ids: [B, S] (−1 = none); max_new_tokens: [B] (0 = empty row).
+
+  Returns (ids [B, N], logprobs [B, N], lengths [B], stopped [B]) with N = max_new.
+  """
+  cache = init_cache(config, prompt_ids.shape[0], prompt_ids.shape[1] + max_new)
+  return _prefill_and_decode(params, cache, prompt_ids, prompt_mask, temperature, top_p, top_k, stop_ids,
+                             max_new_tokens, row_keys, config, max_new)[:4]
+
+
+# Continues from a given cache (`sao.models.prefix_state.pack`); returns the final cache too.
+_generate_continuing = jax.jit(_prefill_and_decode, static_argnames=("config", "max_new"))
 
 
 class Sampler:
@@ -134,25 +153,22 @@ class Sampler:
 
   def __init__(self, config: ModelConfig, params: dict, *, prompt_buckets: Sequence[int] = PROMPT_BUCKETS,
                batch_buckets: Sequence[int] = BATCH_BUCKETS, new_token_buckets: Sequence[int] = NEW_TOKEN_BUCKETS,
-               max_stop_ids: int = 16):
+               max_stop_ids: int = 16, suffix_buckets: Sequence[int] | None = None):
     self.config = config
     self.params = params
     self.prompt_buckets = tuple(prompt_buckets)
     self.batch_buckets = tuple(batch_buckets)
     self.new_token_buckets = tuple(new_token_buckets)
     self.max_stop_ids = max_stop_ids
+    # generate_continuing pads the not-yet-cached part of the prompts to these (default: the prompt buckets).
+    self.suffix_buckets = tuple(suffix_buckets or prompt_buckets)
 
   def update_params(self, params: dict) -> None:
     """Swaps in new weights (same tree and shapes: no recompilation)."""
     self.params = params
 
-  def generate(self, prompts: Sequence[Sequence[int] | np.ndarray],
-               sampling_params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
-               seed: int = 0) -> list[Completion]:
-    """Samples a completion for every prompt (token id lists). Row i uses PRNG key fold_in(PRNGKey(seed), i)."""
+  def _checked(self, prompts, sampling_params) -> tuple[list[np.ndarray], list[SamplingParams]]:
     n = len(prompts)
-    if n == 0:
-      return []
     if isinstance(sampling_params, SamplingParams):
       sampling_params = [sampling_params] * n
     if len(sampling_params) != n:
@@ -170,10 +186,11 @@ class Sampler:
         raise ValueError(f"sampling_params[{i}]: need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got {sp}")
       if len(sp.stop_token_ids) > self.max_stop_ids:
         raise ValueError(f"sampling_params[{i}].stop_token_ids: more than {self.max_stop_ids} ids")
-    batch = _bucket(n, self.batch_buckets, "batch size")
-    length = _bucket(max(p.size for p in prompts), self.prompt_buckets, "prompt length")
-    max_new = _bucket(max(sp.max_new_tokens for sp in sampling_params), self.new_token_buckets, "max_new_tokens")
+    return prompts, list(sampling_params)
 
+  def _row_inputs(self, prompts: Sequence[np.ndarray], sampling_params: Sequence[SamplingParams], batch: int,
+                  length: int, seed: int):
+    """Left-padded ids/mask [batch, length] and the per-row sampling arrays (padding rows: max_new_tokens 0)."""
     ids = np.zeros((batch, length), np.int32)
     mask = np.zeros((batch, length), np.int32)
     stop = np.full((batch, self.max_stop_ids), -1, np.int32)
@@ -182,18 +199,79 @@ class Sampler:
     top_k = np.zeros((batch,), np.int32)
     max_tokens = np.zeros((batch,), np.int32)  # padding rows: 0 → done before the first step
     for i, (p, sp) in enumerate(zip(prompts, sampling_params)):
-      ids[i, length - p.size:] = p
-      mask[i, length - p.size:] = 1
+      if p.size:
+        ids[i, length - p.size:] = p
+        mask[i, length - p.size:] = 1
       stop[i, :len(sp.stop_token_ids)] = sp.stop_token_ids
       temperature[i], top_p[i], top_k[i], max_tokens[i] = sp.temperature, sp.top_p, sp.top_k, sp.max_new_tokens
     base = jax.random.PRNGKey(seed)
     row_keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.arange(batch))
-    out_ids, out_lp, lengths, stopped = jax.device_get(_generate(
-        self.params, ids, mask, temperature, top_p, top_k, stop, max_tokens, row_keys,
-        config=self.config, max_new=max_new))
+    return ids, mask, temperature, top_p, top_k, stop, max_tokens, row_keys
+
+  @staticmethod
+  def _completions(n, out_ids, out_lp, lengths, stopped) -> list[Completion]:
     return [Completion(token_ids=np.asarray(out_ids[i, :lengths[i]], np.int32),
                        logprobs=np.asarray(out_lp[i, :lengths[i]], np.float32),
                        finish_reason="stop" if stopped[i] else "length") for i in range(n)]
+
+  def generate(self, prompts: Sequence[Sequence[int] | np.ndarray],
+               sampling_params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
+               seed: int = 0) -> list[Completion]:
+    """Samples a completion for every prompt (token id lists). Row i uses PRNG key fold_in(PRNGKey(seed), i)."""
+    n = len(prompts)
+    if n == 0:
+      return []
+    prompts, sampling_params = self._checked(prompts, sampling_params)
+    batch = _bucket(n, self.batch_buckets, "batch size")
+    length = _bucket(max(p.size for p in prompts), self.prompt_buckets, "prompt length")
+    max_new = _bucket(max(sp.max_new_tokens for sp in sampling_params), self.new_token_buckets, "max_new_tokens")
+    inputs = self._row_inputs(prompts, sampling_params, batch, length, seed)
+    outputs = jax.device_get(_generate(self.params, *inputs, config=self.config, max_new=max_new))
+    return self._completions(n, *outputs)
+
+  def generate_continuing(self, prompts: Sequence[Sequence[int] | np.ndarray],
+                          sampling_params: SamplingParams | Sequence[SamplingParams],
+                          prefixes: Sequence[RowState | None], seed: int = 0
+                          ) -> tuple[list[Completion], list[RowState]]:
+    """`generate`, where row i's first `prefixes[i].length` prompt tokens are not prefilled: their state is given
+    (a `RowState` of exactly those tokens, or None). Returns the completions and, per row, the state after
+    prompt + completion (what a later request that extends this conversation continues from).
+
+    Shapes: the batch is padded to a batch bucket, the longest remaining suffix to a `suffix_buckets` bucket Pb, the
+    longest prefix to Lb prefix slots: 0 when no row has one, else Lb = (the smallest prompt bucket >= longest
+    prefix + Pb) − Pb, so prefix and suffix together span what an uncached call's prompt would (when no prompt
+    bucket holds both: Lb = the longest prefix's prompt bucket). The number of compiled programs stays bounded
+    (at most 1 + |prompt buckets| · |suffix buckets| per batch and new-token bucket) whatever the prefix lengths;
+    `sao.models.prefix_state` has the layout.
+    Row i's sampling key is the same as in `generate`; log-probs equal `generate`'s up to float rounding (a cached
+    token's keys/values were computed in an earlier prefill or decode step, not in this prefill).
+    """
+    n = len(prompts)
+    if n == 0:
+      return [], []
+    prompts, sampling_params = self._checked(prompts, sampling_params)
+    if len(prefixes) != n:
+      raise ValueError(f"prefixes: {len(prefixes)} entries for {n} prompts")
+    reused = [0 if p is None else p.length for p in prefixes]
+    for i, (p, used) in enumerate(zip(prompts, reused)):
+      if not 0 <= used < p.size:
+        raise ValueError(f"prefixes[{i}]: a prefix of {used} tokens must be shorter than its prompt ({p.size})")
+    suffixes = [p[used:] for p, used in zip(prompts, reused)]
+    batch = _bucket(n, self.batch_buckets, "batch size")
+    length = _bucket(max(s.size for s in suffixes), self.suffix_buckets, "prompt suffix length")
+    prefix_slots = 0
+    if max(reused):  # prefix + suffix slots fill a prompt bucket (the span an uncached call would have), if one fits
+      fits = [b for b in self.prompt_buckets if b >= max(reused) + length]
+      prefix_slots = fits[0] - length if fits else _bucket(max(reused), self.prompt_buckets, "prefix length")
+    max_new = _bucket(max(sp.max_new_tokens for sp in sampling_params), self.new_token_buckets, "max_new_tokens")
+    cache = prefix_state.pack(self.config, prefixes, batch, prefix_slots, prefix_slots + length + max_new)
+    inputs = self._row_inputs(suffixes, sampling_params, batch, length, seed)
+    *outputs, cache = jax.device_get(_generate_continuing(self.params, cache, *inputs, config=self.config,
+                                                          max_new=max_new))
+    completions = [dataclasses.replace(c, cached_tokens=used)
+                   for c, used in zip(self._completions(n, *outputs), reused)]
+    states = prefix_state.unpack(cache, [p.size + c.token_ids.size for p, c in zip(prompts, completions)])
+    return completions, states
 
 
 def generate(config: ModelConfig, params: dict, prompts: Sequence[Sequence[int] | np.ndarray],

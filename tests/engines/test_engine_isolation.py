@@ -49,7 +49,8 @@ async def serve(engine: LocalEngine, api_key: str | None = None) -> tuple[web.Ap
 
 def make_engine(model_dir: str, max_batch_size: int) -> tuple[LocalEngine, StandInSampler]:
   # A window far longer than any test: a batch closes only when max_batch_size rows are waiting.
-  engine = LocalEngine(model_dir, EngineConfig(batch_window_ms=600_000, max_batch_size=max_batch_size))
+  engine = LocalEngine(model_dir, EngineConfig(batch_window_ms=600_000, max_batch_size=max_batch_size,
+                                               prefix_cache_bytes=0))  # the stand-in has no model state
   engine.sampler = StandInSampler()
   return engine, engine.sampler
 
