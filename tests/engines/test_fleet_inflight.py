@@ -26,7 +26,8 @@ def test_a_batch_running_during_an_update_finishes_on_the_old_weights(tmp_path, 
                                              batch_buckets=(1,), new_token_buckets=(8,)), weight_version="0")
   reference_new = LocalEngine(new_dir, engine.config, weight_version="1")
   started, release, loaded = threading.Event(), threading.Event(), threading.Event()
-  generate = engine.sampler.generate
+  # The engine samples through `generate_continuing` when its prefix cache is on, `generate` when off: hold both.
+  generate, generate_continuing = engine.sampler.generate, engine.sampler.generate_continuing
   load = local_engine.load_pretrained_sharded
 
   def observed_load(*args, **kwargs):
@@ -36,10 +37,12 @@ def test_a_batch_running_during_an_update_finishes_on_the_old_weights(tmp_path, 
 
   monkeypatch.setattr(local_engine, "load_pretrained_sharded", observed_load)
 
-  def held_generate(*args, **kwargs):  # runs in the engine's worker thread
-    started.set()
-    release.wait(60)
-    return generate(*args, **kwargs)
+  def held(fn):
+    def run(*args, **kwargs):  # runs in the engine's worker thread
+      started.set()
+      release.wait(60)
+      return fn(*args, **kwargs)
+    return run
 
   async def main():
     await engine.start()
@@ -47,7 +50,7 @@ def test_a_batch_running_during_an_update_finishes_on_the_old_weights(tmp_path, 
     try:
       ((old_alone, v_old_alone),) = await engine.generate([(PROMPT, GREEDY)])
       ((new_alone, _),) = await reference_new.generate([(PROMPT, GREEDY)])
-      engine.sampler.generate = held_generate
+      engine.sampler.generate, engine.sampler.generate_continuing = held(generate), held(generate_continuing)
       in_flight = asyncio.create_task(engine.generate([(PROMPT, GREEDY)]))
       await asyncio.to_thread(started.wait, 60)
       update = asyncio.create_task(engine.update_weights(new_dir, "1"))
@@ -57,7 +60,7 @@ def test_a_batch_running_during_an_update_finishes_on_the_old_weights(tmp_path, 
       release.set()
       ((during, v_during),) = await in_flight
       assert await update == "1"
-      engine.sampler.generate = generate
+      engine.sampler.generate, engine.sampler.generate_continuing = generate, generate_continuing
       ((after, v_after),) = await engine.generate([(PROMPT, GREEDY)])
       return swapped_early, (old_alone, v_old_alone), (new_alone,), (during, v_during), (after, v_after)
     finally:
