@@ -201,8 +201,8 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def trainer_job_commands(train_args: Sequence[str], workdir: str, num_processes: int, coordinator_address: str
-                         ) -> list[list[str]]:
+def trainer_job_commands(train_args: Sequence[str], workdir: str, num_processes: int, coordinator_address: str,
+                         train_script: str = "experiments/train.py") -> list[list[str]]:
   """The P processes' `experiments/train.py` commands: the same flags and workdir, each with its coordinates."""
   if num_processes < 1:
     raise ValueError(f"trainer_processes: must be >= 1, got {num_processes}")
@@ -210,7 +210,7 @@ def trainer_job_commands(train_args: Sequence[str], workdir: str, num_processes:
     raise ValueError(f"the trainer's flags (after --) need --config=<file>:<arg>; got {list(train_args)}")
   coordinates = [f"--config.distributed.coordinator_address={coordinator_address}",
                  f"--config.distributed.num_processes={num_processes}"]
-  return [[sys.executable, "experiments/train.py", *train_args, f"--workdir={os.path.abspath(workdir)}",
+  return [[sys.executable, train_script, *train_args, f"--workdir={os.path.abspath(workdir)}",
            *coordinates, f"--config.distributed.process_id={i}"] for i in range(num_processes)]
 
 
@@ -225,11 +225,12 @@ def trainer_job_env(devices_per_process: int, env: dict[str, str] | None = None)
 
 
 def run_trainer_job(train_args: Sequence[str], workdir: str, num_processes: int, devices_per_process: int = 1,
-                    cwd: str = sweep_lib.REPO_ROOT, poll_s: float = 0.5, stop_grace_s: float = 120.0) -> int:
+                    cwd: str = sweep_lib.REPO_ROOT, poll_s: float = 0.5, stop_grace_s: float = 120.0,
+                    train_script: str = "experiments/train.py") -> int:
   """Runs the P-process trainer job (module docstring) until every process exits; returns 0 or the first non-zero
   exit code. Once a process fails, the others stop by themselves (a lost process is noticed within the config's
   `distributed.heartbeat_timeout_s`); any still running after `stop_grace_s` are killed."""
-  commands = trainer_job_commands(train_args, workdir, num_processes, f"127.0.0.1:{free_port()}")
+  commands = trainer_job_commands(train_args, workdir, num_processes, f"127.0.0.1:{free_port()}", train_script)
   log_dir = os.path.join(os.path.abspath(workdir), "logs")
   os.makedirs(log_dir, exist_ok=True)
   env = trainer_job_env(devices_per_process)
@@ -246,7 +247,7 @@ def run_trainer_job(train_args: Sequence[str], workdir: str, num_processes: int,
                                         stdin=subprocess.DEVNULL, start_new_session=True))
       if out is not None:
         out.close()
-    while any(p.poll() is None for p in processes):
+    while [p.poll() for p in processes].count(None):  # polls every process (any() would stop at the first)
       for i, p in enumerate(processes):
         if p.returncode not in (None, 0) and not first_failure:
           first_failure, failed_at = p.returncode, time.monotonic()
