@@ -13,8 +13,12 @@ the next message is a "stop" raises `Diverged` (the two programs are not at the 
 their protobuf bytes (`Trajectory.to_bytes`), the rest as JSON.
 
 Transport: the JAX coordination service's key-value store (the `jax.distributed` client every process already has;
-process 0 hosts the service). Message n is the key `<ns>/msg/<n>`; each process acknowledges the last message it
-read (`<ns>/ack/<i>`), and process 0 deletes messages every process has read.
+process 0 hosts the service). Message n is stored in pieces of at most `CHUNK_BYTES` (`<ns>/msg/<n>.<k>`, then the
+key `<ns>/msg/<n>` holding the number of pieces, which the others wait for); each process acknowledges the last
+message it read (`<ns>/ack/<i>`), and process 0 deletes messages every process has read. A batch is ~8 bytes per
+token (`Trajectory.to_bytes`: int32 id, float32 log-prob, a mask byte), and every process reads all of it: the
+toy's 64 × ≤192 tokens are ≤100 KB a step; `sao_openswe.py:full`'s 64 trajectories of ≤128k tokens ≤66 MB, read by
+each of the other P−1 hosts — seconds at most, against a learner step over 8M tokens (docs/tpu.md).
 
 Liveness: a watchdog thread in every process bumps its own heartbeat key every `heartbeat_interval_s` and reads
 everyone's. A process whose heartbeat has not changed for `heartbeat_timeout_s` (killed, frozen, its host gone), or
@@ -43,6 +47,7 @@ from absl import logging
 from sao.transport.trajectory import Trajectory
 
 EXIT_PROCESS_LOST = 3
+CHUNK_BYTES = 32 << 20  # one key-value entry (gRPC messages to the coordination service stay far below 2 GB)
 _LENGTH = struct.Struct("<Q")
 
 
@@ -151,19 +156,17 @@ class KeyValueChannel:
     self.check()
     if self.is_coordinator:
       message = Message(tag, data, list(trajectories))
-      self.client.key_value_set_bytes(self._msg_key(self._sent), encode(message))
+      raw = encode(message)
+      pieces = [raw[i:i + CHUNK_BYTES] for i in range(0, len(raw), CHUNK_BYTES)] or [b""]
+      for k, piece in enumerate(pieces):
+        self.client.key_value_set_bytes(f"{self._msg_key(self._sent)}.{k}", piece)
+      self.client.key_value_set_bytes(self._msg_key(self._sent), str(len(pieces)).encode())  # last: it is complete
       self._sent += 1
       self._delete_read()
       return message
     key = self._msg_key(self._sent)
-    while True:
-      try:
-        raw = self.client.blocking_key_value_get_bytes(key, int(self.heartbeat_interval_s * 1000))
-        break
-      except Exception as e:  # noqa: BLE001 — the client raises one error type; a deadline means "not yet"
-        if "DEADLINE_EXCEEDED" not in str(e):
-          raise self._lost_or(e) from e
-        self.check()
+    num_pieces = int(self._wait_for(key))
+    raw = b"".join(self._wait_for(f"{key}.{k}") for k in range(num_pieces))
     self._sent += 1
     self.client.key_value_set(f"{self.ns}/ack/{self.process_id}", str(self._sent), allow_overwrite=True)
     message = decode(raw)
@@ -171,6 +174,16 @@ class KeyValueChannel:
       raise Diverged(f"process {self.process_id} expected a {tag!r} message from process 0 but the next one (number "
                      f"{self._sent - 1}) is {message.tag!r} (data {str(message.data)[:200]})")
     return message
+
+  def _wait_for(self, key: str) -> bytes:
+    """The value of `key` once process 0 has set it; `ProcessLost` if a process is lost meanwhile."""
+    while True:
+      try:
+        return self.client.blocking_key_value_get_bytes(key, int(self.heartbeat_interval_s * 1000))
+      except Exception as e:  # noqa: BLE001 — the client raises one error type; a deadline means "not yet"
+        if "DEADLINE_EXCEEDED" not in str(e):
+          raise self.explain(e) from e
+        self.check()
 
   def _msg_key(self, n: int) -> str:
     return f"{self.ns}/msg/{n:012d}"
@@ -180,7 +193,11 @@ class KeyValueChannel:
     acks = dict(self.client.key_value_dir_get(f"{self.ns}/ack/"))
     read = min((int(acks.get(f"{self.ns}/ack/{i}", 0)) for i in range(1, self.num_processes)), default=self._sent)
     while self._deleted < read:
-      self.client.key_value_delete(self._msg_key(self._deleted))
+      key = self._msg_key(self._deleted)
+      num_pieces = int(self.client.blocking_key_value_get_bytes(key, 10_000))
+      for k in range(num_pieces):
+        self.client.key_value_delete(f"{key}.{k}")
+      self.client.key_value_delete(key)
       self._deleted += 1
 
   # ------------------------------------------------------------------------------------------------ failures
@@ -206,9 +223,6 @@ class KeyValueChannel:
     while self._lost is None and time.monotonic() < deadline:
       time.sleep(min(self.heartbeat_interval_s, 0.2))
     return self._lost if self._lost is not None else error
-
-  def _lost_or(self, error: Exception) -> BaseException:
-    return self.explain(error)
 
   def close(self) -> None:
     self._stop.set()

@@ -76,10 +76,24 @@ def test_every_process_receives_every_message_in_order_and_read_ones_are_deleted
       t.join(timeout=30)
     assert sent == received[1] == received[2] == list(range(20))
     p0.share("m", 20)  # sending deletes what both followers acknowledged: the first 20
-    assert [k for k in client.store if "/msg/" in k] == [p0._msg_key(20)]  # pylint: disable=protected-access
+    key = p0._msg_key(20)  # pylint: disable=protected-access
+    assert sorted(k for k in client.store if "/msg/" in k) == [key, key + ".0"]
   finally:
     for c in (p0, p1, p2):
       c.close()
+
+
+def test_a_message_larger_than_a_piece_arrives_whole(monkeypatch):
+  monkeypatch.setattr(coordination, "CHUNK_BYTES", 100)
+  trajectories = helpers.trajectories(seed=5, n=6)
+  client, (p0, p1) = _channels()
+  try:
+    p0.share("batch", {"step": 1}, trajectories)
+    assert int(client.store[p0._msg_key(0)]) > 3  # pylint: disable=protected-access
+    assert p1.share("batch").trajectories == trajectories
+  finally:
+    p0.close()
+    p1.close()
 
 
 def test_a_message_of_another_kind_is_a_divergence():
