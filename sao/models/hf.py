@@ -269,25 +269,52 @@ def load_pretrained(directory: str, dtype: str = "float32", critic: bool = False
 
 
 # ------------------------------------------------------------------------------------------------ saving
+def _path_rule(path: str) -> tuple[str, str, dict[str, str]]:
+  """(HF name template, transform, placeholder values) of a param path; raises ValueError if it has no HF name."""
+  for regex, hf, _, kind in _PATH_REGEX:
+    match = regex.match(path)
+    if match is not None:
+      return hf, kind, match.groupdict()
+  raise ValueError(f"{path}: no HF name for this param")
+
+
+def hf_tensor_specs(path: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
+  """(HF name, HF shape) of every tensor a param of `shape` at `path` becomes (EXPERT: one per expert), without
+  its values — what an exporter needs to lay out safetensors files before any tensor is gathered."""
+  hf, kind, groups = _path_rule(path)
+  if kind == EXPERT:
+    return [(hf.format(expert=e, **groups), _hf_shape(kind, tuple(shape))) for e in range(shape[0])]
+  return [(hf.format(**groups), _hf_shape(kind, tuple(shape)))]
+
+
+def param_to_hf(path: str, array: np.ndarray) -> list[tuple[str, np.ndarray]]:
+  """The HF tensors (name, contiguous numpy array, same dtype) of one param, in `hf_tensor_specs` order."""
+  hf, kind, groups = _path_rule(path)
+  if kind == EXPERT:
+    return [(hf.format(expert=e, **groups), np.ascontiguousarray(array[e].T)) for e in range(array.shape[0])]
+  return [(hf.format(**groups), np.ascontiguousarray(_to_hf(array, kind)))]
+
+
+def flat_params(params: dict) -> dict[str, Any]:
+  """A policy or critic param tree as `{"model/layers_0/...": leaf}` (the paths `param_to_hf` takes)."""
+  return _flatten(nn.meta.unbox(params))
+
+
 def to_hf_tensors(params: dict) -> dict[str, np.ndarray]:
   """Flattens a policy or critic param tree into HF tensor names (numpy, same dtype)."""
   out = {}
-  for path, value in _flatten(nn.meta.unbox(params)).items():
-    array = np.asarray(jax.device_get(value))
-    for regex, hf, _, kind in _PATH_REGEX:
-      match = regex.match(path)
-      if match is None:
-        continue
-      groups = match.groupdict()
-      if kind == EXPERT:
-        for e in range(array.shape[0]):
-          out[hf.format(expert=e, **groups)] = np.ascontiguousarray(array[e].T)
-      else:
-        out[hf.format(**groups)] = np.ascontiguousarray(_to_hf(array, kind))
-      break
-    else:
-      raise ValueError(f"{path}: no HF name for this param")
+  for path, value in flat_params(params).items():
+    out.update(param_to_hf(path, np.asarray(jax.device_get(value))))
   return out
+
+
+def hf_config_json(config: ModelConfig, tensor_dtypes: set[str], critic: bool) -> dict[str, Any]:
+  """The `config.json` dict of a checkpoint whose tensors have `tensor_dtypes` (numpy names)."""
+  hf = config.to_hf()
+  hf["torch_dtype"] = "bfloat16" if tensor_dtypes == {"bfloat16"} else "float32"
+  if critic:
+    hf["sao_critic"] = True  # informational; `architectures` stays the backbone's
+  return hf
 
 
 def save_pretrained(config: ModelConfig, params: dict, directory: str,
@@ -300,11 +327,7 @@ def save_pretrained(config: ModelConfig, params: dict, directory: str,
   """
   tensors = to_hf_tensors(params)
   os.makedirs(directory, exist_ok=True)
-  dtypes = {str(t.dtype) for t in tensors.values()}
-  hf = config.to_hf()
-  hf["torch_dtype"] = "bfloat16" if dtypes == {"bfloat16"} else "float32"
-  if "score.weight" in tensors:
-    hf["sao_critic"] = True  # informational; `architectures` stays the backbone's
+  hf = hf_config_json(config, {str(t.dtype) for t in tensors.values()}, critic="score.weight" in tensors)
   with open(os.path.join(directory, "config.json"), "w") as f:
     json.dump(hf, f, indent=2, sort_keys=True)
   shards: list[dict[str, np.ndarray]] = [{}]

@@ -5,6 +5,7 @@ program and issuing the same jitted calls in the same order, each owning only it
     is_coordinator()           process 0: the one that owns I/O that must happen once (gRPC, logs, metrics, exports)
     barrier(name)              every process waits until all reached the same barrier (bounded: raises on timeout)
     global_batch(batch, sh)    host batch (the same numpy values on every process) → global arrays in sharding `sh`
+    global_array(x, sh)        the same for one array
     fetch(tree)                any array (also one spanning processes) → numpy on every process (collective)
 
 With one process (no `initialize` call) every function is the single-process identity: `barrier` returns at once,
@@ -79,11 +80,15 @@ def global_batch(batch: Mapping[str, Any], sharding: Sharding) -> dict[str, jax.
   of the sharding is addressable (one process), this is `jax.device_put`, as before multi-host support."""
   if sharding.is_fully_addressable:
     return jax.device_put(dict(batch), sharding)
-  out = {}
-  for key, value in batch.items():
-    array = np.asarray(value)
-    out[key] = jax.make_array_from_callback(array.shape, sharding, lambda index, a=array: a[index])
-  return out
+  return {key: global_array(value, sharding) for key, value in batch.items()}
+
+
+def global_array(value: Any, sharding: Sharding) -> jax.Array:
+  """One global array in `sharding` from a host value that is the same on every process (see `global_batch`)."""
+  if sharding.is_fully_addressable:
+    return jax.device_put(value, sharding)
+  array = np.asarray(value)
+  return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
 
 
 def fetch(tree: Any) -> Any:

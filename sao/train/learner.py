@@ -8,6 +8,10 @@ SAO (`_update_sao`, docs/algorithm.md's stabilized recipe):
 GSPO / GRPO (`_update_group`): Â_i = group-normalised rewards, one actor step with the GSPO / PPO-clip loss.
 The actor loss is `config.actor_loss` (a name in `sao.train.actor_losses`), by default the algorithm's own.
 
+Multi-process (one process per host, `sao.train.distributed`): every process calls the same methods in the same order
+with the same host batch; each feeds only its addressable shards (`_device`), and whatever comes back to the host
+(metrics, traces, `actor_params_on_host`) is the same numpy values on every process.
+
 Host-side counters: `num_updates` (every `update`, the warmup clock), `version` (applied actor updates: the policy
 weights version engines are told about). The NaN guard lives in the jitted steps; here consecutive skips are counted
 per role and `NonFiniteError` is raised after `nan_guard_limit` in a row.
@@ -33,6 +37,7 @@ from sao.models.config import ModelConfig
 from sao.models.transformer import abstract_params, init_critic_from_policy
 from sao.train import actor_losses, batching, optim, state as state_lib, steps
 from sao.train import checkpoint as ckpt_lib
+from sao.train import distributed
 from sao.train import mesh as mesh_lib
 from sao.train.config import config_to_json, validate_learner_config
 from sao.transport.trajectory import Trajectory
@@ -137,8 +142,14 @@ class Learner:
   # ---------------------------------------------------------------------------------------------- public API
   @property
   def actor_params(self) -> Any:
-    """The live, sharded policy params. Valid until the next update (steps donate their state): export or copy."""
+    """The live, sharded policy params (global arrays, possibly spanning processes). Valid until the next update
+    (steps donate their state): export (`sao.train.export.export_policy`) or copy."""
     return self.actor.state.params
+
+  def actor_params_on_host(self) -> Any:
+    """The policy params as numpy, the same on every process, gathered one tensor at a time (a collective: every
+    process calls it). Holds the whole model on each host: for small models (the toy warm start)."""
+    return distributed.fetch(self.actor.state.params)
 
   @property
   def critic_params(self) -> Any:
@@ -177,8 +188,9 @@ class Learner:
     else:
       metrics, per_token = self._update_group(self._device(batch, batching.FIELDS)), {}
     rows = np.asarray(rows, np.int64)
-    traces = {k: np.asarray(jax.device_get(v), np.float32)[rows] for k, v in per_token.items()} if rows.size else {}
-    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    # `fetch`: per-token arrays are sharded over the batch (across processes on a pod); metrics are replicated.
+    traces = {k: np.asarray(v, np.float32)[rows] for k, v in distributed.fetch(per_token).items()} if rows.size else {}
+    metrics = {k: float(v) for k, v in distributed.fetch(metrics).items()}
     self._guard(metrics)
     self.num_updates += 1
     metrics.update(batch_metrics)
@@ -193,18 +205,21 @@ class Learner:
     self._check_rows(batch)
     device_batch = self._device(batch, actor_losses.get("sft").batch_keys)
     self.actor.state, m = self._actor_steps["sft"](self.actor.state, device_batch, self._next_rng())
-    metrics = {f"actor/{k}": float(v) for k, v in jax.device_get(m).items()}
+    metrics = {f"actor/{k}": float(v) for k, v in distributed.fetch(m).items()}
     self._guard(metrics)
     return metrics
 
   def save_critic(self, path: str) -> None:
-    """Saves the critic params (value pretraining → save → `critic.init = 'checkpoint'`)."""
+    """Saves the critic params (value pretraining → save → `critic.init = 'checkpoint'`). Every process calls it
+    (orbax writes each process's shards)."""
     ckpt_lib.save_params(path, self.critic_params)
 
   # ---------------------------------------------------------------------------------------------- checkpoints
   def checkpoint_items(self) -> dict[str, Any]:
     """The pytrees a checkpoint holds: `actor` (and `critic`) `TrainState`, `rng` (`{"key": key}`)."""
-    items = {"actor": self.actor.state, "rng": {"key": self.rng}}
+    # The key lives on one local device of each process; saved as one replicated global array (the same on all).
+    key = distributed.global_array(np.asarray(jax.device_get(self.rng)), mesh_lib.replicated(self.mesh))
+    items = {"actor": self.actor.state, "rng": {"key": key}}
     if self.critic is not None:
       items["critic"] = self.critic.state
     return items
@@ -212,7 +227,8 @@ class Learner:
   def abstract_checkpoint_items(self) -> dict[str, Any]:
     """`checkpoint_items` as `jax.ShapeDtypeStruct`s in this learner's shardings (the restore target)."""
     items = {"actor": self.actor.abstract_state(),
-             "rng": {"key": jax.ShapeDtypeStruct(self.rng.shape, self.rng.dtype)}}
+             "rng": {"key": jax.ShapeDtypeStruct(self.rng.shape, self.rng.dtype,
+                                                 sharding=mesh_lib.replicated(self.mesh))}}
     if self.critic is not None:
       items["critic"] = self.critic.abstract_state()
     return items
@@ -300,7 +316,10 @@ class Learner:
     return rng
 
   def _device(self, batch: dict, keys: Sequence[str]) -> dict[str, jax.Array]:
-    return jax.device_put({k: batch[k] for k in keys}, self._batch_sharding)
+    """The host batch's `keys` as global arrays sharded on B. Every process holds the whole host batch (the
+    trainer broadcasts it) and copies only its addressable shards (`distributed.global_batch`:
+    `jax.make_array_from_callback`, right whether or not the batch axis spans processes; `device_put` with one)."""
+    return distributed.global_batch({k: batch[k] for k in keys}, self._batch_sharding)
 
   def _check_rows(self, batch: dict) -> None:
     rows = np.shape(batch["input_ids"])[0]

@@ -46,6 +46,7 @@ from sao.train import coordination
 from sao.train import distributed
 from sao.train import mesh as mesh_lib
 from sao.train import writers as writers_lib
+from sao.train.export import export_policy
 from sao.train.learner import Learner
 from sao.transport.dispenser import DispenserConfig, TaskDispenser
 from sao.transport.server import ServerConfig, TrajectoryServer
@@ -65,17 +66,6 @@ class Launcher:
 
 def _learner_config(config: ml_collections.ConfigDict, **overrides: Any) -> ml_collections.ConfigDict:
   return run_config.set_all(ml_collections.ConfigDict(config.learner.to_dict()), overrides)
-
-
-def export_policy(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, directory: str) -> str:
-  """Writes an HF directory (config, safetensors, tokenizer) that SGLang or the local engine loads."""
-  tmp = directory + ".tmp"
-  shutil.rmtree(tmp, ignore_errors=True)
-  hf.save_pretrained(model_config, jax.device_get(params), tmp)
-  tokenizer.save_pretrained(tmp)
-  shutil.rmtree(directory, ignore_errors=True)
-  os.replace(tmp, directory)  # engines never see a half-written directory
-  return directory
 
 
 async def _publish(urls: Sequence[str], model_path: str, version: int) -> None:

@@ -1,0 +1,191 @@
+"""Policy export to an ordinary HF directory (config, safetensors, tokenizer) without the whole model on one host.
+
+Every process of the job calls `export_policy` with the same (sharded) params; it is the one export path, the
+single-process run being the case P = 1.
+
+    plan        from shapes alone, identical on every process: each param gets an owner process (greedy by bytes,
+                params in path order), each process's params go into its own safetensors file(s) (split above
+                `max_shard_bytes`), every tensor's byte range in its file is fixed before any value is read
+    gather      for each param in plan order, all processes take part in resharding it to replicated (a collective:
+                the param's full value on every device, transiently), and only its owner copies it to host memory,
+                converts it to the HF layout (`sao.models.hf.param_to_hf`) and writes it at its offset
+    finish      after a barrier, process 0 writes `config.json`, `model.safetensors.index.json` (more than one file)
+                and the tokenizer, then renames `<directory>.tmp` to `<directory>` (engines never see a half-written
+                directory); a last barrier, so no process returns before the directory exists
+
+Host memory: one param (and its HF copy) at a time on its owner, never the model. Device memory: one param
+replicated on every device while it is gathered. The directory must be on a filesystem every process sees (one
+machine, or NFS / a FUSE-mounted bucket on a pod). One process and one file (≤ `max_shard_bytes`) gives
+`model.safetensors` with no index, as `sao.models.hf.save_pretrained` writes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import struct
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from sao.models import hf
+from sao.models.config import ModelConfig
+from sao.models.tokenizer import Tokenizer
+from sao.train import distributed
+
+INDEX_FILE = "model.safetensors.index.json"
+_SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64", "int32": "I32",
+                       "int64": "I64"}
+
+
+@dataclasses.dataclass
+class _Tensor:
+  name: str  # HF name
+  shape: tuple[int, ...]
+  dtype: np.dtype
+  begin: int  # byte offset in its file's data section
+
+  @property
+  def nbytes(self) -> int:
+    return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+@dataclasses.dataclass
+class _File:
+  name: str
+  owner: int
+  tensors: list[_Tensor] = dataclasses.field(default_factory=list)
+  size: int = 0  # bytes of the data section
+
+  def header(self) -> bytes:
+    """The safetensors header: little-endian u64 length, then JSON padded with spaces to a multiple of 8."""
+    entries = {t.name: {"dtype": _SAFETENSORS_DTYPES[t.dtype.name], "shape": list(t.shape),
+                        "data_offsets": [t.begin, t.begin + t.nbytes]} for t in self.tensors}
+    entries["__metadata__"] = {"format": "pt"}  # transformers refuses safetensors without a known format tag
+    text = json.dumps(entries, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text
+
+
+@dataclasses.dataclass
+class ExportPlan:
+  """Where every param goes: `owners[path]` (process), `file_of[path]` (index into `files`)."""
+  files: list[_File]
+  owners: dict[str, int]
+  file_of: dict[str, int]
+
+
+def plan_export(shapes: dict[str, tuple[tuple[int, ...], np.dtype]], num_processes: int,
+                max_shard_bytes: int) -> ExportPlan:
+  """Lays out `{param path: (shape, dtype)}` over `num_processes` writers. Deterministic in its arguments."""
+  if num_processes < 1 or max_shard_bytes < 1:
+    raise ValueError(f"export: num_processes={num_processes} and max_shard_bytes={max_shard_bytes} must be >= 1")
+  load = [0] * num_processes
+  owners, by_process = {}, [[] for _ in range(num_processes)]
+  for path in sorted(shapes):
+    shape, dtype = shapes[path]
+    if np.dtype(dtype).name not in _SAFETENSORS_DTYPES:
+      raise ValueError(f"export: param {path!r} has dtype {np.dtype(dtype).name}, which safetensors export does not "
+                       f"support (supported: {sorted(_SAFETENSORS_DTYPES)})")
+    owner = int(np.argmin(load))
+    owners[path] = owner
+    by_process[owner].append(path)
+    load[owner] += int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+  files, file_of = [], {}
+  for process, paths in enumerate(by_process):
+    current = None
+    for path in paths:
+      shape, dtype = shapes[path]
+      specs = hf.hf_tensor_specs(path, shape)
+      nbytes = sum(int(np.prod(s, dtype=np.int64)) for _, s in specs) * np.dtype(dtype).itemsize
+      if current is None or (current.tensors and current.size + nbytes > max_shard_bytes):
+        current = _File("", process)
+        files.append(current)
+      for name, hf_shape in specs:
+        current.tensors.append(_Tensor(name, tuple(hf_shape), np.dtype(dtype), current.size))
+        current.size += current.tensors[-1].nbytes
+      file_of[path] = len(files) - 1
+  for i, f in enumerate(files):
+    f.name = "model.safetensors" if len(files) == 1 else f"model-{i + 1:05d}-of-{len(files):05d}.safetensors"
+  return ExportPlan(files, owners, file_of)
+
+
+def _replicate(x: jax.Array) -> jax.Array:
+  """`x` resharded so every device (hence every process) holds all of it."""
+  return jax.jit(lambda a: a, out_shardings=NamedSharding(x.sharding.mesh, PartitionSpec()))(x)
+
+
+def _host_value(x: Any, is_owner: bool) -> np.ndarray | None:
+  """The full value of one param on its owner (None elsewhere). A collective when `x` spans processes: every
+  process calls it for every param, in the same order."""
+  if isinstance(x, jax.Array) and not (x.is_fully_addressable or x.is_fully_replicated):
+    if not isinstance(x.sharding, NamedSharding):
+      raise ValueError(f"export: a param spanning processes must have a NamedSharding, got {x.sharding}")
+    full = _replicate(x)
+    return np.asarray(full.addressable_data(0)) if is_owner else None
+  return np.asarray(jax.device_get(x)) if is_owner else None
+
+
+def _write_tensors(path: str, file: _File, header_len: int, param_path: str, value: np.ndarray) -> None:
+  """Writes one param's HF tensors at their planned offsets in `file` (already sized)."""
+  offsets = {t.name: t for t in file.tensors}
+  with open(path, "r+b") as f:
+    for name, array in hf.param_to_hf(param_path, value):
+      tensor = offsets[name]
+      if tuple(array.shape) != tensor.shape or array.dtype != tensor.dtype:
+        raise ValueError(f"export: {name} is {array.shape} {array.dtype}, planned {tensor.shape} {tensor.dtype}")
+      f.seek(header_len + tensor.begin)
+      f.write(memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8)))
+
+
+def export_policy(model_config: ModelConfig, params: Any, tokenizer: Tokenizer | None, directory: str,
+                  max_shard_bytes: int = 4 * 1024 ** 3) -> str:
+  """Writes `params` (a policy or critic tree: host arrays, device arrays, or global arrays spanning processes) as
+  an HF directory at `directory` (replaced if present) and returns it. Every process must call it with the same
+  arguments (see the module docstring); the tokenizer (if given), config and index are written by process 0."""
+  directory = os.path.abspath(directory)
+  tmp = directory + ".tmp"
+  process, num_processes = jax.process_index(), jax.process_count()
+  flat = hf.flat_params(params)
+  plan = plan_export({p: (tuple(np.shape(x)), np.dtype(x.dtype)) for p, x in flat.items()}, num_processes,
+                     max_shard_bytes)
+  if distributed.is_coordinator():
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+  distributed.barrier(f"export {directory}: begin")
+  header_lens = {}
+  for i, f in enumerate(plan.files):
+    if f.owner == process:  # the whole file, sized up front: tensors land at their offsets in any order
+      header = f.header()
+      header_lens[i] = len(header)
+      with open(os.path.join(tmp, f.name), "wb") as out:
+        out.write(header)
+        out.truncate(len(header) + f.size)
+  for path in sorted(flat):
+    owner = plan.owners[path]
+    value = _host_value(flat[path], owner == process)
+    if value is not None:
+      index = plan.file_of[path]
+      file = plan.files[index]
+      _write_tensors(os.path.join(tmp, file.name), file, header_lens[index], path, value)
+    del value  # one param on the host at a time
+  distributed.barrier(f"export {directory}: tensors written")
+  if distributed.is_coordinator():
+    dtypes = {t.dtype.name for f in plan.files for t in f.tensors}
+    critic = any(t.name == "score.weight" for f in plan.files for t in f.tensors)
+    with open(os.path.join(tmp, "config.json"), "w") as out:
+      json.dump(hf.hf_config_json(model_config, dtypes, critic), out, indent=2, sort_keys=True)
+    if len(plan.files) > 1:
+      weight_map = {t.name: f.name for f in plan.files for t in f.tensors}
+      total = sum(f.size for f in plan.files)
+      with open(os.path.join(tmp, INDEX_FILE), "w") as out:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, out, indent=2, sort_keys=True)
+    if tokenizer is not None:
+      tokenizer.save_pretrained(tmp)
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(tmp, directory)  # engines never see a half-written directory
+  distributed.barrier(f"export {directory}: done")
+  return directory
