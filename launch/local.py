@@ -243,8 +243,9 @@ def run_trainer_job(train_args: Sequence[str], workdir: str, num_processes: int,
         out = None  # process 0 speaks for the job: its output is this command's
       else:
         out = open(os.path.join(log_dir, f"trainer_process{i}.log"), "ab")  # pylint: disable=consider-using-with
+      # Its own process group (Ctrl-C reaches the launcher alone, which ends the groups), in the launcher's session.
       processes.append(subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True))
+                                        stdin=subprocess.DEVNULL, process_group=0))
       if out is not None:
         out.close()
     while [p.poll() for p in processes].count(None):  # polls every process (any() would stop at the first)

@@ -29,7 +29,7 @@ from tests.e2e import test_train_e2e as e2e
 pytestmark = pytest.mark.slow
 
 REPO = e2e.REPO
-VALUE_STEPS, RL_STEPS = 1, 3
+VALUE_STEPS, RL_STEPS = 1, 4
 CONFIG_ARG = (f"sao_openswe.py:toy,total_steps={RL_STEPS},recipe.value_pretrain_steps={VALUE_STEPS},"
               f"learner.sao.critic_warmup_steps=1,critic_trace_every=2,{e2e.COMMON}")
 HEARTBEAT_TIMEOUT_S = 20
@@ -68,7 +68,7 @@ class Job:
         return pid
     return None
 
-  def wait_for(self, what: str, predicate, timeout_s: float):
+  def wait_for(self, what: str, predicate, timeout_s: float, poll_s: float = 0.2):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
       value = predicate()
@@ -77,7 +77,7 @@ class Job:
       if self.process.poll() is not None:
         pytest.fail(f"job exited with code {self.process.returncode} while waiting for {what}:\n"
                     f"{self.output()[-6000:]}")
-      time.sleep(0.5)
+      time.sleep(poll_s)
     pytest.fail(f"timed out after {timeout_s}s waiting for {what}:\n{self.output()[-6000:]}")
 
   def finish(self, timeout_s: float) -> str:
@@ -90,6 +90,11 @@ class Job:
 
   def kill(self) -> None:
     e2e._kill_group(self.process)  # pylint: disable=protected-access
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+  return os.environ.get("SAO_E2E_JAX_CACHE") or str(tmp_path_factory.mktemp("jax_cache"))
 
 
 @pytest.fixture
@@ -164,11 +169,16 @@ def test_killed_process_stops_the_job_naming_it_and_the_same_command_resumes(tmp
   workdir = str(tmp_path / "run")
   job = Job(workdir, cache_dir, "first")
   jobs.append(job)
-  # After the first RL update's checkpoint, so that there is something to resume from.
+  pids = job.wait_for("both trainer processes", lambda: [job.trainer_pid(0), job.trainer_pid(1)]
+                      if job.trainer_pid(0) and job.trainer_pid(1) else None, timeout_s=300)
+  # After the first RL update's checkpoint (something to resume from). Process 0 is frozen for the kill, so the job
+  # cannot finish between the check and the kill (process 1 only follows process 0).
   job.wait_for("a checkpoint", lambda: e2e._checkpoint_metas(workdir), timeout_s=1200)  # pylint: disable=protected-access
-  pid = job.wait_for("trainer process 1", lambda: job.trainer_pid(1), timeout_s=30)
-  os.kill(pid, signal.SIGKILL)
+  os.kill(pids[0], signal.SIGSTOP)
+  assert len(_step_rows(workdir)) < VALUE_STEPS + RL_STEPS, "the job finished before process 1 could be killed"
+  os.kill(pids[1], signal.SIGKILL)
   killed = time.monotonic()
+  os.kill(pids[0], signal.SIGCONT)
   try:
     job.process.wait(timeout=60)
   except subprocess.TimeoutExpired:
