@@ -2,8 +2,8 @@
 of tests/train/test_multihost_learner.py, several per job because process start-up and compilation dominate.
 
     run     SAO on mesh (data=2, fsdp=2, tensor=2): `UPDATES` updates (critic epochs, whitening, DIS, a padding row,
-            traced rows), a checkpoint after update `CHECKPOINT_AT`; one GSPO update; one SAO update on a mesh whose
-            batch axis does not span processes; a policy export. With `--kill`, every process SIGKILLs itself at the
+            traced rows), a checkpoint after update `CHECKPOINT_AT`, the critic saved and reloaded; one GSPO update; one SAO update on a mesh whose
+            batch axis does not span processes (tensor does), with policy exports before and after it. With `--kill`, every process SIGKILLs itself at the
             end (nothing may depend on a clean shutdown).
     resume  a fresh SAO learner restores the checkpoint and runs the remaining updates.
 
@@ -24,6 +24,7 @@ import numpy as np  # noqa: E402
 
 from sao.train import distributed  # noqa: E402
 from sao.train import mesh as mesh_lib  # noqa: E402
+from sao.train import checkpoint as ckpt_lib  # noqa: E402
 from sao.train.checkpoint import Checkpointer  # noqa: E402
 from sao.train.export import export_policy  # noqa: E402
 from tests.train import helpers  # noqa: E402
@@ -72,8 +73,11 @@ def run(out: str, kill: bool) -> None:
   _sao_updates(learner, 0, record, checkpointer)
   record.update({f"sao_{i}": x for i, x in enumerate(_state(learner))})
   record["counters"] = np.asarray([learner.num_updates, learner.version])
-  export_policy(helpers.model_config(), learner.actor_params, None, os.path.join(out, f"export{jax.process_count()}"))
-  record.update({f"host_{i}": x for i, x in enumerate(jax.tree.leaves(learner.actor_params_on_host()))})
+  critic_dir = os.path.join(out, f"critic{jax.process_count()}")
+  learner.save_critic(critic_dir)  # value pretraining's hand-over, by every process
+  loaded = ckpt_lib.load_params(critic_dir, learner.critic.sharded_abstract_params())
+  record["critic_reloaded"] = np.asarray(helpers.tree_equal(distributed.fetch(loaded),
+                                                            distributed.fetch(learner.critic_params)))
 
   gspo = helpers.make_learner(_config(algorithm="gspo"), mesh=mesh)
   record["gspo_metrics"] = np.asarray(json.dumps(gspo.update(helpers.trajectories(seed=7, n=8)), sort_keys=True))
@@ -87,8 +91,13 @@ def run(out: str, kill: bool) -> None:
   config = _config(**{"sao.critic_warmup_steps": 0})
   config.mesh.update(shape)
   across = helpers.make_learner(config, mesh=mesh_lib.make_mesh(shape, interleaved))
+  # Exports of params split over the processes (tensor-sharded): the initial ones (the same in every job) and the
+  # trained ones.
+  export_policy(helpers.model_config(), across.actor_params, None, os.path.join(out, f"export{jax.process_count()}"))
   record["across_metrics"] = np.asarray(json.dumps(across.update(_stream(0)), sort_keys=True))
   record.update({f"across_{i}": x for i, x in enumerate(_state(across))})
+  export_policy(helpers.model_config(), across.actor_params, None, os.path.join(out, f"trained{jax.process_count()}"))
+  record.update({f"host_{i}": x for i, x in enumerate(jax.tree.leaves(across.actor_params_on_host()))})
 
   np.savez(os.path.join(out, f"run{jax.process_count()}-p{PROCESS}.npz"), **record)
   if kill:
