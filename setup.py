@@ -38,10 +38,13 @@ EXTRAS_REQUIRE = {
         # libtpu, through jax's own `tpu` extra at the jax pin (jax 0.10.2 -> libtpu 0.0.42.*): ahead-of-time
         # compilation for TPU topologies on a CPU machine (experiments/compile_tpu.py and its tests).
         "jax[tpu]>=0.10.2,<0.11",
+        # The real router in front of several local engines (launch/embedded.py, sao.engines.router) and in the
+        # fleet tests; a Rust binary in a wheel that needs neither sglang nor a GPU.
+        "sglang-router>=0.3.2,<0.4",
     ],
     # GPU hosts only: SGLang hard-pins a CUDA torch and does not install on CPU machines.
     # Nothing importable on CPU imports it.
-    "sglang": ["sglang[all]>=0.5", "sglang-router>=0.2"],
+    "sglang": ["sglang[all]>=0.5", "sglang-router>=0.3.2,<0.4"],  # the router admin API sao.engines.fleet uses
 }
 
 setuptools.setup(

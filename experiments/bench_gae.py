@@ -1,14 +1,16 @@
-r"""Benchmark: skip-observation GAE + masked whitening, jitted (chunked / scan / associative) vs a NumPy loop vs a copy.
+r"""Benchmark: skip-observation GAE + masked whitening, jitted (fused, chunked, scan, associative), NumPy loop, copy.
 
     python experiments/bench_gae.py                      # both sizes, median of 5 timed runs each
     python experiments/bench_gae.py --sizes=64x4096 --repeats=3
 
 Prints one table of tokens/s per implementation with its ratio to the NumPy loop (the way verl's reference
 `compute_gae_advantage_return` loops over t) and to the copy bound (a jitted pass that reads the same inputs and
-writes the same outputs, i.e. the memory floor of any GAE). Two more rows split the default pipeline: GAE alone
-(`method="chunked"`) and `masked_whiten` alone on precomputed advantages. All numbers come from this one run.
-`ms` is the median wall time; `cpu ms` the median process CPU time of the same runs (all threads), which moves less
-than wall time when other jobs share the cores.
+writes the same outputs, i.e. the memory floor of any GAE). "fused" is `whitened_gae` (whitening's moments come out
+of the chunked GAE pass); the chunked / scan / associative rows call `gae` then `masked_whiten`. Two more rows split
+the unfused pipeline: GAE alone (`method="chunked"`) and `masked_whiten` alone on precomputed advantages. All
+numbers come from this one run. `ms` is the median wall time; `cpu ms` the median process CPU time of the same runs
+(all threads), which moves less than wall time when other jobs share the cores; "cpu/copy" is the ratio of CPU
+times to the copy's.
 """
 import os
 import time
@@ -52,6 +54,12 @@ def make_jitted(method):
     advantages, returns = adv_lib.gae(rewards, values, mask, _GAMMA.value, lam, method=method)
     return adv_lib.masked_whiten(advantages, mask), returns
   return fn
+
+
+@jax.jit
+def fused(rewards, values, mask):
+  lam = adv_lib.length_adaptive_lambda(mask)
+  return adv_lib.whitened_gae(rewards, values, mask, _GAMMA.value, lam)
 
 
 @jax.jit
@@ -101,7 +109,7 @@ def main(argv):
   print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} device(s)); median of "
         f"{_REPEATS.value} runs after warm-up; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
   header = (f"{'B x T':>12} {'implementation':>26} {'ms':>9} {'cpu ms':>9} {'Mtok/s':>9} {'vs loop':>9} "
-            f"{'vs copy':>9}")
+            f"{'vs copy':>9} {'cpu/copy':>9}")
   print(header)
   print("-" * len(header))
   for size in _SIZES.value:
@@ -113,6 +121,7 @@ def main(argv):
         "numpy loop over t": median_seconds(lambda: numpy_loop(rewards, values, mask, _GAMMA.value, lam),
                                             max(1, _REPEATS.value // 2)),
     }
+    timings["jax gae+whiten fused"] = median_seconds(lambda: fused(*device_args), _REPEATS.value)
     for method in ("chunked", "scan", "associative"):
       fn = make_jitted(method)
       timings[f"jax gae+whiten {method}"] = median_seconds(lambda: fn(*device_args), _REPEATS.value)
@@ -122,10 +131,10 @@ def main(argv):
                                                       _REPEATS.value)
     timings["copy (memory bound)"] = median_seconds(lambda: copy_bound(*device_args), _REPEATS.value)
     tokens = batch * num_tokens
-    loop, copy = timings["numpy loop over t"][0], timings["copy (memory bound)"][0]
+    loop, (copy, copy_cpu) = timings["numpy loop over t"][0], timings["copy (memory bound)"]
     for name, (seconds, cpu_seconds) in timings.items():
       print(f"{size:>12} {name:>26} {seconds * 1e3:>9.2f} {cpu_seconds * 1e3:>9.2f} {tokens / seconds / 1e6:>9.1f} "
-            f"{loop / seconds:>8.1f}x {seconds / copy:>8.2f}x")
+            f"{loop / seconds:>8.1f}x {seconds / copy:>8.2f}x {cpu_seconds / copy_cpu:>8.2f}x")
 
 
 if __name__ == "__main__":

@@ -15,12 +15,17 @@ containers and test suites).
 
 Reported per mode over the measured steps (after `--warmup_steps`, which absorb JIT compilation): trajectories/s
 trained on, and the trainer's busy fraction (time not spent waiting for a batch / wall time). Then the async/sync
-ratios. Compilation goes to a persistent JAX cache shared by both modes and the engine, and the second mode reuses
-the first one's base policy and engine.
+ratios. Also measured (and written with `--out=<file>.json`, which `experiments/simulate_fleet.py --validate` reads):
+the staleness of every trained trajectory as the trainer counts it (learner version − the trajectory's policy
+version, at the step that takes it), each step's training time, each training episode's wall time from lease to
+acceptance, the mean turns and the agent loop's timings (engine, env steps, total), and the load average
+(`os.getloadavg`) before and after: the machine may be shared. Compilation goes to a persistent JAX cache shared by
+both modes and the engine, and the second mode reuses the first one's base policy and engine.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -46,6 +51,7 @@ _MAX_DELAY = flags.DEFINE_float("delay_max_s", 30.0, "Cap on the per-episode del
 _N = flags.DEFINE_integer("n", 16, "number_search range 1..n (n=16: 6-turn budget).")
 _SFT_STEPS = flags.DEFINE_integer("sft_steps", 5, "Supervised warm-start steps of the toy base policy.")
 _CACHE = flags.DEFINE_string("jax_cache_dir", "", "Persistent compilation cache ('' = <workdir>/jax_cache).")
+_OUT = flags.DEFINE_string("out", "", "Write every mode's measurements (distributions included) to this JSON file.")
 
 
 _CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "sao_openswe.py")
@@ -107,17 +113,46 @@ def _bench_trainer_class():
       self.waits: list[tuple[float, float]] = []  # (start, end) of each step's wait for its batch
       self.end_time = 0.0
       self.server = None
+      self.staleness: list[list[int]] = []  # per step: learner version − policy version of each trajectory taken
+      self.turns: list[float] = []  # per step: mean assistant turns of the batch
+      self.timings: list[dict[str, float]] = []  # per step: the batch's mean agent-loop timings (generate_s, ...)
+      self.leased_at: dict[str, float] = {}  # training lease id → when it was issued
+      self.episode_s: list[tuple[float, float]] = []  # (accepted at, seconds from lease to acceptance) per sample
+      self.published_at: list[float] = []  # when each new version reached the engines and the server
 
     def _server(self, model_config, engine_urls):
       server = super()._server(model_config, engine_urls)
       # The worker polls an empty lease response after this long: keep it short so the sync mode's per-step
       # restart is not dominated by polling (both modes get it).
       server.config.no_work_retry_ms = 50
+      self._time_episodes(server.dispenser)
       if self.sync:
         self.gate = _LeaseGate(server.dispenser.lease)
         server.dispenser.lease = self.gate.lease
       self.server = server
       return server
+
+    def _time_episodes(self, dispenser):
+      """Wraps the dispenser's lease and complete to time each training sample from lease to acceptance."""
+      lease_fn, complete_fn = dispenser.lease, dispenser.complete
+
+      def lease(worker_id, max_tasks):
+        leases = lease_fn(worker_id, max_tasks)
+        now = time.monotonic()
+        self.leased_at.update((l.lease_id, now) for l in leases if not l.is_validation)
+        return leases
+
+      def complete(lease_record, traj):
+        if lease_record.lease_id in self.leased_at:
+          now = time.monotonic()
+          self.episode_s.append((now, now - self.leased_at[lease_record.lease_id]))
+        return complete_fn(lease_record, traj)
+
+      dispenser.lease, dispenser.complete = lease, complete
+
+    def _publish(self, model_config, learner, server):
+      super()._publish(model_config, learner, server)
+      self.published_at.append(time.monotonic())
 
     def _take(self, server, n):
       start = time.monotonic()
@@ -125,6 +160,11 @@ def _bench_trainer_class():
         self.gate.open(n)
       batch = super()._take(server, n)
       self.waits.append((start, time.monotonic()))
+      # The server's version is the learner's here (the trainer publishes after every update): the trainer's count.
+      self.staleness.append([server.policy_version - t.policy_version for t in batch])
+      self.turns.append(sum(t.num_turns for t in batch) / len(batch))
+      self.timings.append({k: sum(t.timings.get(k, 0.0) for t in batch) / len(batch)
+                           for k in ("generate_s", "tool_s", "total_s")})
       return batch
 
     def _train(self, *args, **kwargs):
@@ -220,15 +260,37 @@ def _run_mode(mode: str, processes: _Processes, base_dir: str | None) -> dict[st
                                   processes.check_alive)
   print(f"[bench] {mode}: {_WARMUP.value} warmup + {_STEPS.value} measured steps of {config.rollout.batch_size} "
         f"trajectories, {config.rollout.concurrency} agent loops", flush=True)
+  load_before = os.getloadavg()
   trainer.run(launcher, demonstrations if config.recipe.sft_steps else None)
-  measured = trainer.waits[_WARMUP.value:]
+  warmup = _WARMUP.value
+  measured = trainer.waits[warmup:]
   start = measured[0][0]
   wall = trainer.end_time - start
   waiting = sum(end - begin for begin, end in measured)
   stats = trainer.server.stats() if trainer.server is not None else {}
+  # Step i trains from the end of its wait to the start of the next wait (the last one: to the end of training).
+  ends = [begin for begin, _ in trainer.waits[1:]] + [trainer.end_time]
+  train_s = [end - waited for (_, waited), end in zip(trainer.waits, ends)]
+  staleness = [s for step in trainer.staleness[warmup:] for s in step]
+  # Where in its step each measured version landed (0: at the take, 1: at the next wait): the rest is bookkeeping.
+  publish_fraction = [(p - waited) / (end - waited) for (_, waited), end in zip(trainer.waits[warmup:], ends[warmup:])
+                      for p in trainer.published_at if waited <= p <= end and end > waited]
   return {"mode": mode, "traj_per_s": len(measured) * config.rollout.batch_size / wall,
           "busy": 1.0 - waiting / wall, "wall_s": wall, "steps": len(measured),
           "stale_rejected": stats.get("rejected_by_reason", {}).get("STALE_POLICY", 0),
+          "staleness_mean": sum(staleness) / max(len(staleness), 1), "staleness": staleness,
+          "train_step_s": train_s[warmup:], "warmup_train_step_s": train_s[:warmup],
+          "episode_s": [d for t, d in trainer.episode_s if t >= start],
+          "publish_fraction_mean": sum(publish_fraction) / len(publish_fraction) if publish_fraction else 1.0,
+          "turns_mean": sum(trainer.turns[warmup:]) / max(len(trainer.turns[warmup:]), 1),
+          # The agent loop's own seconds per trajectory (engine calls, env steps, the whole episode incl. reset).
+          **{f"{k}_mean": sum(t[k] for t in trainer.timings[warmup:]) / max(len(trainer.timings[warmup:]), 1)
+             for k in ("generate_s", "tool_s", "total_s")},
+          "concurrency": _CONCURRENCY.value, "batch_size": _BATCH.value,
+          "max_outstanding": config.server.max_outstanding, "buffer_capacity": config.server.buffer_capacity,
+          "max_staleness": config.server.max_staleness, "warmup_steps": warmup,
+          "delay": {"kind": "pareto", "alpha": _ALPHA.value, "scale_s": _SCALE.value, "max_s": _MAX_DELAY.value},
+          "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
           "base_dir": os.path.join(workdir, "base_model")}
 
 
@@ -257,8 +319,14 @@ def main(argv):
       print(f"[bench] {mode}: {result['traj_per_s']:.2f} trajectories/s, trainer busy {result['busy']:.1%} "
             f"({result['steps']} steps in {result['wall_s']:.1f}s; {result['stale_rejected']} rejected as stale)",
             flush=True)
+      print(f"[bench] {mode}: staleness mean {result['staleness_mean']:.2f}, train step "
+            f"{sum(result['train_step_s']) / len(result['train_step_s']):.2f}s, load average "
+            f"{result['loadavg_before'][0]:.1f} → {result['loadavg_after'][0]:.1f}", flush=True)
   finally:
     processes.stop()
+  if _OUT.value:
+    with open(_OUT.value, "w", encoding="utf-8") as f:
+      json.dump([{k: v for k, v in r.items() if k != "base_dir"} for r in results], f, indent=1)
   print(f"\nslow_number_search n={_N.value}, delay {_SCALE.value}s × Pareto(α={_ALPHA.value}) (cap {_MAX_DELAY.value}s), "
         f"batch {_BATCH.value}, {_CONCURRENCY.value} agent loops; total {time.monotonic() - start:.0f}s")
   print(f"{'mode':<6} {'traj/s':>8} {'busy':>7} {'wall_s':>7}")

@@ -7,6 +7,15 @@ the figures (`sao.analysis.figures.write_all`: Figures 1–5 and 7 as far as the
 Run names select the reported column: `sao`, `gspo` (SWE-bench Verified, sampling cost), `sao_initial` (with `sao`:
 the recipe table), `sao_multilingual`, `sao_mixed_harness` (SWE-bench Multilingual). Other names get tables without
 reported numbers. Toy runs are far shorter than the paper's, so pass step ranges and a threshold that fit them.
+
+A sweep's committed runs (issue 21: `toy_algorithms`, `toy_matched_concurrency`, `toy_ablations`):
+
+    python experiments/reproduce.py --sweep=toy_algorithms [--out_dir=/tmp/tables] [--by_version] [--threshold=60]
+
+reads `experiments/paper/runs/<sweep>/<run>/` (`--runs_dir` elsewhere; written by `experiments/paper/trim.py`), prints
+the tables the sweep file's `ANALYSIS` names (`sao.analysis.sweep_tables`) and, with `--out_dir`, writes
+`<sweep>.md` and `<sweep>_arms.png` (mean curve and 95 % band per arm). Runs of different code versions are refused
+unless `--by_version`, which prints one set of tables per version.
 """
 from __future__ import annotations
 
@@ -18,10 +27,15 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # `experiments.paper` imports
 
 from experiments.paper import reported  # noqa: E402
+from experiments.paper import sweeps  # noqa: E402
 from sao.analysis import figures, tables  # noqa: E402
 from sao.analysis import runs as runs_lib  # noqa: E402
 
 _RUNS = flags.DEFINE_list("runs", None, "name=workdir pairs.")
+_SWEEP = flags.DEFINE_string("sweep", "", "A sweep's name (launch/sweeps/<name>.py): its committed runs' tables.")
+_RUNS_DIR = flags.DEFINE_string("runs_dir", "", "The sweep's trimmed runs (default experiments/paper/runs/<sweep>).")
+_BY_VERSION = flags.DEFINE_bool("by_version", False, "With --sweep: one set of tables per code version instead of "
+                                "refusing runs of different versions.")
 _OUT_DIR = flags.DEFINE_string("out_dir", "", "Where to write tables.md and the figures ('' = print only).")
 _TABLE = flags.DEFINE_list("table", [], "Table numbers to print (1 validation, 2 sampling cost, 3 behaviour, "
                            "4 applications + recipe, 5 critic); empty = all.")
@@ -50,8 +64,22 @@ def _range(values: list[str], flag: str) -> tuple[int, int] | None:
   return int(values[0]), int(values[1])
 
 
+def main_sweep() -> None:
+  text, groups = sweeps.sweep_report(_SWEEP.value, _RUNS_DIR.value, _BY_VERSION.value, _THRESHOLD.value,
+                                     _WINDOW.value)
+  print(text)
+  if _OUT_DIR.value:
+    for path in sweeps.write_outputs(_SWEEP.value, text, groups, _OUT_DIR.value):
+      print(f"[reproduce] {path}")
+
+
 def main(argv):
   del argv
+  if bool(_SWEEP.value) == bool(_RUNS.value):
+    raise app.UsageError("give exactly one of --runs (name=workdir pairs) and --sweep (a sweep's committed runs)")
+  if _SWEEP.value:
+    main_sweep()
+    return
   runs = [runs_lib.load_run(name, workdir) for name, workdir in parse_runs(_RUNS.value)]
   text = tables.paper_tables(runs, reported.ALL, threshold=_THRESHOLD.value, window=_WINDOW.value,
                              ev_steps=_range(_EV_STEPS.value, "ev_steps"),
@@ -67,5 +95,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["runs"])
   app.run(main)

@@ -2,9 +2,15 @@
 
 `EmbeddedProcesses` starts `config.num_engines` engines (`python -m sao.engines.serve`, unless the config names
 external `engine_urls`) and `config.num_workers` rollout workers (`python -m sao.rollout.worker`, reading the
-trainer's own `--config` flags), logs under `<workdir>/logs/`. A rollout worker that dies is restarted (its leases
-expire and the trainer re-leases their tasks), at most `MAX_WORKER_RESTARTS` times per run in total; a dead engine
-stops the run. Each child is a `sao.engines.processes.ChildProcess`: its own process group, ended with the launcher.
+trainer's own `--config` flags), logs under `<workdir>/logs/`. With more than one engine, `sglang-router`
+(`sao.engines.router`, policy `ROUTER_POLICY`) runs in front of them and its URL is the only one the workers get;
+the trainer publishes weights to every engine behind it (`sao.engines.fleet`). One engine is talked to directly.
+
+A rollout worker that dies is restarted (its leases expire and the trainer re-leases their tasks), at most
+`MAX_WORKER_RESTARTS` times per run in total. Behind a router, an engine that dies is reported and the run goes on
+with the others (the router retries the requests it refused on another engine; the next publish takes the dead one
+out of the router's rotation); the run stops when the last engine or the router dies. A lone engine's death stops
+the run. Each child is a `sao.engines.processes.ChildProcess`: its own process group, ended with the launcher.
 """
 from __future__ import annotations
 
@@ -18,6 +24,9 @@ from sao.rollout import worker as worker_lib
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_WORKER_RESTARTS = 10  # a worker that keeps dying is a bug to surface, not a fault to ride out
+# Production's default (`launch.sglang_fleet`): a multi-turn episode's next request tends to go to the engine that
+# holds its prefix.
+ROUTER_POLICY = "cache_aware"
 
 
 def batch_buckets(concurrency: int) -> list[int]:
@@ -72,14 +81,20 @@ class EmbeddedProcesses:
     self.log_dir = os.path.join(workdir, "logs")
     os.makedirs(self.log_dir, exist_ok=True)
     self.engines: list[processes.ChildProcess] = []
+    self.router: processes.ChildProcess | None = None
+    self.dead_engines: set[str] = set()  # names of engines behind the router that died (reported once)
     self.workers: list[processes.ChildProcess] = []
     self.worker_restarts = processes.RestartBudget(MAX_WORKER_RESTARTS)
 
   def start_engines(self, model_dir: str) -> list[str]:
-    """Local engines serving `model_dir`, or the config's external `engine_urls` (then nothing is started)."""
+    """Local engines serving `model_dir` (behind a router when there are several; its URL is returned), or the
+    config's external `engine_urls` (then nothing is started)."""
     if self.config.engine_urls:
       return list(self.config.engine_urls)
+    from sao.engines import router as router_lib  # pylint: disable=g-import-not-at-top
     from sao.engines.local_server import start_local_engine  # pylint: disable=g-import-not-at-top
+    if self.config.num_engines > 1:
+      router_lib.require_router()  # before the engines start: ImportError with the install command
     args = engine_args(self.config, os.path.join(self.workdir, "jax_cache"))
     urls = []
     for i in range(self.config.num_engines):
@@ -88,7 +103,13 @@ class EmbeddedProcesses:
       self.engines.append(handle)
       urls.append(url)
     print(f"[embedded] engines: {urls}", flush=True)
-    return urls
+    if len(urls) == 1:
+      return urls
+    self.router = router_lib.start_router(urls, log_path=os.path.join(self.log_dir, "router.log"),
+                                          policy=ROUTER_POLICY, env=child_env())
+    print(f"[embedded] sglang-router {self.router.url} in front of {len(urls)} engines "
+          f"(log {self.router.log_path})", flush=True)
+    return [self.router.url]
 
   def worker(self, index: int, trainer_address: str) -> processes.ChildProcess:
     """Rollout worker `index` (not started)."""
@@ -103,13 +124,25 @@ class EmbeddedProcesses:
           flush=True)
 
   def check_alive(self) -> None:
-    """Raises if an engine died or a worker died with no restarts left; restarts other dead workers."""
-    for handle in self.engines:
-      handle.check()  # no restart budget: a dead engine is a ChildError naming it, with its log's tail
+    """Raises if the router, a lone engine or every engine behind the router died, or a worker died with no
+    restarts left; restarts other dead workers."""
+    if self.router is not None:
+      self.router.check()  # no restart budget: a dead router is a ChildError naming it, with its log's tail
+      for handle in self.engines:
+        if not handle.alive() and handle.name not in self.dead_engines:
+          self.dead_engines.add(handle.name)
+          print(f"[embedded] {handle.name} (pid {handle.pid}) exited with code {handle.returncode}; the run goes "
+                f"on with the other engines behind the router. Its log ends:\n{handle.log_tail(1000)}", flush=True)
+      if len(self.dead_engines) == len(self.engines):
+        raise processes.ChildError(f"every engine behind the router exited ({', '.join(sorted(self.dead_engines))});"
+                                   f" their logs are under {self.log_dir}")
+    else:
+      for handle in self.engines:
+        handle.check()  # no restart budget: a dead engine is a ChildError naming it, with its log's tail
     for worker in self.workers:
       restarted = worker.check()
       if restarted:
         print(f"[embedded] {restarted}\n(its leases expire and are re-leased)", flush=True)
 
   def stop(self) -> None:
-    processes.stop_all([*self.workers, *self.engines])
+    processes.stop_all([*self.workers, *([self.router] if self.router else []), *self.engines])

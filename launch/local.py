@@ -150,7 +150,10 @@ def run_sweep(runs: Sequence[sweep_lib.Run], workdir: str, max_parallel: int = 1
   states = [RunState(r, os.path.join(os.path.abspath(workdir), r.name)) for r in runs]
   for s in states:
     s.status = initial_status(s.workdir)
+  version = sweep_lib.code_version(cwd)  # one sweep, one code version (launch.sweep's module docstring)
+  sweep_lib.check_code_versions([s.workdir for s in states], version)
   queue = [s for s in states if s.status in (PENDING, RESUME)]
+  print(f"[launch] code version {version}", file=out, flush=True)
   print(progress_table(states), file=out, flush=True)
   running: list[RunState] = []
   last_report = time.monotonic()
@@ -159,6 +162,7 @@ def run_sweep(runs: Sequence[sweep_lib.Run], workdir: str, max_parallel: int = 1
       changed = time.monotonic() - last_report >= report_s
       while queue and len(running) < max_parallel:
         state = queue.pop(0)
+        sweep_lib.stamp_code_version(state.workdir, version)
         _start(state, command_fn(state.run, state.workdir), cwd)
         running.append(state)
         changed = True

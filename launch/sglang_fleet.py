@@ -15,11 +15,17 @@ With 8 GPUs per host and `--tp_size=4` every host runs two servers: GPUs 0-3 on 
 versions then count up from there through `/update_weights_from_disk`). The router:
 
     python3 -m sglang_router.launch_router --worker-urls http://gpu-0:30000 ... --host 0.0.0.0 --port 30080 \
-        --policy cache_aware
+        --policy cache_aware --health-check-interval-secs 10 --worker-startup-timeout-secs 1800
+
+The router waits (up to `--worker-startup-timeout-secs`) for every server to answer `/health`, checks them every
+`--health-check-interval-secs` afterwards, and retries a request a server refused on another one.
 
 The engine URL the run gets is the router's (or, with `--norouter`, every server's URL; the worker round-robins
-over them). The trainer writes new policies to its workdir and the servers load them from the same path, so the
-workdir must be mounted at one path on the trainer and every GPU host.
+over them): the rollout workers talk to the router only. The router does not forward weight updates; the trainer
+asks it for its servers (`GET /workers`) and updates each one, taking a server that fails or lags out of the
+router's rotation until it has the current version (`sao.engines.fleet`, docs/fleet.md). The trainer writes new
+policies to its workdir and the servers load them from the same path, so the workdir must be mounted at one path
+on the trainer and every GPU host.
 """
 from __future__ import annotations
 
@@ -57,6 +63,8 @@ class FleetSpec:
     router_host: where the router runs ("" = the first GPU host).
     router_port: the router's port.
     router_policy: its load-balancing policy (`--policy`).
+    router_health_check_interval_s: how often the router checks each server's `/health`.
+    router_worker_startup_timeout_s: how long the router waits for the servers to load their model.
     python: the Python on the GPU hosts.
   """
   model_path: str
@@ -74,6 +82,8 @@ class FleetSpec:
   router_host: str = ""
   router_port: int = 30080
   router_policy: str = "cache_aware"
+  router_health_check_interval_s: int = 10
+  router_worker_startup_timeout_s: int = 1800
   python: str = "python3"
 
   def __post_init__(self):
@@ -91,6 +101,9 @@ class FleetSpec:
       raise ValueError(f"context_length: must be >= 0 (0 = the model's), got {self.context_length}")
     if self.router_policy not in ROUTER_POLICIES:
       raise ValueError(f"router_policy: {self.router_policy!r} is not one of {ROUTER_POLICIES}")
+    if self.router_health_check_interval_s < 1 or self.router_worker_startup_timeout_s < 1:
+      raise ValueError(f"router_health_check_interval_s ({self.router_health_check_interval_s}) and "
+                       f"router_worker_startup_timeout_s ({self.router_worker_startup_timeout_s}) must be >= 1")
     router_host = self.router_host or self.gpu_hosts[0]
     if self.router and router_host in self.gpu_hosts:
       if self.port <= self.router_port < self.port + self.gpus_per_host // self.tp_size:
@@ -146,7 +159,9 @@ def server_argv(spec: FleetSpec, index_on_host: int) -> list[str]:
 
 def router_argv(spec: FleetSpec) -> list[str]:
   return [spec.python, "-m", "sglang_router.launch_router", "--worker-urls", *server_urls(spec), "--host", spec.host,
-          "--port", str(spec.router_port), "--policy", spec.router_policy]
+          "--port", str(spec.router_port), "--policy", spec.router_policy,
+          "--health-check-interval-secs", str(spec.router_health_check_interval_s),
+          "--worker-startup-timeout-secs", str(spec.router_worker_startup_timeout_s)]
 
 
 def plan(spec: FleetSpec) -> list[Command]:
@@ -168,15 +183,16 @@ def render(spec: FleetSpec) -> str:
   return "\n".join(lines)
 
 
-def execute(spec: FleetSpec, startup_wait_s: float = 60.0) -> int:
-  """Starts the servers, waits `startup_wait_s`, starts the router, then waits for any process to exit (or Ctrl-C)
-  and stops the rest. Returns the first exit code seen."""
+def execute(spec: FleetSpec, startup_wait_s: float = 5.0) -> int:
+  """Starts the servers, waits `startup_wait_s` (their ports open; the router itself waits for them to load, up to
+  `router_worker_startup_timeout_s`), starts the router, then waits for any process to exit (or Ctrl-C) and stops
+  the rest. Returns the first exit code seen."""
   started: list[subprocess.Popen] = []
   commands = plan(spec)
   try:
     for i, command in enumerate(commands):
       if command.role == "router" and i:
-        time.sleep(startup_wait_s)  # the router checks its workers' health at start
+        time.sleep(startup_wait_s)
       print(f"[sglang_fleet] {command.role} on {command.host}: {command.render()}", flush=True)
       started.append(subprocess.Popen(list(command.argv)))
     while True:
@@ -209,6 +225,8 @@ def define_flags() -> None:
   flags.DEFINE_string("router_host", "", "Router host ('' = the first GPU host).")
   flags.DEFINE_integer("router_port", 30080, "Router port.")
   flags.DEFINE_enum("router_policy", "cache_aware", list(ROUTER_POLICIES), "Router load-balancing policy.")
+  flags.DEFINE_integer("router_health_check_interval_s", 10, "Seconds between the router's server health checks.")
+  flags.DEFINE_integer("router_worker_startup_timeout_s", 1800, "How long the router waits for the servers.")
   flags.DEFINE_string("python", "python3", "Python on the GPU hosts.")
   flags.DEFINE_bool("execute", False, "Run the commands (default: print them).")
 
@@ -221,7 +239,8 @@ def main(argv: Sequence[str]) -> None:
                    tp_size=f.tp_size, port=f.port, mem_fraction_static=f.mem_fraction_static,
                    context_length=f.context_length, extra_server_args=tuple(f.server_arg), router=f.router,
                    router_host=f.router_host, router_port=f.router_port, router_policy=f.router_policy,
-                   python=f.python)
+                   router_health_check_interval_s=f.router_health_check_interval_s,
+                   router_worker_startup_timeout_s=f.router_worker_startup_timeout_s, python=f.python)
   print(render(spec), flush=True)
   if f.execute:
     sys.exit(execute(spec))

@@ -12,14 +12,31 @@ A grid is a list of dicts `{dotted config key: value}`; `product` takes every co
 `zip_` pairs them point by point, `fixed` is a one-point grid. A `Run` becomes the command
 `python experiments/train.py --config=<file>:<arg> --config.<key>=<value>... --workdir=<root>/<name>`.
 `validate_run` loads the run's config and rejects keys it does not have, before anything is launched.
+
+Arms and budgets. `runs(prefix, ...)` names each run's arm `prefix` (`sao-seed3` is a seed of arm `sao`): the
+analysis (`experiments/reproduce.py --sweep=<name>`) pools an arm's seeds. `rl_trajectory_budget` is a run's RL
+rollout budget in trajectories (`total_steps × rollout.batch_size`: the trainer consumes exactly `batch_size`
+finished trajectories per step, trained or dropped; value pretraining is not counted, as in the write-up);
+`check_equal_budgets` refuses a comparison whose arms differ in it.
+
+Code versions. `code_version()` is the checkout's commit (with `+dirty.<hash of git diff HEAD>` when tracked files
+differ from it); `launch.local` writes it into every run directory (`code_version.json`) before the run starts and
+refuses to start or resume any run of a sweep whose directories hold another version: runs of different code never
+share one sweep's tables (continue a sweep at a new commit in a new workdir; `reproduce.py` refuses mixed versions).
+
+A sweep file may also define `ANALYSIS = {"kind": ..., ...}`: which tables `reproduce.py --sweep=<name>` prints
+for it (`load_analysis`).
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import itertools
+import json
 import os
 import re
+import subprocess
 import sys
 from typing import Any, Mapping, Sequence
 
@@ -71,6 +88,11 @@ class Run:
   name: str
   config: str
   overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  arm: str = ""  # the arm whose seeds the analysis pools ("" = the run is its own arm)
+
+  @property
+  def arm_name(self) -> str:
+    return self.arm or self.name
 
   def __post_init__(self):
     if not _NAME_RE.match(self.name):
@@ -92,6 +114,11 @@ class Run:
     flags = run_config.override_flags(self.overrides)
     return [python, train_script, f"--config={self.config}", *flags, f"--workdir={workdir}"]
 
+  def evaluate_command(self, workdir: str, python: str = sys.executable) -> list[str]:
+    """The argv that re-measures this run's final policy (`experiments/evaluate.py`; results land in
+    `<workdir>/evaluation/vN.json`)."""
+    return self.command(workdir, "experiments/evaluate.py", python)
+
 
 format_value = run_config.format_value  # a config flag value ml_collections parses back to the same value
 
@@ -112,7 +139,7 @@ def runs(prefix: str, config: str, grid: Grid | None = None, name_keys: Sequence
     if missing:
       raise ValueError(f"runs({prefix!r}): name key(s) {missing} not in grid point {point}")
     suffix = "".join(f"-{_short(k)}{format_value(point[k])}" for k in name_keys)
-    out.append(Run(prefix + suffix, config, dict(point)))
+    out.append(Run(prefix + suffix, config, dict(point), arm=prefix))
   return out
 
 
@@ -123,13 +150,32 @@ def check_unique(run_list: Sequence[Run]) -> None:
     raise ValueError(f"sweep: duplicate run names {duplicates} (they would share a workdir)")
 
 
-def load_sweep(path: str) -> list[Run]:
-  """Imports a sweep file and returns its `get_sweep()` runs, checked for types and unique names."""
+def _import_sweep(path: str):
   if not os.path.isfile(path):
     raise FileNotFoundError(f"sweep file {path!r} does not exist")
   spec = importlib.util.spec_from_file_location(f"_sweep_{os.path.basename(path)[:-3]}", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
+  return module
+
+
+def sweep_path(name: str, repo_root: str = REPO_ROOT) -> str:
+  """`"toy_algorithms"` -> `<repo>/launch/sweeps/toy_algorithms.py` (a path ending in .py is returned as is)."""
+  return name if name.endswith(".py") else os.path.join(repo_root, "launch", "sweeps", f"{name}.py")
+
+
+def load_analysis(path: str) -> dict[str, Any]:
+  """The sweep file's `ANALYSIS` dict (which tables describe it); ValueError when it has none."""
+  module = _import_sweep(path)
+  analysis = getattr(module, "ANALYSIS", None)
+  if not isinstance(analysis, dict) or "kind" not in analysis:
+    raise ValueError(f"sweep file {path!r} defines no ANALYSIS dict with a 'kind'")
+  return dict(analysis)
+
+
+def load_sweep(path: str) -> list[Run]:
+  """Imports a sweep file and returns its `get_sweep()` runs, checked for types and unique names."""
+  module = _import_sweep(path)
   if not hasattr(module, "get_sweep"):
     raise ValueError(f"sweep file {path!r} defines no get_sweep()")
   run_list = list(module.get_sweep())
@@ -170,3 +216,79 @@ def validate_run(run: Run, repo_root: str = REPO_ROOT) -> None:
            (isinstance(current, (tuple, list)) and isinstance(value, (tuple, list)))))
     if not ok:
       raise ValueError(f"run {run.name}: sweep key {dotted!r} expects {type(current).__name__}, got {value!r}")
+
+
+# ------------------------------------------------------------------------------------------------ budgets and steps
+def run_config_of(run: Run, repo_root: str = REPO_ROOT):
+  """The run's config with its overrides applied (as `experiments/train.py` would build it)."""
+  config = load_config(run.config, repo_root)
+  config.unlock()
+  run_config.set_all(config, dict(run.overrides))
+  return config
+
+
+def rl_trajectory_budget(run: Run, repo_root: str = REPO_ROOT) -> int:
+  """RL trajectories the run consumes: `total_steps × rollout.batch_size` (see the module docstring)."""
+  config = run_config_of(run, repo_root)
+  return int(config.total_steps) * int(config.rollout.batch_size)
+
+
+def expected_last_step(run: Run, repo_root: str = REPO_ROOT) -> int:
+  """The trainer's last logged step for a finished run: value pretraining steps (SAO) + `total_steps` − 1."""
+  config = run_config_of(run, repo_root)
+  pretrain = config.recipe.value_pretrain_steps if config.learner.algorithm == "sao" else 0
+  return int(pretrain + config.total_steps - 1)
+
+
+def check_equal_budgets(run_list: Sequence[Run], repo_root: str = REPO_ROOT) -> int:
+  """Returns the shared RL trajectory budget; ValueError naming each run's budget when they differ."""
+  budgets = {r.name: rl_trajectory_budget(r, repo_root) for r in run_list}
+  if len(set(budgets.values())) != 1:
+    raise ValueError(f"sweep: unequal RL rollout budgets (total_steps × rollout.batch_size trajectories): {budgets}")
+  return next(iter(budgets.values()))
+
+
+# ---------------------------------------------------------------------------------------------------- code version
+VERSION_FILE = "code_version.json"
+
+
+def _git(args: Sequence[str], repo_root: str) -> bytes:
+  try:
+    return subprocess.run(["git", *args], cwd=repo_root, capture_output=True, check=True, timeout=60).stdout
+  except (OSError, subprocess.CalledProcessError) as e:
+    detail = e.stderr.decode(errors="replace").strip() if isinstance(e, subprocess.CalledProcessError) else str(e)
+    raise RuntimeError(f"code version: `git {' '.join(args)}` failed in {repo_root!r} ({detail}); sweeps record "
+                       "the commit of a git checkout") from e
+
+
+def code_version(repo_root: str = REPO_ROOT) -> str:
+  """`<commit>` of the checkout, or `<commit>+dirty.<12 hex of sha256(git diff HEAD)>` when tracked files differ."""
+  commit = _git(["rev-parse", "HEAD"], repo_root).decode().strip()
+  diff = _git(["diff", "HEAD", "--binary"], repo_root)
+  return f"{commit}+dirty.{hashlib.sha256(diff).hexdigest()[:12]}" if diff else commit
+
+
+def read_code_version(run_dir: str) -> str | None:
+  """The version stamped in `run_dir` (None when it has no stamp)."""
+  path = os.path.join(run_dir, VERSION_FILE)
+  if not os.path.isfile(path):
+    return None
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)["version"]
+
+
+def check_code_versions(run_dirs: Sequence[str], version: str) -> None:
+  """ValueError listing every run directory stamped with a version other than `version`."""
+  other = {d: v for d in run_dirs if (v := read_code_version(d)) is not None and v != version}
+  if other:
+    raise ValueError(f"sweep: this checkout is code version {version}, but runs of this sweep were made by other "
+                     f"versions: {other}. One sweep's runs must share a version: check out that commit, or run the "
+                     "sweep in a new --workdir")
+
+
+def stamp_code_version(run_dir: str, version: str) -> None:
+  """Writes `version` into `run_dir/code_version.json`; ValueError if the directory holds another version."""
+  check_code_versions([run_dir], version)
+  os.makedirs(run_dir, exist_ok=True)
+  with open(os.path.join(run_dir, VERSION_FILE), "w", encoding="utf-8") as f:
+    json.dump({"version": version, "commit": version.split("+", 1)[0]}, f)

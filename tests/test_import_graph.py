@@ -19,6 +19,7 @@ ALLOWED = {
     "sao.transport": {"sao.core", "sao.models"},
     "sao.engines": {"sao.core", "sao.models", "sao.transport"},
     "sao.analysis": {"sao.core", "sao.models", "sao.transport"},
+    "sao.simulation": {"sao.transport"},  # the fleet simulator drives the transport's own dispenser and buffer
     "sao.train": {"sao.core", "sao.models", "sao.transport", "sao.engines", "sao.analysis",
                   "sao.run_config"},
     "sao.rollout": {"sao.core", "sao.models", "sao.transport", "sao.engines", "sao.analysis", "sao.run_config"},

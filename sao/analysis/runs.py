@@ -16,8 +16,10 @@ does not import `experiments`.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
+import re
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -26,6 +28,7 @@ from sao.analysis import critic_traces as traces_lib
 from sao.analysis.curves import EVAL_RECORD_KEY, read_metrics
 
 METRICS_FILE = "metrics.jsonl"
+EVALUATION_DIR = "evaluation"  # `experiments/evaluate.py`'s results for a run's policies: <workdir>/evaluation/vN.json
 EV_KEY = "critic/explained_variance"
 BEHAVIOUR_KEYS = ("turns", "response_length", "reward")
 
@@ -196,3 +199,41 @@ def cost_ratios(sao: RunLog, gspo: RunLog, reported: Mapping[str, Any]) -> dict[
       "rollouts per step": (ratio(per_step(sao), per_step(gspo)),
                             ratio(paper_rollouts["sao"], paper_rollouts["gspo"]) if paper_rollouts else None),
   }
+
+
+# ------------------------------------------------------------------------------------------- re-measured policies
+_VERSION_DIR = re.compile(r"^v(\d+)$")
+
+
+def final_policy_dir(workdir: str) -> str:
+  """The run's final exported policy: `<workdir>/policy/v<N>` with the highest N; FileNotFoundError if none."""
+  root = os.path.join(workdir, "policy")
+  versions = [int(m.group(1)) for d in (os.listdir(root) if os.path.isdir(root) else [])
+              if (m := _VERSION_DIR.match(d)) and os.path.isdir(os.path.join(root, d))]
+  if not versions:
+    raise FileNotFoundError(f"{workdir!r} has no exported policy (policy/v<N>)")
+  return os.path.join(root, f"v{max(versions)}")
+
+
+def evaluation_path_for(policy_dir: str) -> str:
+  """Where `experiments/evaluate.py` writes a policy's results: `<run dir>/evaluation/<vN | base_model>.json` for a
+  policy inside a run directory, "" for any other directory."""
+  policy_dir = os.path.abspath(policy_dir)
+  name, parent = os.path.basename(policy_dir), os.path.dirname(policy_dir)
+  if _VERSION_DIR.match(name) and os.path.basename(parent) == "policy":
+    return os.path.join(os.path.dirname(parent), EVALUATION_DIR, f"{name}.json")
+  if name == "base_model":
+    return os.path.join(parent, EVALUATION_DIR, f"{name}.json")
+  return ""
+
+
+def final_evaluation(workdir: str) -> tuple[str, dict[str, dict]] | None:
+  """(policy name `vN`, {split: results}) of the highest-version `evaluation/vN.json`; None when there is none."""
+  root = os.path.join(workdir, EVALUATION_DIR)
+  found = [(int(m.group(1)), f) for f in (os.listdir(root) if os.path.isdir(root) else [])
+           if (m := re.match(r"^v(\d+)\.json$", f))]
+  if not found:
+    return None
+  version, name = max(found)
+  with open(os.path.join(root, name), encoding="utf-8") as f:
+    return f"v{version}", json.load(f)

@@ -18,6 +18,7 @@ from sao.core.masked import masked_mean, masked_var, masked_whiten  # re-exporte
 
 __all__ = [
     "gae",
+    "whitened_gae",
     "length_adaptive_lambda",
     "place_terminal_reward",
     "masked_mean",
@@ -167,6 +168,55 @@ def gae(
                         lambda: gae_chunked.advantages_and_returns(rewards, values, mask, gamma, gamma_lam),
                         lambda: with_returns(_gae_scan(rewards, values, mask, gamma, lam)))
   raise ValueError(f"method must be 'chunked', 'scan' or 'associative', got {method!r}")
+
+
+def whitened_gae(
+    rewards: jax.Array,
+    values: jax.Array,
+    action_mask: jax.Array,
+    gamma: float | jax.Array,
+    lam: float | jax.Array,
+    method: Literal["chunked", "scan", "associative"] = "chunked",
+    eps: float = 1e-8,
+) -> tuple[jax.Array, jax.Array]:
+  """`(masked_whiten(A, m, eps), R)` with `(A, R) = gae(...)`: GAE and batch whitening of its advantages.
+
+  Equal to the two calls to float rounding; with `method="chunked"` (when the batch fits, see `gae`) the masked
+  mean and variance of `A` come out of GAE's own pass over the time axis (`gae_chunked.
+  advantages_returns_and_moments`), so whitening reads the advantages once instead of three times.
+
+  Args: as `gae`, plus `eps`, added to the variance as in `masked_whiten`.
+
+  Returns:
+    `(whitened_advantages, returns)`, both `[B, T]` in the compute dtype, 0 where `m == 0`. The returns are not
+    whitened (they are the critic's targets).
+  """
+  if method != "chunked":
+    advantages, returns = gae(rewards, values, action_mask, gamma, lam, method=method)
+    return masked_whiten(advantages, action_mask, eps), returns
+  rewards = checks.float_array("rewards", rewards, ndim=2)
+  values = checks.float_array("values", values, ndim=2)
+  mask = checks.mask_array("action_mask", action_mask, ndim=2)
+  checks.same_shape(["values", "rewards", "action_mask"], [values, rewards, mask])
+  dtype = checks.compute_dtype(rewards, values)
+  gamma = jnp.asarray(gamma, dtype)
+  if gamma.ndim != 0:
+    raise ValueError(f"gamma must be a scalar, got shape {gamma.shape}")
+  lam = checks.per_sequence("lam", lam, values.shape[0], dtype)
+  rewards, values = rewards.astype(dtype), values.astype(dtype)
+  gamma_lam = (gamma * lam)[:, 0]  # [B]
+
+  def fused():
+    advantages, returns, (count, mean, sum_sq) = gae_chunked.advantages_returns_and_moments(
+        rewards, values, mask, gamma, gamma_lam)
+    var = jnp.where(count > 0, sum_sq / jnp.maximum(count, 1.0), 0.0)  # population variance, as masked_var
+    return jnp.where(mask, (advantages - mean) * jax.lax.rsqrt(var + eps), 0.0), returns
+
+  def fallback():
+    advantages = _gae_scan(rewards, values, mask, gamma, lam)
+    return masked_whiten(advantages, mask, eps), jnp.where(mask, advantages + values, 0.0)
+
+  return jax.lax.cond(gae_chunked.fits(gamma_lam, mask), fused, fallback)
 
 
 def length_adaptive_lambda(action_mask: jax.Array, alpha: float = 1.5) -> jax.Array:

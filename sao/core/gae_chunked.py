@@ -12,11 +12,14 @@ so the chunk-local part is a scaled strict reverse cumulative sum: one `[·, L] 
 0/1 triangle (the "segment sum" of state-space models) instead of an `L`-step loop. Both factors stay within
 `g^{±L/2}`, so the scaling is exact in float32 while `g^{L/2}` stays far from underflow; `fits` says when it does.
 Between chunks the state obeys a short affine recurrence on `[B]` vectors, carried right to left through the blocks.
+The in-chunk counts `K_t` are popcounts of the chunk's mask packed into one word (exact integers, elementwise).
+`advantages_returns_and_moments` also returns the masked mean and centred sum of squares of `A` from the same pass,
+so that whitening (`sao.core.advantages.whitened_gae`) reads `A` once more instead of three times.
 """
 import jax
 import jax.numpy as jnp
 
-CHUNK = 16
+CHUNK = 16  # at most 32: a chunk's mask is packed into one uint32 word
 # Largest |exponent| a factor takes is CHUNK/2; keep g^{±CHUNK/2} within 2^{±64} so that neither the factors nor
 # their products with rewards and values below ~2^{58} in magnitude overflow or leave the normal float32 range.
 _MAX_LOG2_SCALE = 64.0
@@ -50,19 +53,49 @@ def advantages_and_returns(rewards: jax.Array, values: jax.Array, mask: jax.Arra
     gamma_lam: `[B]` per-sequence `g = γ·λ_b`.
     block: tokens per tile, a multiple of `CHUNK` (rounded down to the padded length when `T` is shorter).
   """
+  adv, ret, _ = _run(rewards, values, mask, gamma, gamma_lam, block, moments=False)
+  return adv, ret
+
+
+def advantages_returns_and_moments(rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: jax.Array,
+                                   gamma_lam: jax.Array, block: int = 256
+                                   ) -> tuple[jax.Array, jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
+  """`(A, R, (n, mean, M2))`: `advantages_and_returns` plus the masked moments of `A`, from the same pass.
+
+  `n = Σ m`, `mean = Σ m·A / n` and `M2 = Σ m·(A − mean)²` (scalars; mean = M2 = 0 when n = 0), so whitening
+  needs one more read of `A` instead of three. Each block's tile, still in cache, gives its own count, mean and
+  centred sum of squares; blocks are merged with Chan et al.'s pairwise update
+  `M2 = M2_a + M2_b + δ²·n_a·n_b/n`, `δ = mean_b − mean_a`, which never subtracts two large sums of squares
+  (the one-pass `Σ A² − n·mean²` loses all float32 digits when |mean| ≫ std).
+  """
+  return _run(rewards, values, mask, gamma, gamma_lam, block, moments=True)
+
+
+def _merge_moments(a, b):
+  """Chan et al.'s pairwise merge of `(n, mean, M2)` triples (scalars)."""
+  n_a, mean_a, m2_a = a
+  n_b, mean_b, m2_b = b
+  n = n_a + n_b
+  delta = mean_b - mean_a
+  weight_b = n_b / jnp.maximum(n, 1.0)
+  return n, mean_a + delta * weight_b, m2_a + m2_b + delta * delta * n_a * weight_b
+
+
+def _run(rewards, values, mask, gamma, gamma_lam, block, moments):
   batch, num_tokens = rewards.shape
   length, half = CHUNK, CHUNK // 2
+  dtype = rewards.dtype
+  no_moments = (jnp.zeros((), dtype),) * 3
   if block % length:
     raise ValueError(f"block must be a multiple of {length}, got {block}")
-  if num_tokens == 0:
-    return jnp.zeros_like(rewards), jnp.zeros_like(rewards)
+  if num_tokens == 0 or batch == 0:
+    return jnp.zeros_like(rewards), jnp.zeros_like(rewards), no_moments
   block = min(block, -(-num_tokens // length) * length)
   num_blocks = -(-num_tokens // block)
   pad = num_blocks * block - num_tokens
   if pad:  # trailing observation tokens change nothing: they are bridged and their rewards ignored
     rewards, values = (jnp.pad(x, ((0, 0), (0, pad))) for x in (rewards, values))
     mask = jnp.pad(mask, ((0, 0), (0, pad)))
-  dtype = rewards.dtype
   chunks = block // length
   # Rows without an action token have all-zero advantages whatever g, and when `fits` is false the caller discards
   # this result (under `vmap` a `lax.cond` computes both branches): g = 1 there keeps every intermediate finite
@@ -74,6 +107,8 @@ def advantages_and_returns(rewards: jax.Array, values: jax.Array, mask: jax.Arra
 
   position = jnp.arange(length)
   earlier = (position[:, None] < position[None, :]).astype(dtype)  # [s, t] = 1 where s < t
+  bit = jnp.left_shift(jnp.uint32(1), position.astype(jnp.uint32))  # [L]: 2^t
+  below_bits = bit - 1  # [L]: the bits of positions s < t
 
   def chunk_matmul(x, triangle):  # [B, C, L] @ [L, L] as one 2-D matmul; float32 even where the default is not
     out = jnp.matmul(x.reshape(-1, length), triangle, precision=jax.lax.Precision.HIGHEST)
@@ -83,11 +118,14 @@ def advantages_and_returns(rewards: jax.Array, values: jax.Array, mask: jax.Arra
     return jax.lax.dynamic_slice_in_dim(x, start, block, axis=1).reshape(batch, chunks, length)
 
   def block_step(i, carry):
-    adv, ret, state = carry  # state: H entering this block from its right, [B]
+    adv, ret, state, stats = carry  # state: H entering this block from its right, [B]
     start = (num_blocks - 1 - i) * block
     r, v, mb = tile(rewards, start), tile(values, start), tile(mask, start)
     m = mb.astype(dtype)
-    actions_before = chunk_matmul(m, earlier)  # K_t within the chunk: exact small integers
+    # K_t within the chunk, exactly: the chunk's mask as a 16-bit word, then the set bits below t. Elementwise, so it
+    # fuses into the exponential below (a [·, L] @ [L, L] matmul of the mask cost ~20 % of the kernel).
+    bits = jnp.sum(jnp.where(mb, bit, jnp.uint32(0)), axis=-1, dtype=jnp.uint32)[..., None]  # [B, C, 1]
+    actions_before = jax.lax.population_count(bits & below_bits).astype(dtype)
     # x_s = g^{K_s − L/2}·e_s on action tokens; `where`, not a product, so observation tokens' values never leak.
     x = jnp.where(mb, jnp.exp((actions_before - half) * log_g3) * (gamma * v + g3 * (r - v)), 0.0)
     after_sum = chunk_matmul(x, earlier.T)  # Σ_{s>t} x_s within the chunk
@@ -102,10 +140,15 @@ def advantages_and_returns(rewards: jax.Array, values: jax.Array, mask: jax.Arra
     from_right = jnp.stack(from_right[::-1], axis=1) * jnp.exp((chunk_actions - half) * log_g)  # g^{n_k−L/2}·H_{k+1}
     h = jnp.exp((half - actions_before - m) * log_g3) * (after_sum + from_right[..., None])
     a = jnp.where(mb, r - v + h, 0.0)
+    if moments:  # the tile is in cache: its own mean first, then the centred squares
+      count = jnp.sum(m)
+      mean = jnp.sum(a) / jnp.maximum(count, 1.0)
+      stats = _merge_moments(stats, (count, mean, jnp.sum(jnp.where(mb, jnp.square(a - mean), 0.0))))
     adv = jax.lax.dynamic_update_slice_in_dim(adv, a.reshape(batch, block), start, axis=1)
     ret = jax.lax.dynamic_update_slice_in_dim(ret, jnp.where(mb, a + v, 0.0).reshape(batch, block), start, axis=1)
-    return adv, ret, state
+    return adv, ret, state, stats
 
   zeros = jnp.zeros((batch, num_blocks * block), dtype)
-  adv, ret, _ = jax.lax.fori_loop(0, num_blocks, block_step, (zeros, zeros, jnp.zeros((batch,), dtype)))
-  return adv[:, :num_tokens], ret[:, :num_tokens]
+  adv, ret, _, stats = jax.lax.fori_loop(0, num_blocks, block_step,
+                                         (zeros, zeros, jnp.zeros((batch,), dtype), no_moments))
+  return adv[:, :num_tokens], ret[:, :num_tokens], stats

@@ -48,6 +48,7 @@ def default_learner_config() -> ml_collections.ConfigDict:
           gamma=1.0,
           lambda_critic=1.0,  # critic targets: Monte-Carlo returns
           lambda_policy_alpha=1.5,  # policy λ_b = 1 − 1/(α·l_b)
+          lambda_policy=0.0,  # 0 = the length-adaptive λ_b above; in (0, 1]: this fixed policy λ for every sequence
           whiten_advantages=True,
           critic_epochs=2,  # K critic steps per actor update
           critic_warmup_steps=20,  # first updates train the critic only
@@ -151,6 +152,9 @@ def validate_learner_config(config: ml_collections.ConfigDict) -> ml_collections
   if not 0.0 <= c.sao.lambda_critic <= 1.0:
     raise ValueError(f"learner config: sao.lambda_critic must be in [0, 1], got {c.sao.lambda_critic!r}")
   positive("sao.lambda_policy_alpha", c.sao.lambda_policy_alpha)
+  if not 0.0 <= c.sao.lambda_policy <= 1.0:
+    raise ValueError(f"learner config: sao.lambda_policy must be 0 (length-adaptive) or in (0, 1], got "
+                     f"{c.sao.lambda_policy!r}")
   positive("sao.critic_epochs", c.sao.critic_epochs)
   positive("sao.critic_warmup_steps", c.sao.critic_warmup_steps, allow_zero=True)
   if not 0.0 <= c.sao.dis_ratio_low < 1.0 < c.sao.dis_ratio_high:

@@ -6,15 +6,17 @@ single-process run being the case P = 1.
     plan        from shapes alone, identical on every process: each param gets an owner process (greedy by bytes,
                 params in path order), each process's params go into its own safetensors file(s) (split above
                 `max_shard_bytes`), every tensor's byte range in its file is fixed before any value is read
-    gather      for each param in plan order, all processes take part in resharding it to replicated (a collective:
-                the param's full value on every device, transiently), and only its owner copies it to host memory,
-                converts it to the HF layout (`sao.models.hf.param_to_hf`) and writes it at its offset
+    gather      for each param in plan order: if its owner's devices hold every shard (one process; params
+                replicated over a data axis spanning the hosts), the owner assembles it from its own shards; else all
+                processes take part in resharding it so each process holds all of it, spread over its own devices
+                (a collective; one copy per process, transiently), and the owner assembles it from its shards. The owner converts it to the HF layout
+                (`sao.models.hf.param_to_hf`) and writes it at its offset
     finish      after a barrier, process 0 writes `config.json`, `model.safetensors.index.json` (more than one file)
                 and the tokenizer, then renames `<directory>.tmp` to `<directory>` (engines never see a half-written
                 directory); a last barrier, so no process returns before the directory exists
 
-Host memory: one param (and its HF copy) at a time on its owner, never the model. Device memory: one param
-replicated on every device while it is gathered. The directory must be on a filesystem every process sees (one
+Host memory: one param (and its HF copy) at a time on its owner, never the model (measured: docs/tpu.md, "Multi-host
+weight export"). Device memory: one copy of one param per process while it is gathered by the collective. The directory must be on a filesystem every process sees (one
 machine, or NFS / a FUSE-mounted bucket on a pod). One process and one file (≤ `max_shard_bytes`) gives
 `model.safetensors` with no index, as `sao.models.hf.save_pretrained` writes.
 """
@@ -28,8 +30,9 @@ import struct
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from sao.models import hf
 from sao.models.config import ModelConfig
@@ -113,20 +116,57 @@ def plan_export(shapes: dict[str, tuple[tuple[int, ...], np.dtype]], num_process
   return ExportPlan(files, owners, file_of)
 
 
-def _replicate(x: jax.Array) -> jax.Array:
-  """`x` resharded so every device (hence every process) holds all of it."""
-  return jax.jit(lambda a: a, out_shardings=NamedSharding(x.sharding.mesh, PartitionSpec()))(x)
+def _gather_sharding(x: jax.Array) -> NamedSharding:
+  """A sharding of `x`'s devices in which every process holds all of `x`, spread over its own devices (the first
+  dimension their number divides; replicated over them if none does): a whole copy per process, not per device."""
+  devices = sorted(x.sharding.device_set, key=lambda d: (d.process_index, d.id))
+  per_process = len(devices) // len({d.process_index for d in devices})
+  mesh = Mesh(np.asarray(devices).reshape(-1, per_process), ("processes", "local"))
+  dim = next((i for i, n in enumerate(x.shape) if n % per_process == 0), None)
+  spec = [None] * x.ndim
+  if dim is not None:
+    spec[dim] = "local"
+  return NamedSharding(mesh, PartitionSpec(*spec))
 
 
-def _host_value(x: Any, is_owner: bool) -> np.ndarray | None:
-  """The full value of one param on its owner (None elsewhere). A collective when `x` spans processes: every
-  process calls it for every param, in the same order."""
-  if isinstance(x, jax.Array) and not (x.is_fully_addressable or x.is_fully_replicated):
-    if not isinstance(x.sharding, NamedSharding):
-      raise ValueError(f"export: a param spanning processes must have a NamedSharding, got {x.sharding}")
-    full = _replicate(x)
-    return np.asarray(full.addressable_data(0)) if is_owner else None
-  return np.asarray(jax.device_get(x)) if is_owner else None
+def _index_key(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
+  return tuple(s.indices(n) for s, n in zip(index, shape))
+
+
+def _process_holds_all(x: jax.Array, process: int) -> bool:
+  """Whether `process`'s devices hold every distinct shard of `x` (e.g. params replicated over a data axis that
+  spans the hosts). Computed from the sharding alone: the same answer on every process."""
+  indices = x.sharding.devices_indices_map(x.shape)
+  every = {_index_key(i, x.shape) for i in indices.values()}
+  return every == {_index_key(i, x.shape) for d, i in indices.items() if d.process_index == process}
+
+
+def _assemble(x: jax.Array) -> np.ndarray:
+  """The full value of `x` from this process's shards. Each shard goes to the host through a temporary copy:
+  `np.asarray` caches the host value on the array it converts for that array's lifetime, and the params outlive the
+  export."""
+  out = np.empty(x.shape, x.dtype)
+  done = set()
+  for shard in x.addressable_shards:
+    key = _index_key(shard.index, x.shape)
+    if key not in done:
+      done.add(key)
+      out[shard.index] = np.asarray(jnp.copy(shard.data))
+  return out
+
+
+def _host_value(x: Any, owner: int, process: int) -> np.ndarray | None:
+  """The full value of one param on its `owner` (None elsewhere). A collective when the owner's devices lack a
+  shard of `x`: every process calls it for every param, in the same order."""
+  if not isinstance(x, jax.Array):
+    return np.asarray(x) if owner == process else None
+  if x.is_fully_addressable or _process_holds_all(x, owner):
+    return _assemble(x) if owner == process else None
+  # `device_put` between meshes of one device set (in another order) is a collective resharding. The copy is
+  # dropped on return; every process waits for it: dispatch is asynchronous, and a process that owns nothing would
+  # otherwise queue the next params' gathers, each holding a copy.
+  copy = jax.device_put(x, _gather_sharding(x)).block_until_ready()
+  return _assemble(copy) if owner == process else None
 
 
 def _write_tensors(path: str, file: _File, header_len: int, param_path: str, value: np.ndarray) -> None:
@@ -166,7 +206,7 @@ def export_policy(model_config: ModelConfig, params: Any, tokenizer: Tokenizer |
         out.truncate(len(header) + f.size)
   for path in sorted(flat):
     owner = plan.owners[path]
-    value = _host_value(flat[path], owner == process)
+    value = _host_value(flat[path], owner, process)
     if value is not None:
       index = plan.file_of[path]
       file = plan.files[index]

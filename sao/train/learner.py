@@ -3,7 +3,8 @@
 SAO (`_update_sao`, docs/algorithm.md's stabilized recipe):
   1. V⁰ = critic(batch);  R = GAE(r, V⁰, γ, λ_critic) + V⁰ (γ = λ_critic = 1: Monte-Carlo returns, never whitened)
   2. K critic steps on ½(V − R)²
-  3. V¹ = critic(batch);  A = GAE(r, V¹, γ, λ_b = 1 − 1/(α·l_b));  A ← whiten_m(A) (config flag)
+  3. V¹ = critic(batch);  A = GAE(r, V¹, γ, λ_b = 1 − 1/(α·l_b) or a fixed `sao.lambda_policy`);  A ← whiten_m(A)
+     (config flag)
   4. one actor step with the DIS loss — skipped while `num_updates < critic_warmup_steps`.
 GSPO / GRPO (`_update_group`): Â_i = group-normalised rewards, one actor step with the GSPO / PPO-clip loss.
 The actor loss is `config.actor_loss` (a name in `sao.train.actor_losses`), by default the algorithm's own.
@@ -291,7 +292,7 @@ class Learner:
       metrics[f"critic/skipped_epoch{epoch}"] = m["skipped"]
     values = self._critic_values(self.critic.state.params, batch)
     advantages, adv_diag = _policy_advantages(batch, values, returns, c.gamma, c.lambda_policy_alpha,
-                                              c.whiten_advantages)
+                                              c.whiten_advantages, c.lambda_policy)
     metrics.update(adv_diag)
     if self.num_updates >= c.critic_warmup_steps:
       metrics.update(self._actor_update(dict(batch, advantages=advantages)))
@@ -387,11 +388,15 @@ def _critic_targets(batch, values, gamma: float, lam: float):
   return returns, diag
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5))
-def _policy_advantages(batch, values, returns, gamma: float, alpha: float, whiten: bool):
-  """`A = GAE(r, V, γ, λ_b = 1 − 1/(α·l_b))`, whitened over the batch's action tokens when `whiten`."""
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6))
+def _policy_advantages(batch, values, returns, gamma: float, alpha: float, whiten: bool, fixed_lambda: float = 0.0):
+  """`A = GAE(r, V, γ, λ_b = 1 − 1/(α·l_b))` (or λ_b = `fixed_lambda` when > 0), whitened over the batch's action
+  tokens when `whiten`."""
   mask = batch["action_mask"]
-  lam = adv_lib.length_adaptive_lambda(mask, alpha)
+  if fixed_lambda > 0.0:
+    lam = jnp.full(mask.shape[:1], fixed_lambda, jnp.float32)  # [B]: the ablation of the length-adaptive λ
+  else:
+    lam = adv_lib.length_adaptive_lambda(mask, alpha)
   advantages, _ = adv_lib.gae(batch["token_rewards"], values, mask, gamma, lam)
   diag = {"critic/explained_variance_after": metrics_lib.explained_variance(values, returns, mask),
           "advantages/mean_before_whiten": adv_lib.masked_mean(advantages, mask),

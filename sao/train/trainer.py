@@ -36,7 +36,7 @@ from absl import logging
 
 from sao import run_config
 from sao.analysis import critic_traces
-from sao.engines.sglang_client import SGLangEngine
+from sao.engines import fleet as fleet_lib
 from sao.models import hf, streaming, transformer
 from sao.models.config import ModelConfig
 from sao.models.tokenizer import Tokenizer
@@ -68,11 +68,11 @@ def _learner_config(config: ml_collections.ConfigDict, **overrides: Any) -> ml_c
   return run_config.set_all(ml_collections.ConfigDict(config.learner.to_dict()), overrides)
 
 
-async def _publish(urls: Sequence[str], model_path: str, version: int) -> None:
-  async def one(url):
-    async with SGLangEngine(url, timeout_s=300.0) as engine:
-      await engine.update_weights_from_disk(model_path, weight_version=str(version))
-  await asyncio.gather(*(one(u) for u in urls))
+async def _publish(urls: Sequence[str], model_path: str, version: int,
+                   fleet: fleet_lib.Fleet | None = None) -> dict[str, float]:
+  """Loads `model_path` as `version` on every server behind `urls` (routers included; `sao.engines.fleet`);
+  returns the fleet's metrics (every server's reported version)."""
+  return (await (fleet or fleet_lib.Fleet(urls)).publish(model_path, version)).metrics()
 
 
 def _per_harness_rewards(trajectories: Sequence[Trajectory]) -> dict[str, float]:
@@ -222,6 +222,7 @@ class Trainer:
       resume, has_value_init = start["resume"], start["value_init"]
       if self.is_coordinator:
         self.engine_urls = tuple(c.engine_urls) or tuple(launcher.start_engines(base_dir))
+        self.fleet = fleet_lib.Fleet(self.engine_urls)  # remembers servers it took out of a router's rotation
         server = self._server(model_config, self.engine_urls)
       step, learner = 0, None
       if resume:
@@ -297,17 +298,18 @@ class Trainer:
     self._print(f"[value pretraining] critic saved to {value_init}; the RL phase loads it")
     return steps
 
-  def _publish(self, model_config, learner, server) -> None:
+  def _publish(self, model_config, learner, server) -> dict[str, float]:
     version = learner.version
     path = os.path.join(self.workdir, "policy", f"v{version}")
     export_policy(model_config, learner.actor_params, self.tokenizer, path)  # every process takes part
     if not self.is_coordinator:
-      return
+      return {}
     server.announce_policy_version(version)  # before the engines serve it: their trajectories are not "future"
-    asyncio.run(_publish(self.engine_urls, path, version))
+    fleet_metrics = asyncio.run(_publish(self.engine_urls, path, version, self.fleet))
     server.set_policy_version(version)
     old = os.path.join(self.workdir, "policy", f"v{version - self.config.keep_policy_exports}")
     shutil.rmtree(old, ignore_errors=True)
+    return fleet_metrics
 
   def _take(self, server, n: int) -> list[Trajectory]:
     while True:
@@ -374,7 +376,7 @@ class Trainer:
       if server is not None:
         server.mark_consumed(trajectories, step)
       if learner.version != version_before:
-        self._publish(model_config, learner, server)
+        metrics = {**metrics, **self._publish(model_config, learner, server)}
       if self.is_coordinator:  # metrics, validation results and progress lines are process 0's
         self._log_step(step, end_step, phase, learner, server, trajectories, trainable, stale, unusable, metrics)
       if checkpointer is not None and trainable and checkpointer.is_due(learner.num_updates):

@@ -12,7 +12,8 @@ the response goes out, then buffered. Validation trajectories go to the dispense
 
 The parts live in their own modules: the bounded buffer with group reservations (`group_buffer`), the restart
 from the log (`restore`), the token check (`auth`), the content limits (`admission`), leasing (`dispenser`,
-`leases`) and validation results (`evaluation`); the durable log and its ledgers (`log`, `ledger`).
+`leases`), flow control and the admission steps (`flow`) and validation results (`evaluation`); the durable log and
+its ledgers (`log`, `ledger`).
 
 Submissions are serialised by one lock (their cost is the fsync); `take_batch` waits on a separate condition so
 the learner is never blocked behind a disk write.
@@ -28,6 +29,7 @@ from typing import Any, Mapping, Sequence
 
 import grpc
 
+from sao.transport import flow
 from sao.transport import log as log_lib
 from sao.transport import sao_pb2
 from sao.transport import sao_pb2_grpc
@@ -236,12 +238,11 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
       context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"max_tasks must be > 0, got {request.max_tasks}")
     max_tasks = min(request.max_tasks, self.config.max_lease_per_call)
     if self.config.max_outstanding:
-      # Flow control: rollouts may run at most this far ahead of the learner (leased + buffered samples), so
-      # trajectories are not generated only to go stale in a queue.
-      group = self.dispenser.config.group_size
-      with self._cond:
-        outstanding = self._buffer.occupancy + self.dispenser.num_leased * group
-      max_tasks = min(max_tasks, (self.config.max_outstanding - outstanding) // group)
+      # Flow control (`flow.lease_allowance`): rollouts run at most `max_outstanding` samples ahead of the learner.
+      with self._cond:  # one snapshot: a sample moves from leased to buffered under this condition
+        occupancy, leased = self._buffer.occupancy, self.dispenser.num_leased
+      max_tasks = flow.lease_allowance(max_tasks, self.config.max_outstanding, occupancy, leased,
+                                       self.dispenser.config.group_size)
       if max_tasks <= 0:
         return sao_pb2.LeaseResponse(policy_version=self._version, engine_urls=self.config.engine_urls,
                                      retry_after_ms=self.config.backpressure_retry_ms)
@@ -323,14 +324,10 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
       with self._cond:
         for i, traj, lease in admitted:
           self._accepted_keys.add((traj.lease_id, traj.sample_index))
-          complete = self.dispenser.complete(lease, traj)
-          if lease.is_validation:
-            self._counts["eval_accepted"] += 1
-          else:
+          if flow.accept(self.dispenser, self._buffer, lease, traj):
             self._counts["accepted"] += 1
-            self._buffer.add(traj)
-            if complete:
-              self._buffer.close(traj.group_id)
+          else:
+            self._counts["eval_accepted"] += 1
           results[i] = sao_pb2.SubmitResult(accepted=True)
         self._max_occupancy = max(self._max_occupancy, self._buffer.occupancy)
         self._cond.notify_all()
@@ -344,24 +341,6 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
     return results
 
   def _admit(self, traj: Trajectory, worker_id: str) -> Lease:
-    """Holds `traj`'s lease (`TaskDispenser.begin_submission`), checks staleness and reserves buffer room; raises
-    `TrajectoryError` with the reason (releasing the hold). The caller completes or aborts the submission."""
-    lease = self.dispenser.begin_submission(traj, worker_id)
-    try:
-      if not traj.group_id:
-        traj.group_id = lease.group_id  # workers may leave it to the lease; the stored record carries it
-      if lease.is_validation:
-        return lease
-      oldest = self._version - self.config.max_staleness
-      if traj.policy_version < oldest:
-        raise TrajectoryError("policy_version", ReasonCode.STALE_POLICY,
-                              f"version {traj.policy_version} older than {oldest} (current {self._version}, "
-                              f"max_staleness {self.config.max_staleness})")
-      with self._cond:
-        if not self._buffer.reserve(traj.group_id, self.dispenser.group_size_of(traj.group_id)):
-          raise TrajectoryError("trajectories", ReasonCode.BACKPRESSURE,
-                                f"buffer full ({self._buffer.occupancy}/{self.config.buffer_capacity}); retry later")
-    except BaseException:
-      self.dispenser.abort_submission(lease, traj)
-      raise
-    return lease
+    """`flow.admit` at the current version, reserving under the buffer's condition; raises `TrajectoryError`."""
+    return flow.admit(self.dispenser, self._buffer, traj, worker_id, self._version, self.config.max_staleness,
+                      self._cond)

@@ -130,6 +130,23 @@ def test_gae_property_methods_equal_loop(data, batch, num_tokens, gamma, lam):
   np.testing.assert_allclose(r_chunk, want_r, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("shape", [(6, 37), (1, 1), (5, 1), (0, 4), (3, 0)])
+def test_whitened_gae_matches_float64_loop_then_whitening(shape):
+  # Agent-shaped masks with an empty row (6x37, every method) and the degenerate shapes (length-1 rows, no rows,
+  # no tokens; "chunked", the one with its own code path). Per-sequence λ up to 1, inside the fused path's range;
+  # λ = 0 and its fallback are in tests/core/test_gae_chunked.py.
+  rng = np.random.default_rng(10)
+  rewards = rng.normal(size=shape).astype(np.float32)
+  values = rng.normal(size=shape).astype(np.float32)
+  mask = agent_mask(rng, *shape) if shape[1] else np.zeros(shape, bool)
+  lam = rng.choice([0.5, 0.95, 1.0], size=shape[0]).astype(np.float32)
+  want_adv, want_ret = ref.gae(rewards, values, mask, 0.97, lam)
+  for method in METHODS if shape == (6, 37) else ["chunked"]:
+    whitened, returns = adv_lib.whitened_gae(rewards, values, mask, 0.97, lam, method=method)
+    np.testing.assert_allclose(whitened, ref.masked_whiten(want_adv, mask), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(returns, want_ret, rtol=1e-5, atol=1e-5)
+
+
 def test_length_adaptive_lambda():
   rng = np.random.default_rng(6)
   mask = agent_mask(rng, 6, 40)

@@ -67,3 +67,38 @@ def test_dead_workers_are_restarted_until_the_budget_is_spent(tmp_path, capsys, 
   finally:
     children.stop()
   assert not any(w.alive() for w in children.workers)
+
+
+def test_several_engines_need_the_router_and_say_how_to_install_it(tmp_path, monkeypatch):
+  from sao.engines import router as router_lib  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(router_lib.importlib.util, "find_spec", lambda name: None)
+  children = embedded.EmbeddedProcesses(sao_openswe.get_config("toy,num_engines=2"), str(tmp_path), CONFIG_ARGS)
+  with pytest.raises(ImportError, match=r'sglang-router is not installed.*pip install -e "\.\[test\]"'):
+    children.start_engines("/unused")
+  assert not children.engines  # nothing was started
+
+
+def test_behind_a_router_a_dead_engine_is_reported_and_the_run_goes_on(tmp_path, capsys):
+  """Engines and router stood in for by short-lived processes: the check is about what `check_alive` does."""
+  import sys  # pylint: disable=g-import-not-at-top
+  children = embedded.EmbeddedProcesses(sao_openswe.get_config("toy,num_engines=2"), str(tmp_path), CONFIG_ARGS)
+  sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+  children.engines = [processes.ChildProcess(f"engine {i}", sleeper, str(tmp_path / f"e{i}.log")).start()
+                      for i in range(2)]
+  children.router = processes.ChildProcess("router", sleeper, str(tmp_path / "router.log")).start()
+  try:
+    children.check_alive()
+    children.engines[1].stop(timeout_s=5)
+    children.check_alive()  # one engine left: reported once, no error
+    children.check_alive()
+    out = capsys.readouterr().out
+    assert out.count("engine 1 (pid") == 1 and "the run goes on with the other engines" in out
+    children.router.stop(timeout_s=5)
+    with pytest.raises(processes.ChildError, match="router .*exited"):
+      children.check_alive()
+    children.router.start()
+    children.engines[0].stop(timeout_s=5)
+    with pytest.raises(processes.ChildError, match=r"every engine behind the router exited \(engine 0, engine 1\)"):
+      children.check_alive()  # the last engine behind the router is gone
+  finally:
+    children.stop()

@@ -29,7 +29,21 @@ def test_two_servers_per_host_then_router_exact_argv():
       "--weight-version", "0"]
   assert shlex.split(commands[-1].argv[2]) == [
       "python3", "-m", "sglang_router.launch_router", "--worker-urls", "http://gpu-0:30000", "http://gpu-0:30001",
-      "http://gpu-1:30000", "http://gpu-1:30001", "--host", "0.0.0.0", "--port", "30080", "--policy", "cache_aware"]
+      "http://gpu-1:30000", "http://gpu-1:30001", "--host", "0.0.0.0", "--port", "30080", "--policy", "cache_aware",
+      "--health-check-interval-secs", "10", "--worker-startup-timeout-secs", "1800"]
+
+
+def test_the_installed_router_parses_the_router_command():
+  """The argv is checked against sglang-router's own argument parser (the test extra installs it)."""
+  from sao.engines import router as router_lib  # pylint: disable=g-import-not-at-top
+  router_lib.require_router()  # an ImportError naming the test extra when it is missing
+  from sglang_router import launch_router  # pylint: disable=g-import-not-at-top
+  argv = shlex.split(fleet.plan(_spec(router_policy="round_robin", router_health_check_interval_s=7))[-1].argv[2])
+  assert argv[1:3] == ["-m", "sglang_router.launch_router"]
+  args = launch_router.parse_router_args(argv[3:])
+  assert args.worker_urls == list(fleet.server_urls(_spec()))
+  assert (args.host, args.port, args.policy) == ("0.0.0.0", 30080, "round_robin")
+  assert (args.health_check_interval_secs, args.worker_startup_timeout_secs) == (7, 1800)
 
 
 def test_optional_server_args_and_engine_urls():
@@ -64,6 +78,7 @@ def test_render_ends_with_the_override():
     (dict(router_policy="fastest"), "router_policy"),
     (dict(router_host="gpu-0", router_port=30001), "collides"),
     (dict(router_port=30000), "collides"),
+    (dict(router_health_check_interval_s=0), "router_health_check_interval_s"),
 ])
 def test_spec_errors_name_the_problem(kw, match):
   with pytest.raises(ValueError, match=match):

@@ -3,12 +3,15 @@ weight export"). Not a test: run it by hand.
 
     PYTHONPATH=$PWD python tests/train/multihost_export_memory.py --processes 2 --out /tmp/export_memory
 
-starts the job (P CPU processes × 4 devices, mesh fsdp = 4·P: every param split over the processes), each process
-initialises the params straight into their shardings, samples its resident set size (VmRSS) every 2 ms while
-exporting, and prints the rise above the RSS just before the export. `--baseline` also measures, in process 0 of a
+starts the job (P CPU processes × `--devices_per_process` devices, mesh fsdp = all devices: every param split over the
+processes; a qwen3 of `--layers` layers, hidden 1024, vocab 32000), each process initialises the params straight into
+their shardings, samples its resident set size (VmRSS) every 2 ms while exporting, and prints the rise above the RSS
+just before the export. On CPU, device buffers are host memory too: the param being gathered, replicated on each of
+the process's devices, counts in the RSS (on a TPU it is in HBM). `--baseline` also measures, in process 0 of a
 1-process job, the old path (`jax.device_get` of the whole tree + `sao.models.hf.save_pretrained`).
 """
 import argparse
+import ctypes
 import functools
 import os
 import shutil
@@ -30,6 +33,8 @@ class _PeakRss:
   """Samples VmRSS in a thread; `rise` is the peak above the RSS at start."""
 
   def __enter__(self):
+    # Hand freed heap pages back first: otherwise an earlier peak (the init) hides what the export allocates.
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     self.start = _rss_bytes()
     self.peak = self.start
     self._stop = threading.Event()
@@ -52,7 +57,7 @@ class _PeakRss:
     return self.peak - self.start
 
 
-def worker(out: str, baseline: bool) -> None:
+def worker(out: str, baseline: bool, layers: int) -> None:
   process = multihost.initialize_from_env()
   import jax
 
@@ -63,7 +68,7 @@ def worker(out: str, baseline: bool) -> None:
   from sao.train.export import export_policy
 
   config = ModelConfig.tiny("qwen3", vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_heads=16,
-                            num_kv_heads=8, head_dim=64, num_layers=8)
+                            num_kv_heads=8, head_dim=64, num_layers=layers)
   mesh = mesh_lib.make_mesh({"fsdp": jax.device_count()})
   shardings = mesh_lib.param_shardings(abstract_params(config), mesh)
   params = jax.jit(functools.partial(init_params, config), out_shardings=shardings)(jax.random.PRNGKey(0))
@@ -93,14 +98,18 @@ def main() -> None:
   parser.add_argument("--processes", type=int, default=2)
   parser.add_argument("--out", required=True)
   parser.add_argument("--baseline", action="store_true")
+  parser.add_argument("--layers", type=int, default=8)
+  parser.add_argument("--devices_per_process", type=int, default=4)
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.worker:
-    worker(args.out, args.baseline)
+    worker(args.out, args.baseline, args.layers)
     return
   os.makedirs(args.out, exist_ok=True)
-  results = multihost.run_processes(__file__, num_processes=args.processes, devices_per_process=4,
-                                    args=["--worker", "--out", args.out] + (["--baseline"] if args.baseline else []),
+  results = multihost.run_processes(__file__, num_processes=args.processes,
+                                    devices_per_process=args.devices_per_process,
+                                    args=["--worker", "--out", args.out, "--layers", str(args.layers)]
+                                    + (["--baseline"] if args.baseline else []),
                                     timeout_s=1800)
   for r in results:
     print("\n".join(line for line in r.output.splitlines() if "RSS" in line))

@@ -2,8 +2,9 @@
 
 Three jobs of tests/train/multihost_learner_worker.py, run once for the module (process start-up and compilation
 dominate): the 1-process reference, the 2-process run (SIGKILLed at its end: nothing may depend on a clean shutdown)
-and a fresh 2-process job resuming from the run's checkpoint.
+and a fresh 2-process job resuming from the run's checkpoint. The reference runs alongside the 2-process run.
 """
+import concurrent.futures
 import json
 import os
 
@@ -13,6 +14,8 @@ import pytest
 
 from sao.models import hf
 from tests import multihost
+
+pytestmark = pytest.mark.slow
 
 WORKER = "tests/train/multihost_learner_worker.py"
 UPDATES, CHECKPOINT_AT = 4, 2  # as in the worker
@@ -26,9 +29,12 @@ def _load(path):
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
   out = str(tmp_path_factory.mktemp("multihost_learner"))
-  multihost.run_processes(WORKER, num_processes=1, devices_per_process=8, args=["run", "--out", out], timeout_s=900)
-  killed = multihost.run_processes(WORKER, num_processes=2, devices_per_process=4,
-                                   args=["run", "--out", out, "--kill"], timeout_s=900, check=False)
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the reference alongside: compilation is single-threaded
+    reference = pool.submit(multihost.run_processes, WORKER, num_processes=1, devices_per_process=8,
+                            args=["run", "--out", out], timeout_s=900)
+    killed = multihost.run_processes(WORKER, num_processes=2, devices_per_process=4,
+                                     args=["run", "--out", out, "--kill"], timeout_s=900, check=False)
+    reference.result()
   assert [r.returncode for r in killed] == [-9, -9], multihost._tails(killed)
   multihost.run_processes(WORKER, num_processes=2, devices_per_process=4, args=["resume", "--out", out],
                           timeout_s=900)

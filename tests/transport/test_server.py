@@ -103,6 +103,27 @@ def test_stale_policy_version_is_rejected(tmp_path):
     stale, fresh = client.submit([make_traj(a, version=3), make_traj(b, version=4)])
     assert not stale.accepted and stale.reason == ReasonCode.STALE_POLICY and stale.field == "policy_version"
     assert fresh.accepted
+    # The stale sample's task is re-leased at once (not after its lease's TTL), and its lease no longer counts
+    # against flow control.
+    assert client.status().leased == 0
+    (again,) = client.lease(1).tasks
+    assert again.task_id == a.task_id and again.lease_id != a.lease_id
+    assert client.submit([make_traj(again, version=5)])[0].accepted
+
+
+def test_stale_sample_of_a_group_is_re_leased_alone(tmp_path):
+  with running(tmp_path, dispenser_config=DispenserConfig(mode="group", group_size=2, seed=0),
+               max_staleness=0) as server, \
+      TrajectoryClient(f"127.0.0.1:{server.port}") as client:
+    server.set_policy_version(2)
+    (task,) = client.lease(1).tasks
+    ok, stale = client.submit([make_traj(task, version=2, sample_index=0), make_traj(task, version=1,
+                                                                                       sample_index=1)])
+    assert ok.accepted and stale.reason == ReasonCode.STALE_POLICY
+    (again,) = client.lease(1).tasks
+    assert (again.task_id, list(again.sample_indices)) == (task.task_id, [1])
+    assert client.submit([make_traj(again, version=2, sample_index=1)])[0].accepted
+    assert len(server.take_batch(2, timeout_s=1)) == 2  # the group completes with the re-run sample
 
 
 def test_full_buffer_pushes_back_with_retry_hint(tmp_path):

@@ -1,0 +1,11 @@
+"""A discrete-event simulator of the rollout fleet: thousands of agent loops, the engines and the trainer under a
+simulated clock, driving the project's own dispenser, buffer, flow control and admission (`sao.transport`).
+
+  distributions  the random durations (episode setup, turns, generation, tools, trainer steps)
+  model          the simulated fleet's settings (`FleetConfig`) and the episode/engine model
+  fleet          the event loop (`simulate`)
+  report         what a run measured (`FleetReport`): throughput, busy fraction, staleness, discarded work
+  validation     predictions against `experiments/bench_pipeline.py` measurements of the real pipeline
+
+docs/fleet.md describes the model, what it finds and how it was validated.
+"""

@@ -1,0 +1,115 @@
+"""The simulator against the real pipeline: predictions for an `experiments/bench_pipeline.py --out=...` measurement.
+
+The simulator is given what the bench measured as *inputs*: the episode delay distribution (the same capped Pareto
+`slow_number_search` sleeps), the mean turns, the agent loop's mean engine and env-step seconds per turn (the
+trajectories' own timings), the transport's share (mean lease-to-acceptance time minus the agent loop's mean total,
+spent between the episode's end and its submission), the trainer's step times (resampled; the warm-up steps' own
+times, compilations included), where in its step a new version lands (the rest is bookkeeping), and the service
+knobs. It *predicts* what the bench reports: trajectories/s, the trainer's busy fraction and the mean staleness of
+trained batches. `compare` puts the two side by side with relative errors.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from sao.simulation.distributions import Distribution
+from sao.simulation.fleet import simulate
+from sao.simulation.model import EpisodeModel, FleetConfig
+
+METRICS = ("traj_per_s", "busy", "staleness_mean")
+# The bench's fixed settings not in its JSON (experiments/bench_pipeline.py and the toy config): the empty-lease
+# retry it sets, the toy lease TTL, and SAO's critic warm-up (its first update leaves the policy version as is).
+BENCH_NO_WORK_RETRY_S = 0.05
+BENCH_LEASE_TTL_S = 120.0
+BENCH_ACTOR_WARMUP_STEPS = 1
+
+
+def bench_config(measured: Mapping[str, Any], seed: int = 0) -> FleetConfig:
+  """The simulated twin of one bench mode's measurement (module docstring)."""
+  for key in ("concurrency", "batch_size", "steps", "warmup_steps", "delay", "episode_s", "train_step_s",
+              "turns_mean", "max_outstanding", "buffer_capacity", "max_staleness"):
+    if key not in measured:
+      raise ValueError(f"bench measurement has no {key!r} (run experiments/bench_pipeline.py with --out)")
+  if measured.get("mode", "async") != "async":
+    raise ValueError(f"only the bench's async mode is simulated, got mode {measured['mode']!r}")
+  d = measured["delay"]
+  if d.get("kind") != "pareto":
+    raise ValueError(f"bench delay kind {d.get('kind')!r}: only 'pareto' (slow_number_search) is known")
+  delay = Distribution("pareto", float(d["scale_s"]), float(d["alpha"]), hi=float(d["max_s"]))
+  if not measured["episode_s"] or not measured["train_step_s"]:
+    raise ValueError("bench measurement has no episode or step times")
+  turns = max(1, int(round(float(measured["turns_mean"]))))
+  lease_to_accept_s = float(np.mean(measured["episode_s"]))
+  if "generate_s_mean" in measured:
+    # The agent loop's own timings: engine time and env-step time per turn; the rest of lease-to-acceptance
+    # beyond the agent loop's total is the transport's (submission, acknowledgement).
+    gen_s = float(measured["generate_s_mean"]) / turns
+    tool_s = float(measured["tool_s_mean"]) / turns
+    submit_s = max(0.0, lease_to_accept_s - float(measured["total_s_mean"]))
+  else:  # older measurements: all overhead beyond the delay counts as engine time
+    gen_s, tool_s, submit_s = max(0.0, lease_to_accept_s - delay.mean()) / turns, 0.0, 0.0
+  episode = EpisodeModel(setup_s=delay, turns=Distribution("constant", turns), gen_s=Distribution("constant", gen_s),
+                         tool_s=Distribution("constant", tool_s))
+  return FleetConfig(
+      loops=int(measured["concurrency"]), episode=episode, submit_latency_s=submit_s,
+      publish_fraction=min(1.0, max(0.0, float(measured.get("publish_fraction_mean", 1.0)))),
+      step_s=Distribution("choice", values=tuple(float(t) for t in measured["train_step_s"])),
+      batch_size=int(measured["batch_size"]), actor_warmup_steps=BENCH_ACTOR_WARMUP_STEPS,
+      max_staleness=int(measured["max_staleness"]), max_outstanding=int(measured["max_outstanding"]),
+      buffer_capacity=int(measured["buffer_capacity"]), lease_ttl_s=BENCH_LEASE_TTL_S,
+      no_work_retry_s=BENCH_NO_WORK_RETRY_S, num_tasks=1000, seed=seed, max_hours=24.0,  # a stalled twin stops
+      max_steps=int(measured["warmup_steps"]) + int(measured["steps"]), warmup_steps=int(measured["warmup_steps"]),
+      warmup_step_s=tuple(float(t) for t in measured.get("warmup_train_step_s", ())))
+
+
+def predict(measured: Mapping[str, Any], seeds: Iterable[int] = range(20)) -> dict[str, float]:
+  """The simulator's mean over `seeds` of each metric in `METRICS` for the bench's settings."""
+  runs = []
+  for seed in seeds:
+    report = simulate(bench_config(measured, seed))
+    runs.append({"traj_per_s": report.traj_per_hour / 3600.0, "busy": report.busy,
+                 "staleness_mean": report.staleness_mean})
+  if not runs:
+    raise ValueError("predict: no seeds")
+  return {k: float(np.mean([r[k] for r in runs])) for k in METRICS}
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+  """One metric: the simulator's prediction next to the measurement."""
+  metric: str
+  predicted: float
+  measured: float
+
+  @property
+  def relative_error(self) -> float:
+    """|predicted − measured| / |measured| (0 when both are 0, inf when only the measurement is)."""
+    if self.measured == 0:
+      return 0.0 if self.predicted == 0 else math.inf
+    return abs(self.predicted - self.measured) / abs(self.measured)
+
+  def within(self, tolerance: float) -> bool:
+    return self.relative_error <= tolerance
+
+
+def compare(predicted: Mapping[str, float], measured: Mapping[str, Any],
+            metrics: Sequence[str] = METRICS) -> list[Comparison]:
+  """Prediction vs measurement for each of `metrics` (both mappings must have them)."""
+  missing = [m for m in metrics if m not in predicted or m not in measured]
+  if missing:
+    raise ValueError(f"compare: metrics {missing} missing from the prediction or the measurement")
+  return [Comparison(m, float(predicted[m]), float(measured[m])) for m in metrics]
+
+
+def format_table(rows: Sequence[tuple[str, Sequence[Comparison]]], tolerance: float) -> str:
+  """A markdown table: one line per (label, metric), with the relative error and whether it is within tolerance."""
+  lines = ["| run | metric | simulated | measured | rel. error | within |", "|---|---|---|---|---|---|"]
+  for label, comparisons in rows:
+    for c in comparisons:
+      lines.append(f"| {label} | {c.metric} | {c.predicted:.3f} | {c.measured:.3f} | {c.relative_error:.1%} | "
+                   f"{'yes' if c.within(tolerance) else 'NO'} |")
+  return "\n".join(lines)

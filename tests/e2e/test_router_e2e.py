@@ -1,0 +1,112 @@
+"""End to end with the real `sglang-router`: `experiments/train.py` with `num_engines=2` starts two local JAX engines,
+the router in front of them (the rollout worker is given the router's URL only) and trains a tiny SAO run.
+
+- Every publish reaches both engines: each one reports the published version (`fleet/weight_version/<engine>`
+  in metrics.jsonl), and every logged trajectory's policy version is one the engines reported.
+- Mid-run one engine is SIGKILLed: the run goes on with the other and finishes; the next publish finds the dead
+  engine without a version and takes it out of the router's rotation (`fleet/in_rotation/<engine>` = 0); nothing
+  is trained on a response the dead engine never finished (a request it dropped is retried, by the router on the
+  other engine or by the worker's client, or its episode ends as an `env_error`, which is never trained on).
+
+sglang-router is in the test extra (`pip install -e ".[test]"`); without it this test fails saying so.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import urllib.request
+
+import numpy as np
+import pytest
+
+from sao.engines import fleet as fleet_lib
+from sao.engines import router as router_lib
+from sao.transport import log as log_lib
+from tests.e2e.test_train_e2e import COMMON, Run, _cmdline, _group_members, _metrics, _records
+from tests.e2e.test_train_e2e import cache_dir, runs  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.slow
+
+STEPS = 4  # RL steps after 1 value-pretraining step; every RL step publishes a version
+KILL_AFTER_VERSION = 2
+# COMMON's 6 s lease TTL is for its worker-kill test; here nothing kills a worker, and on a busy machine short
+# leases only expire and redo work.
+ARG = (f"sao_openswe.py:toy,num_engines=2,total_steps={STEPS},recipe.value_pretrain_steps=1,"
+       f"learner.sao.critic_warmup_steps=1,critic_trace_every=0,{COMMON},rollout.lease_ttl_s=60")
+
+
+def _engine_urls(output: str) -> list[str]:
+  match = re.search(r"\[embedded\] engines: (\[.*?\])", output)
+  return json.loads(match.group(1).replace("'", '"')) if match else []
+
+
+def _publishes(workdir: str) -> list[dict]:
+  """The metrics rows of steps that published a version (they carry the fleet's report)."""
+  return [r for r in _metrics(workdir) if "fleet/servers" in r]
+
+
+def _healthy(url: str) -> bool:
+  try:
+    with urllib.request.urlopen(url + "/health", timeout=5) as resp:
+      return resp.status == 200
+  except OSError:
+    return False
+
+
+def test_two_engines_behind_the_router_one_killed_mid_run(tmp_path, runs, cache_dir):  # noqa: F811
+  router_lib.require_router()  # fails (never skips) with the install command when the extra is missing
+  workdir = str(tmp_path / "run")
+  run = Run(ARG, workdir, cache_dir, "router")
+  runs.append(run)
+  out = run.wait_for("the router", lambda: "[embedded] sglang-router" in run.output() and run.output(), 420)
+  engines = _engine_urls(out)
+  assert len(engines) == 2, out[-3000:]
+  router_url = re.search(r"\[embedded\] sglang-router (http://\S+)", out).group(1)
+  assert router_url not in engines
+
+  # --- Both engines reach every version published before the kill.
+  run.wait_for(f"version {KILL_AFTER_VERSION} published",
+               lambda: any(r["policy_version"] >= KILL_AFTER_VERSION for r in _publishes(workdir)), 420)
+  before_kill = _publishes(workdir)
+  for row in before_kill:
+    assert row["fleet/servers"] == 2 and row["fleet/servers_current"] == 2, row
+    for url in engines:
+      name = fleet_lib.metric_name(url)
+      assert row[f"fleet/weight_version/{name}"] == row["policy_version"], (url, row)
+      assert row[f"fleet/in_rotation/{name}"] == 1.0
+
+  # --- SIGKILL one engine (the session's `sao.engines.serve` processes are the two engines).
+  engine_pids = [p for p in _group_members(run.pgid) if "sao.engines.serve" in _cmdline(p)]
+  assert len(engine_pids) == 2, engine_pids
+  os.kill(engine_pids[1], signal.SIGKILL)
+  dead = run.wait_for("the killed engine to stop answering",
+                      lambda: [u for u in engines if not _healthy(u)], 60, poll_s=0.2)
+  assert len(dead) == 1
+  (alive,) = [u for u in engines if u not in dead]
+  run.finish(600)
+
+  # --- The run went on: every later publish has the live engine current and the dead one out of the rotation.
+  after_kill = _publishes(workdir)[len(before_kill):]
+  assert after_kill, "no version was published after the kill"
+  last = after_kill[-1]
+  assert last["policy_version"] >= KILL_AFTER_VERSION + 1
+  assert last[f"fleet/weight_version/{fleet_lib.metric_name(alive)}"] == last["policy_version"]
+  assert last[f"fleet/weight_version/{fleet_lib.metric_name(dead[0])}"] == -1.0
+  assert last[f"fleet/in_rotation/{fleet_lib.metric_name(dead[0])}"] == 0.0
+  assert last["fleet/servers_current"] == 1 and last["fleet/servers_in_rotation"] == 1
+  assert sum("reward" in r for r in _metrics(workdir)) == 1 + STEPS
+
+  # --- Trajectories: their versions are versions the engines reported; the trained ones are whole.
+  reported = {0} | {int(r["policy_version"]) for r in _publishes(workdir) if r["fleet/servers_current"] >= 1}
+  records = _records(workdir)
+  versions = {r.trajectory.policy_version for r in records}
+  assert versions <= reported, (versions, reported)
+  assert any(v >= 1 for v in versions), versions
+  consumed = log_lib.read_consumed(os.path.join(workdir, "trajectories"))
+  for r in records:
+    t = r.trajectory
+    if r.key in consumed and t.is_trainable:
+      lp = np.asarray(t.rollout_logprobs)[np.asarray(t.action_mask, bool)]
+      assert lp.size and np.all(np.isfinite(lp)) and np.all(lp <= 0), (t.task_id, t.status)
