@@ -7,8 +7,8 @@ local engine and a rollout worker over gRPC, both started by process 0, for a fe
   naming process 1, and the same command resumes from the checkpoint (no warm start or value pretraining again) and
   finishes.
 
-Each job runs in its own session, SIGKILLed whole in teardown. Measured on 2 CPU cores shared at a load average of
-~22: 330 s (the whole run) and 480 s (the fault and the resume).
+Each job runs in its own session, SIGKILLed whole in teardown. Measured on 2 shared CPU cores: 90 s (the whole run)
+and 170 s (the fault and the resume) with a warm compilation cache; 330 s and 480 s at a load average of ~22.
 """
 from __future__ import annotations
 
