@@ -7,9 +7,14 @@ Roles (`--config.role`):
   (`python -m sao.engines.serve`) and `num_workers` rollout worker processes (`python -m sao.rollout.worker`, given
   this command's `--config` flags). With `--config.engine_urls=http://host:port,...` external SGLang
   servers/routers are used instead of local engines.
-- trainer: only the trainer (workers on other hosts connect to `server.host:server.port`); with
-  `--config.jax_distributed` it calls `jax.distributed.initialize()` first (TPU pods: one process per host).
+- trainer: only the trainer (workers on other hosts connect to `server.host:server.port`).
 - worker: only a rollout worker; `--trainer=host:port`.
+
+A trainer (embedded or alone) can be one process of a multi-process trainer job (docs/tpu.md, "Multi-host trainer"):
+`--config.jax_distributed` on a TPU pod (JAX detects the job: one process per host), or explicit coordinates on CPU
+hosts, `--config.distributed.coordinator_address=<process 0's host:port> --config.distributed.num_processes=P
+--config.distributed.process_id=<i>` (`python -m launch.local --trainer_processes=P -- <these flags>` starts such a
+job on one machine). Process 0 serves gRPC, writes metrics and publishes weights; every process runs the learner.
 
 Re-running the same command with the same `--workdir` resumes from the latest checkpoint. The run itself is
 `launch.run.run`.

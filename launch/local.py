@@ -8,6 +8,19 @@ skips runs with a `DONE` marker and restarts the others in the same directory, w
 latest checkpoint (a run cut off by a crash, a kill or Ctrl-C continues rather than starting over). A failed run is
 reported with the tail of its log and does not stop the others; the exit status is 1 if any run failed. Every
 run's overrides are checked against its config before anything starts (`launch.sweep.validate_run`).
+
+With `--trainer_processes=P` it runs one experiment as a P-process trainer job on this machine instead (the
+multi-host code path without a pod; docs/tpu.md, "Multi-host trainer"):
+
+    python -m launch.local --trainer_processes=2 --devices_per_process=4 --workdir=/tmp/sao_2proc -- \
+        --config=experiments/configs/sao_openswe.py:toy
+
+Every process runs `experiments/train.py` with the same flags plus its coordinates
+(`--config.distributed.coordinator_address=127.0.0.1:<port> --config.distributed.num_processes=P
+--config.distributed.process_id=i`) on `devices_per_process` CPU devices; process 0 (whose output is this
+command's) starts the embedded engines and workers, the others log to `<workdir>/logs/trainer_process<i>.log`. The
+exit status is the first failure's (`sao.train.coordination.EXIT_PROCESS_LOST` when a process was lost); re-running
+the same command resumes from the last checkpoint.
 """
 from __future__ import annotations
 
@@ -16,6 +29,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -185,6 +199,77 @@ def dry_run(runs: Sequence[sweep_lib.Run], workdir: str, out: TextIO = sys.stdou
     print(f"[{initial_status(run_dir)}] {shlex.join(run.command(run_dir))}", file=out)
 
 
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def trainer_job_commands(train_args: Sequence[str], workdir: str, num_processes: int, coordinator_address: str,
+                         train_script: str = "experiments/train.py") -> list[list[str]]:
+  """The P processes' `experiments/train.py` commands: the same flags and workdir, each with its coordinates."""
+  if num_processes < 1:
+    raise ValueError(f"trainer_processes: must be >= 1, got {num_processes}")
+  if not any(a.startswith("--config=") for a in train_args):
+    raise ValueError(f"the trainer's flags (after --) need --config=<file>:<arg>; got {list(train_args)}")
+  coordinates = [f"--config.distributed.coordinator_address={coordinator_address}",
+                 f"--config.distributed.num_processes={num_processes}"]
+  return [[sys.executable, train_script, *train_args, f"--workdir={os.path.abspath(workdir)}",
+           *coordinates, f"--config.distributed.process_id={i}"] for i in range(num_processes)]
+
+
+def trainer_job_env(devices_per_process: int, env: dict[str, str] | None = None) -> dict[str, str]:
+  """CPU JAX with `devices_per_process` devices (`--xla_force_host_platform_device_count`)."""
+  out = dict(os.environ if env is None else env)
+  flags_ = [f for f in out.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+  out["XLA_FLAGS"] = " ".join(flags_ + [f"--xla_force_host_platform_device_count={devices_per_process}"])
+  out["JAX_PLATFORMS"] = "cpu"
+  out["PYTHONUNBUFFERED"] = "1"
+  return out
+
+
+def run_trainer_job(train_args: Sequence[str], workdir: str, num_processes: int, devices_per_process: int = 1,
+                    cwd: str = sweep_lib.REPO_ROOT, poll_s: float = 0.5, stop_grace_s: float = 120.0,
+                    train_script: str = "experiments/train.py") -> int:
+  """Runs the P-process trainer job (module docstring) until every process exits; returns 0 or the first non-zero
+  exit code. Once a process fails, the others stop by themselves (a lost process is noticed within the config's
+  `distributed.heartbeat_timeout_s`); any still running after `stop_grace_s` are killed."""
+  commands = trainer_job_commands(train_args, workdir, num_processes, f"127.0.0.1:{free_port()}", train_script)
+  log_dir = os.path.join(os.path.abspath(workdir), "logs")
+  os.makedirs(log_dir, exist_ok=True)
+  env = trainer_job_env(devices_per_process)
+  processes: list[subprocess.Popen] = []
+  first_failure, failed_at = 0, None
+  try:
+    for i, command in enumerate(commands):
+      print(f"[launch] trainer process {i}/{num_processes}: {shlex.join(command)}", flush=True)
+      if i == 0:
+        out = None  # process 0 speaks for the job: its output is this command's
+      else:
+        out = open(os.path.join(log_dir, f"trainer_process{i}.log"), "ab")  # pylint: disable=consider-using-with
+      # Its own process group (Ctrl-C reaches the launcher alone, which ends the groups), in the launcher's session.
+      processes.append(subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, process_group=0))
+      if out is not None:
+        out.close()
+    while [p.poll() for p in processes].count(None):  # polls every process (any() would stop at the first)
+      for i, p in enumerate(processes):
+        if p.returncode not in (None, 0) and not first_failure:
+          first_failure, failed_at = p.returncode, time.monotonic()
+          print(f"[launch] trainer process {i} exited with code {p.returncode}", flush=True)
+      if failed_at is not None and time.monotonic() - failed_at > stop_grace_s:
+        break
+      time.sleep(poll_s)
+  finally:
+    for p in processes:
+      if p.poll() is None:
+        os.killpg(p.pid, signal.SIGTERM if failed_at is None else signal.SIGKILL)
+    for p in processes:
+      p.wait()
+  codes = [p.returncode for p in processes]
+  return first_failure or next((c for c in codes if c), 0)
+
+
 def define_flags() -> None:
   """The CLI's flags, defined only when run as a program (importing this module defines none)."""
   flags.DEFINE_string("sweep", None, "Sweep file (launch/sweeps/<name>.py) defining get_sweep().")
@@ -192,12 +277,26 @@ def define_flags() -> None:
   flags.DEFINE_integer("max_parallel", 1, "Runs at once (each embedded run uses several processes).")
   flags.DEFINE_bool("dry_run", False, "Print the commands (and whether each would run) and exit.")
   flags.DEFINE_list("only", [], "Run only these run names.")
-  flags.mark_flags_as_required(["sweep", "workdir"])
+  flags.DEFINE_integer("trainer_processes", 0, "Instead of a sweep: run the experiment given after -- as a trainer "
+                       "job of this many processes on this machine.")
+  flags.DEFINE_integer("devices_per_process", 1, "With --trainer_processes: CPU devices per process.")
+  flags.mark_flags_as_required(["workdir"])
 
 
 def main(argv):
-  del argv
   f = flags.FLAGS
+  if f.trainer_processes:
+    if f.sweep:
+      raise app.UsageError("give --sweep or --trainer_processes, not both")
+    try:
+      code = run_trainer_job(argv[1:], f.workdir, f.trainer_processes, f.devices_per_process)
+    except ValueError as e:
+      raise app.UsageError(str(e)) from e
+    sys.exit(code)
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]} (the trainer's flags after -- need --trainer_processes)")
+  if not f.sweep:
+    raise app.UsageError("--sweep is required (or --trainer_processes with the trainer's flags after --)")
   runs = sweep_lib.load_sweep(f.sweep)
   if f.only:
     unknown = sorted(set(f.only) - {r.name for r in runs})

@@ -3,8 +3,14 @@
 - embedded: the trainer plus its engines and rollout workers as child processes on this machine
   (`launch.embedded`);
 - trainer: the trainer alone (workers on other hosts connect to `server.host:server.port`; engines are
-  `engine_urls`); with `jax_distributed` it calls `jax.distributed.initialize()` first (TPU pods);
+  `engine_urls`);
 - worker: a rollout worker in this process, for the trainer at `trainer_address`.
+
+A trainer (embedded or alone) may be one process of a P-process trainer job (docs/tpu.md, "Multi-host trainer"):
+with `distributed.num_processes` > 1 it joins the job at `distributed.coordinator_address` as
+`distributed.process_id` (CPU hosts, `launch.local --trainer_processes`); with `jax_distributed` JAX detects the
+job itself (TPU pods). Only process 0 starts engines and workers, plots the curves and prints the summary. A lost
+process ends every other one with exit code `sao.train.coordination.EXIT_PROCESS_LOST` and a message naming it.
 
 Before anything starts, the config is checked the way the processes will use it (`check_startable`): the
 environment is built from `env.kwargs` (a keyword it does not take is an error naming it), its task lists are
@@ -16,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
+import traceback
 from typing import Callable, Sequence
 
 import ml_collections
@@ -89,24 +97,73 @@ def _demonstrations(config: ml_collections.ConfigDict, tok) -> Callable[[], list
   return demonstrations
 
 
+def join_job(config: ml_collections.ConfigDict) -> bool:
+  """Joins this process to its multi-process trainer job, if the config describes one (explicit coordinates for CPU
+  hosts, or `jax_distributed` auto-detection on TPU); returns whether it did. ValueError on inconsistent keys."""
+  d = config.distributed
+  if d.num_processes < 1 or not 0 <= d.process_id < d.num_processes:
+    raise ValueError(f"config.distributed: process_id {d.process_id} must be in [0, num_processes="
+                     f"{d.num_processes})")
+  if d.num_processes > 1 and not d.coordinator_address:
+    raise ValueError(f"config.distributed.num_processes={d.num_processes} needs distributed.coordinator_address "
+                     "(process 0's host:port)")
+  if d.num_processes > 1 and config.jax_distributed:
+    raise ValueError("config: give either jax_distributed (TPU auto-detection) or distributed.num_processes > 1 "
+                     "(explicit coordinates), not both")
+  if d.num_processes == 1 and not config.jax_distributed:
+    return False
+  from sao.train import distributed  # pylint: disable=g-import-not-at-top
+  # The coordination service's own heartbeat aborts a process; ours (sao.train.coordination) names the lost one
+  # and stops cleanly, so it must fire first.
+  service_timeout = int(max(3 * d.heartbeat_timeout_s, d.heartbeat_timeout_s + 30))
+  if d.num_processes > 1:
+    distributed.initialize(d.coordinator_address, d.num_processes, d.process_id, heartbeat_timeout_s=service_timeout)
+  else:
+    distributed.initialize(heartbeat_timeout_s=service_timeout)
+  return True
+
+
 def train(config: ml_collections.ConfigDict, workdir: str, config_args: Sequence[str]) -> None:
   """The trainer role (embedded or alone): the recipe's phases, then the curves and a one-line summary."""
   train_tasks, validation_tasks = check_startable(config)
+  from sao.train import coordination  # pylint: disable=g-import-not-at-top
+  multi = join_job(config)
+  channel = coordination.create(config.distributed.heartbeat_timeout_s) if multi else coordination.LocalChannel()
+  try:
+    _train(config, workdir, config_args, channel, train_tasks, validation_tasks)
+  except BaseException as e:  # noqa: BLE001 — re-raised, or the process ends here
+    if channel.num_processes == 1:
+      raise
+    # Ends the process now: at interpreter exit the distributed client would wait for the lost process.
+    if isinstance(e, coordination.ProcessLost):
+      print(f"[trainer] process {channel.process_id}: {e}", file=sys.stderr, flush=True)
+    else:
+      traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(coordination.EXIT_PROCESS_LOST if isinstance(e, coordination.ProcessLost) else 1)
+  finally:
+    channel.close()
+
+
+def _train(config: ml_collections.ConfigDict, workdir: str, config_args: Sequence[str], channel,
+           train_tasks: list[dict], validation_tasks: list[dict]) -> None:
   from sao.analysis import curves  # pylint: disable=g-import-not-at-top
   from sao.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  if config.jax_distributed:
-    import jax  # pylint: disable=g-import-not-at-top
-    jax.distributed.initialize()
   tok = tokenizer(config)
-  if config.role == "embedded":
+  if not channel.is_coordinator:  # engines and workers are process 0's
+    launcher = trainer_lib.Launcher(lambda _: list(config.engine_urls), lambda address: None)
+  elif config.role == "embedded":
     from launch import embedded  # pylint: disable=g-import-not-at-top
     children = embedded.EmbeddedProcesses(config, workdir, config_args)
     launcher = trainer_lib.Launcher(children.start_engines, children.start_workers, children.stop,
                                     children.check_alive)
   else:  # the trainer alone: engines and workers are someone else's
     launcher = trainer_lib.Launcher(lambda _: list(config.engine_urls), lambda address: None)
-  trainer = trainer_lib.Trainer(config, workdir, tok, train_tasks, validation_tasks)
+  trainer = trainer_lib.Trainer(config, workdir, tok, train_tasks, validation_tasks, channel)
   summary = trainer.run(launcher, _demonstrations(config, tok) if config.recipe.sft_steps else None)
+  if not channel.is_coordinator:
+    return
   png = curves.plot_training_curves(os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, "curves.png"))
   base, final, best = trainer.validation_summary()
   print(f"[done] {config.name}: validation {base:.3f} (base policy) → {final:.3f} (mean of the last 3 evaluations; "

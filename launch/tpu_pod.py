@@ -10,7 +10,11 @@ with `--execute` runs them (in order: SGLang servers, router, trainer on every T
   on the router host (the first GPU host unless `--router_host`).
 - Trainer: `gcloud compute tpus tpu-vm ssh <tpu> --worker=all --command="cd <repo> && python experiments/train.py
   ... --config.role=trainer --config.jax_distributed=True --config.engine_urls=('http://<router>:30080',)
-  --config.server.host=0.0.0.0 --config.server.port=50051"` — one process per TPU host; host 0 serves gRPC.
+  --config.server.host=0.0.0.0 --config.server.port=50051"` — one process per TPU host; JAX detects the job, and
+  process 0 (host 0) serves gRPC, writes metrics and publishes weights (docs/tpu.md, "Multi-host trainer"). With
+  `--tpu_hosts=N` (where auto-detection is not available, or to pin the coordinator) it renders one command per host
+  instead, `--worker=<i>` with explicit coordinates: `--config.distributed.coordinator_address=<trainer_host>:
+  <coordinator_port> --config.distributed.num_processes=N --config.distributed.process_id=<i>`.
 - Rollout workers: `python experiments/train.py ... --config.role=worker --trainer=<trainer_host>:50051
   --worker_index=<i>` per worker process (over ssh), reading the trainer's config and talking to the same router.
 
@@ -53,6 +57,8 @@ class PodSpec:
   workers_per_host: int = 1
   trainer_host: str = ""
   trainer_port: int = 50051
+  tpu_hosts: int = 0  # > 0: one trainer command per TPU host with explicit coordinates (else JAX auto-detects)
+  coordinator_port: int = 8476  # the JAX coordination service on TPU host 0 (with tpu_hosts)
   overrides: tuple[str, ...] = ()  # extra "key=value" config overrides for trainer and workers
 
   def __post_init__(self):
@@ -62,6 +68,10 @@ class PodSpec:
       raise ValueError("give either gpu_hosts or engine_urls, not both")
     if self.worker_hosts and not self.trainer_host:
       raise ValueError("worker_hosts need trainer_host: the address of TPU host 0 as the workers see it")
+    if self.tpu_hosts < 0:
+      raise ValueError(f"tpu_hosts: must be >= 0, got {self.tpu_hosts}")
+    if self.tpu_hosts and not self.trainer_host:
+      raise ValueError("tpu_hosts needs trainer_host: TPU host 0's address, where the coordinator listens")
     for item in self.overrides:
       if "=" not in item:
         raise ValueError(f"override {item!r} is not key=value")
@@ -110,12 +120,7 @@ def plan(spec: PodSpec) -> list[Command]:
               *[f"http://{h}:{spec.sglang_port}" for h in spec.gpu_hosts], "--host", "0.0.0.0",
               "--port", str(spec.router_port)]
     commands.append(Command("router", host, ("ssh", host, _remote(spec, router))))
-  trainer = _train_argv(spec, "trainer") + ["--config.jax_distributed=True", "--config.server.host=0.0.0.0",
-                                            f"--config.server.port={spec.trainer_port}"]
-  gcloud = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", spec.tpu_name, f"--zone={spec.zone}"]
-  gcloud += [f"--project={spec.project}"] if spec.project else []
-  gcloud += ["--worker=all", f"--command={_remote(spec, trainer)}"]
-  commands.append(Command("trainer", spec.tpu_name, tuple(gcloud), background=False))
+  commands += trainer_commands(spec)
   index = 0
   for host in spec.worker_hosts:
     worker = _train_argv(spec, "worker") + [f"--trainer={spec.trainer_host}:{spec.trainer_port}"]
@@ -123,6 +128,26 @@ def plan(spec: PodSpec) -> list[Command]:
       # Every worker reads the trainer's config; only the trainer's address and its own index are its flags.
       commands.append(Command("worker", host, ("ssh", host, _remote(spec, worker + [f"--worker_index={index}"]))))
       index += 1
+  return commands
+
+
+def trainer_commands(spec: PodSpec) -> list[Command]:
+  """The trainer on every TPU host: one `--worker=all` command (JAX detects the job), or with `tpu_hosts` one command
+  per host with its explicit coordinates. Process 0's command is the one `execute` waits for (the last one)."""
+  trainer = _train_argv(spec, "trainer") + ["--config.server.host=0.0.0.0", f"--config.server.port={spec.trainer_port}"]
+  gcloud = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", spec.tpu_name, f"--zone={spec.zone}"]
+  gcloud += [f"--project={spec.project}"] if spec.project else []
+  if not spec.tpu_hosts:
+    argv = trainer + ["--config.jax_distributed=True"]
+    return [Command("trainer", spec.tpu_name, tuple(gcloud + ["--worker=all", f"--command={_remote(spec, argv)}"]),
+                    background=False)]
+  coordinates = [f"--config.distributed.coordinator_address={spec.trainer_host}:{spec.coordinator_port}",
+                 f"--config.distributed.num_processes={spec.tpu_hosts}"]
+  commands = []
+  for i in [*range(1, spec.tpu_hosts), 0]:  # process 0 last: `execute` waits for it
+    argv = trainer + coordinates + [f"--config.distributed.process_id={i}"]
+    commands.append(Command("trainer", f"{spec.tpu_name}/{i}", tuple(gcloud + [
+        f"--worker={i}", f"--command={_remote(spec, argv)}"]), background=i != 0))
   return commands
 
 
@@ -142,7 +167,7 @@ def execute(commands: Sequence[Command], startup_wait_s: float = 30.0) -> int:
       last_of_group = i + 1 == len(commands) or commands[i + 1].role != command.role
       if command.role in ("sglang", "router") and last_of_group:
         time.sleep(startup_wait_s)  # the next group connects to these servers
-    trainer = [p for c, p in started if c.role == "trainer"]
+    trainer = [p for c, p in started if c.role == "trainer" and not c.background]  # process 0 (or --worker=all)
     trainer_code = trainer[0].wait() if trainer else 0
   finally:
     for _, process in reversed(started):
@@ -169,6 +194,9 @@ def define_flags() -> None:
   flags.DEFINE_integer("workers_per_host", 1, "Worker processes per worker host.")
   flags.DEFINE_string("trainer_host", "", "TPU host 0's address as the workers see it.")
   flags.DEFINE_integer("trainer_port", 50051, "The trainer's gRPC port.")
+  flags.DEFINE_integer("tpu_hosts", 0, "> 0: one trainer command per TPU host with explicit JAX coordinates "
+                       "(coordinator on --trainer_host); 0: --worker=all and JAX's auto-detection.")
+  flags.DEFINE_integer("coordinator_port", 8476, "With --tpu_hosts: the JAX coordinator's port on TPU host 0.")
   flags.DEFINE_multi_string("override", [], "Extra config override key=value (repeatable).")
   flags.DEFINE_bool("execute", False, "Run the commands (default: print them).")
   flags.mark_flags_as_required(["tpu_name", "zone", "config", "workdir"])
@@ -182,7 +210,8 @@ def main(argv):
                  model_path=model_path, repo_dir=f.repo_dir, python=f.python, gpu_hosts=tuple(f.gpu_hosts),
                  gpus_per_host=f.gpus_per_host, router_host=f.router_host, engine_urls=tuple(f.engine_urls),
                  worker_hosts=tuple(f.worker_hosts), workers_per_host=f.workers_per_host,
-                 trainer_host=f.trainer_host, trainer_port=f.trainer_port, overrides=tuple(f.override))
+                 trainer_host=f.trainer_host, trainer_port=f.trainer_port, tpu_hosts=f.tpu_hosts,
+                 coordinator_port=f.coordinator_port, overrides=tuple(f.override))
   commands = plan(spec)
   print(render(commands), flush=True)
   if f.execute:

@@ -61,7 +61,11 @@ def base_config() -> ml_collections.ConfigDict:
       engine_urls=(),  # external SGLang servers (or routers); empty = start local JAX engines
       num_engines=1,
       num_workers=1,
-      jax_distributed=False,  # multi-host trainer: call jax.distributed.initialize() first
+      jax_distributed=False,  # multi-host trainer on a TPU pod: jax.distributed.initialize() detects the cluster
+      # A trainer job of several processes with explicit coordinates (CPU hosts, `python -m launch.local
+      # --trainer_processes=P`): process 0's "host:port", the job's size and this process's id (docs/tpu.md).
+      distributed=dict(coordinator_address="", num_processes=1, process_id=0,
+                       heartbeat_timeout_s=30.0),  # a process silent this long stops the job, naming it
       total_steps=160,  # RL steps (after value pretraining)
       log_every=1,  # a progress line per step
       checkpoint_every=50,

@@ -10,6 +10,13 @@ exports the policy in HF layout to `<workdir>/policy/v<version>` and tells every
 (`/update_weights_from_disk`). Validation runs on the held-out split through the same workers (the dispenser leases
 it as evaluation work every `eval_every` versions) and is reported as `validation`.
 
+A trainer job may span P processes (one per TPU host, `sao.train.distributed`): every process runs the learner and
+every collective step (warm start, value pretraining, updates, checkpoints, exports); process 0 alone serves gRPC,
+owns the dispenser and the trajectory log, writes metrics and critic traces, prints, and publishes weights to the
+engines. Every decision that steers the program (the next batch, whether a cached base policy, a checkpoint or the
+value warm start exists, the checkpoint's dispenser state) is made on process 0 and `share`d through
+`sao.train.coordination`, so the P programs cannot diverge (docs/tpu.md, "Multi-host trainer").
+
 This module never imports `sao.rollout`: tasks, demonstrations and the way to start engines and workers come in as
 arguments from the entry point (`experiments/train.py`).
 """
@@ -35,6 +42,8 @@ from sao.models.config import ModelConfig
 from sao.models.tokenizer import Tokenizer
 from sao.train import batching
 from sao.train import checkpoint as ckpt_lib
+from sao.train import coordination
+from sao.train import distributed
 from sao.train import mesh as mesh_lib
 from sao.train import writers as writers_lib
 from sao.train.export import export_policy
@@ -75,21 +84,51 @@ def _per_harness_rewards(trajectories: Sequence[Trajectory]) -> dict[str, float]
   return {f"reward/harness/{h}": float(np.mean(r)) for h, r in sorted(by_harness.items())}
 
 
+class _NoWriter:
+  """Metric writers of the processes other than 0 (which writes the job's metrics once)."""
+
+  def write_scalars(self, step: int, scalars: Any) -> None:
+    del step, scalars
+
+  def flush(self) -> None:
+    pass
+
+  def close(self) -> None:
+    pass
+
+
 class Trainer:
-  """Runs the recipe in `config` (see `experiments/configs/common.py`) in `workdir`."""
+  """Runs the recipe in `config` (see `experiments/configs/common.py`) in `workdir`.
+
+  `channel`: this process's `sao.train.coordination` channel in a P-process trainer job (default: the one-process
+  `LocalChannel`). Every process of the job constructs a Trainer with the same arguments and calls `run`; only
+  process 0's `launcher` starts anything."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str, tokenizer: Tokenizer,
-               train_tasks: Sequence[dict], validation_tasks: Sequence[dict]):
+               train_tasks: Sequence[dict], validation_tasks: Sequence[dict],
+               channel: coordination.LocalChannel | coordination.KeyValueChannel | None = None):
     self.config = config
     self.workdir = os.path.abspath(workdir)
     self.tokenizer = tokenizer
     self.train_tasks = list(train_tasks)
     self.validation_tasks = list(validation_tasks)
+    self.channel = channel or coordination.LocalChannel()
+    self.is_coordinator = self.channel.is_coordinator
     os.makedirs(self.workdir, exist_ok=True)
-    self.writer = writers_lib.create_default_writer(self.workdir)
-    self.trace_writer = critic_traces.TraceWriter(self.workdir)
+    self.writer = writers_lib.create_default_writer(self.workdir) if self.is_coordinator else _NoWriter()
+    self.trace_writer = critic_traces.TraceWriter(self.workdir) if self.is_coordinator else None
     self.history: list[dict[str, float]] = []
     self.validations: list[tuple[int, float]] = []  # (policy version, success rate)
+
+  def _decide(self, tag: str, decide: Callable[[], Any]) -> Any:
+    """`decide()` evaluated on process 0 and shared: every process gets process 0's answer."""
+    if self.is_coordinator:
+      return self.channel.share(tag, decide()).data
+    return self.channel.share(tag).data
+
+  def _print(self, line: str) -> None:
+    if self.is_coordinator:
+      print(line, flush=True)
 
   # ------------------------------------------------------------------------------------------------ the base policy
   def base_policy(self, demonstrations: Callable[[], Sequence[Trajectory]] | None) -> tuple[ModelConfig, Any, str]:
@@ -97,7 +136,7 @@ class Trainer:
     initialised toy model warm-started on demonstrations (cached in `<workdir>/base_model`)."""
     c = self.config
     base_dir = os.path.join(self.workdir, "base_model")
-    if os.path.isfile(os.path.join(base_dir, "config.json")):
+    if self._decide("base_policy", lambda: os.path.isfile(os.path.join(base_dir, "config.json"))):
       model_config, params = hf.load_pretrained(base_dir)
       logging.info("base policy: reusing %s", base_dir)
       return model_config, params, base_dir
@@ -112,7 +151,10 @@ class Trainer:
     if c.recipe.sft_steps:
       if demonstrations is None:
         raise ValueError("recipe.sft_steps > 0 needs demonstrations")
-      params = self._supervised_warm_start(model_config, params, list(demonstrations()))
+      # Process 0 generates the demonstrations; the others train on its copy (the batches are drawn from a seeded rng).
+      demos = (self.channel.share("demonstrations", None, list(demonstrations())) if self.is_coordinator
+               else self.channel.share("demonstrations")).trajectories
+      params = self._supervised_warm_start(model_config, params, demos)
     export_policy(model_config, params, self.tokenizer, base_dir)
     return model_config, params, base_dir
 
@@ -128,8 +170,8 @@ class Trainer:
       batch = [demos[i] for i in rng.integers(0, len(demos), r.sft_batch_size)]
       metrics = learner.sft_update(batch)
       if step % 50 == 0 or step == r.sft_steps - 1:
-        print(f"[sft] step {step:4d}  nll {metrics['actor/loss']:.4f}  ({time.time() - start:.0f}s)", flush=True)
-    return jax.device_get(learner.actor_params)
+        self._print(f"[sft] step {step:4d}  nll {metrics['actor/loss']:.4f}  ({time.time() - start:.0f}s)")
+    return distributed.fetch(learner.actor_params)  # the toy model: small enough to hold whole on every host
 
   # ------------------------------------------------------------------------------------------------ serving
   def _server(self, model_config: ModelConfig, engine_urls: Sequence[str]) -> TrajectoryServer:
@@ -150,7 +192,23 @@ class Trainer:
   # ------------------------------------------------------------------------------------------------ the run
   def run(self, launcher: Launcher, demonstrations: Callable[[], Sequence[Trajectory]] | None = None
           ) -> dict[str, float]:
-    """Runs (or resumes) the whole recipe; returns the last step's progress row."""
+    """Runs (or resumes) the whole recipe; returns the last step's progress row (process 0; {} elsewhere).
+
+    In a P-process job an error that a lost process caused (a failed collective) is raised as the
+    `coordination.ProcessLost` naming it; any other error is reported to the other processes before it is raised."""
+    try:
+      return self._run(launcher, demonstrations)
+    except Exception as e:
+      # A collective fails (gloo) or hangs (the watchdog) when a peer is lost: wait for the verdict that names it.
+      error = self.channel.explain(e) if isinstance(e, jax.errors.JaxRuntimeError) else e
+      if not isinstance(error, coordination.ProcessLost):
+        self.channel.report_failure(f"{type(e).__name__}: {e}")
+      if error is e:
+        raise
+      raise error from e
+
+  def _run(self, launcher: Launcher, demonstrations: Callable[[], Sequence[Trajectory]] | None
+           ) -> dict[str, float]:
     c = self.config
     model_config, params, base_dir = self.base_policy(demonstrations)
     self.launcher = launcher
@@ -159,34 +217,43 @@ class Trainer:
       checkpointer = ckpt_lib.Checkpointer(os.path.join(self.workdir, "checkpoints"), c.checkpoint_every,
                                            c.learner.checkpoint.max_to_keep, c.learner.checkpoint.async_save)
       value_init = os.path.join(self.workdir, "value_init")
-      resume = bool(checkpointer.all_steps())
-      self.engine_urls = tuple(c.engine_urls) or tuple(launcher.start_engines(base_dir))
-      self.fleet = fleet_lib.Fleet(self.engine_urls)  # remembers servers it took out of a router's rotation
-      server = self._server(model_config, self.engine_urls)
+      start = self._decide("start", lambda: {"resume": bool(checkpointer.all_steps()),
+                                             "value_init": os.path.isdir(value_init)})
+      resume, has_value_init = start["resume"], start["value_init"]
+      if self.is_coordinator:
+        self.engine_urls = tuple(c.engine_urls) or tuple(launcher.start_engines(base_dir))
+        self.fleet = fleet_lib.Fleet(self.engine_urls)  # remembers servers it took out of a router's rotation
+        server = self._server(model_config, self.engine_urls)
       step, learner = 0, None
       if resume:
-        learner = self._rl_learner(model_config, params, value_init)
+        learner = self._rl_learner(model_config, params, value_init, has_value_init)
         extra = learner.restore_checkpoint(checkpointer)
         step = int(extra["step"])
-        server.restore(extra.get("dispenser"))
+        if server is not None:
+          server.restore(extra.get("dispenser"))
         logging.info("resumed at step %d (learner update %d, policy version %d)", step, learner.num_updates,
                      learner.version)
-      port = server.start()
-      launcher.start_workers(f"{c.server.host}:{port}")
+      if server is not None:
+        port = server.start()
+        if self.channel.num_processes > 1:
+          print(f"[trainer] process 0 of {self.channel.num_processes}: trajectory service on {c.server.host}:{port}",
+                flush=True)
+        launcher.start_workers(f"{c.server.host}:{port}")
       if resume:
         self._publish(model_config, learner, server)
       else:
-        server.dispenser.schedule_eval(0, repeats=c.rollout.base_eval_repeats)
-        if c.learner.algorithm == "sao" and c.recipe.value_pretrain_steps > 0 and not os.path.isdir(value_init):
+        if server is not None:
+          server.dispenser.schedule_eval(0, repeats=c.rollout.base_eval_repeats)
+        if c.learner.algorithm == "sao" and c.recipe.value_pretrain_steps > 0 and not has_value_init:
           step = self._value_pretraining(model_config, params, server, value_init)
-        learner = self._rl_learner(model_config, params, value_init)
+          has_value_init = True
+        learner = self._rl_learner(model_config, params, value_init, has_value_init)
       # Steps count trajectories batches across phases: value pretraining, then `total_steps` RL steps.
       summary = self._train(learner, model_config, server, checkpointer, step, self._end_step())
       # The last periodic save may already hold this learner step (orbax refuses to overwrite a step).
       checkpointer.wait()
-      if learner.num_updates not in checkpointer.all_steps():
-        learner.save_checkpoint(checkpointer, extra={"step": self._end_step(), "phase": "rl",
-                                                     "dispenser": server.dispenser.state_dict()})
+      if self._decide("final_checkpoint", lambda: learner.num_updates not in checkpointer.all_steps()):
+        learner.save_checkpoint(checkpointer, extra=self._checkpoint_extra(self._end_step(), "rl", server))
       checkpointer.wait()
       return summary
     finally:
@@ -194,6 +261,12 @@ class Trainer:
       if server is not None:
         server.stop()
       self.writer.close()
+
+  def _checkpoint_extra(self, step: int, phase: str, server) -> dict:
+    """A checkpoint's `extra` (the step to resume at, the phase, process 0's dispenser state), the same on every
+    process."""
+    return self._decide("checkpoint", lambda: {"step": step, "phase": phase,
+                                               "dispenser": server.dispenser.state_dict()})
 
   def validation_summary(self) -> tuple[float, float, float]:
     """(base policy's validation (version 0), mean of the last three trained versions' validations, best trained
@@ -209,9 +282,9 @@ class Trainer:
     c = self.config
     return c.recipe.value_pretrain_steps * (c.learner.algorithm == "sao") + c.total_steps
 
-  def _rl_learner(self, model_config, params, value_init: str) -> Learner:
+  def _rl_learner(self, model_config, params, value_init: str, has_value_init: bool) -> Learner:
     overrides = {}
-    if self.config.learner.algorithm == "sao" and os.path.isdir(value_init):
+    if self.config.learner.algorithm == "sao" and has_value_init:
       overrides = {"critic.init": "checkpoint", "critic.init_path": value_init}
     return Learner(_learner_config(self.config, **overrides), model_config, params)
 
@@ -219,16 +292,18 @@ class Trainer:
     """Critic-only updates (actor frozen) on the base policy's rollouts; saves the critic for the RL phase."""
     steps = self.config.recipe.value_pretrain_steps
     learner = Learner(_learner_config(self.config, **{"sao.critic_warmup_steps": steps + 1}), model_config, params)
-    print(f"[value pretraining] {steps} critic-only steps on base-policy rollouts", flush=True)
+    self._print(f"[value pretraining] {steps} critic-only steps on base-policy rollouts")
     self._train(learner, model_config, server, None, 0, steps, phase="value_pretrain")
     learner.save_critic(value_init)
-    print(f"[value pretraining] critic saved to {value_init}; the RL phase loads it", flush=True)
+    self._print(f"[value pretraining] critic saved to {value_init}; the RL phase loads it")
     return steps
 
   def _publish(self, model_config, learner, server) -> dict[str, float]:
     version = learner.version
     path = os.path.join(self.workdir, "policy", f"v{version}")
-    export_policy(model_config, learner.actor_params, self.tokenizer, path)
+    export_policy(model_config, learner.actor_params, self.tokenizer, path)  # every process takes part
+    if not self.is_coordinator:
+      return {}
     server.announce_policy_version(version)  # before the engines serve it: their trajectories are not "future"
     fleet_metrics = asyncio.run(_publish(self.engine_urls, path, version, self.fleet))
     server.set_policy_version(version)
@@ -242,6 +317,7 @@ class Trainer:
       if batch:
         return batch
       self.launcher.check_alive()
+      self.channel.check()  # a lost learner process stops the job here, not at the next collective
 
   def _update(self, learner: Learner, trainable: list[Trajectory], step: int, phase: str) -> dict[str, float]:
     """`learner.update`; every `critic_trace_every` SAO steps it also dumps one success and one failure trajectory
@@ -260,59 +336,83 @@ class Trainer:
           step=step, phase=phase, kind=kind, reward=traj.reward, policy_version=traj.policy_version,
           task_id=traj.task_id, num_turns=traj.num_turns, turn_boundaries=traj.turn_boundaries,
           action_mask=traj.action_mask, **{k: v[i, :length] for k, v in per_token.items()}))
-    self.trace_writer.write(traces)
+    if self.trace_writer is not None:
+      self.trace_writer.write(traces)
     return metrics
+
+  def _next_batch(self, learner: Learner, server, step: int) -> tuple[list[Trajectory], list[Trajectory], int, list]:
+    """(the step's trajectories, the trainable ones, the stale count, the unusable ones). Process 0 takes them from
+    the service and shares the trainable ones with its learner clock; the other processes receive those (and check
+    their clock against process 0's: a mismatch is a `Diverged` error, not a silently different update)."""
+    clock = {"step": step, "num_updates": learner.num_updates, "version": learner.version}
+    if not self.is_coordinator:
+      message = self.channel.share("batch")
+      if {k: message.data[k] for k in clock} != clock:
+        raise coordination.Diverged(f"process {self.channel.process_id} is at {clock} but process 0 sent the batch "
+                                    f"of {message.data}")
+      return message.trajectories, message.trajectories, 0, []
+    c = self.config
+    trajectories = self._take(server, c.rollout.batch_size)
+    # Timeouts / env errors are not trained on; nor is anything more than `max_staleness` versions behind the
+    # policy about to be updated (accepted when fresh, it aged in the buffer). Both are counted.
+    fresh = [learner.version - t.policy_version <= c.server.max_staleness for t in trajectories]
+    trainable = [t for t, ok in zip(trajectories, fresh) if t.is_trainable and ok]
+    stale = sum(1 for t, ok in zip(trajectories, fresh) if t.is_trainable and not ok)
+    # Records the batcher cannot take are quarantined (persisted, never re-read), not a crash on every restart.
+    trainable, unusable = batching.split_unbatchable(trainable, learner.batcher)
+    self.channel.share("batch", clock, trainable)
+    return trajectories, trainable, stale, unusable
 
   def _train(self, learner: Learner, model_config, server, checkpointer, start_step: int,
              end_step: int, phase: str = "rl") -> dict[str, float]:
-    c = self.config
-    validation = self.validations[-1][1] if self.validations else float("nan")
-    last = time.time()
+    self._validation = self.validations[-1][1] if self.validations else float("nan")
+    self._last_time = time.time()
     for step in range(start_step, end_step):
-      trajectories = self._take(server, c.rollout.batch_size)
-      # Timeouts / env errors are not trained on; nor is anything more than `max_staleness` versions behind the
-      # policy about to be updated (accepted when fresh, it aged in the buffer). Both are counted.
-      fresh = [learner.version - t.policy_version <= c.server.max_staleness for t in trajectories]
-      trainable = [t for t, ok in zip(trajectories, fresh) if t.is_trainable and ok]
-      stale = sum(1 for t, ok in zip(trajectories, fresh) if t.is_trainable and not ok)
-      # Records the batcher cannot take are quarantined (persisted, never re-read), not a crash on every restart.
-      trainable, unusable = batching.split_unbatchable(trainable, learner.batcher)
-      server.quarantine(unusable, step)
+      trajectories, trainable, stale, unusable = self._next_batch(learner, server, step)
+      if server is not None:
+        server.quarantine(unusable, step)
       version_before = learner.version
       metrics = self._update(learner, trainable, step, phase) if trainable else {}
-      server.mark_consumed(trajectories, step)
+      if server is not None:
+        server.mark_consumed(trajectories, step)
       if learner.version != version_before:
         metrics = {**metrics, **self._publish(model_config, learner, server)}
-      for result in server.eval_results():
-        validation = result.success_rate
-        self.validations.append((result.policy_version, result.success_rate))
-        self.writer.write_scalars(step, {"validation": validation, "validation/policy_version": result.policy_version,
-                                         "validation/num_tasks": result.num_tasks,
-                                         **{f"validation/harness/{h}": v for h, v in result.by_harness.items() if h}})
-      now = time.time()
-      row = {
-          "reward": float(np.mean([t.reward for t in trajectories])),
-          "validation": validation,
-          "turns": float(np.mean([t.num_turns for t in trajectories])),
-          "response_length": float(np.mean([t.num_action_tokens for t in trajectories])),
-          "critic_ev": metrics.get("critic/explained_variance", float("nan")),
-          "staleness": metrics.get("batch/staleness_mean", float("nan")),
-          "traj_per_s": len(trajectories) / max(now - last, 1e-9),
-          "dropped": float(len(trajectories) - len(trainable)),
-          "dropped_stale": float(stale),
-          "quarantined": float(len(unusable)),
-          "policy_version": float(learner.version),
-      }
-      last = now
-      scalars = {**{k: v for k, v in metrics.items()}, **{k: v for k, v in row.items() if np.isfinite(v)},
-                 **_per_harness_rewards(trajectories)}
-      self.writer.write_scalars(step, {**scalars, "phase/" + phase: 1.0})
-      self.history.append({"step": step, **row})
-      if step % c.log_every == 0 or step == end_step - 1:
-        print(f"[{phase}] step {step:4d}  " + "  ".join(f"{k} {row[k]:.3f}" for k in PROGRESS_KEYS), flush=True)
-      if checkpointer is not None and trainable:
+      if self.is_coordinator:  # metrics, validation results and progress lines are process 0's
+        self._log_step(step, end_step, phase, learner, server, trajectories, trainable, stale, unusable, metrics)
+      if checkpointer is not None and trainable and checkpointer.is_due(learner.num_updates):
         # Only after an update: a batch with nothing trainable leaves `num_updates` (the checkpoint step) as is.
-        learner.save_checkpoint(checkpointer, extra={"step": step + 1, "phase": phase,
-                                                     "dispenser": server.dispenser.state_dict()}, only_if_due=True)
+        learner.save_checkpoint(checkpointer, extra=self._checkpoint_extra(step + 1, phase, server))
       self.writer.flush()
     return self.history[-1] if self.history else {}
+
+  def _log_step(self, step: int, end_step: int, phase: str, learner: Learner, server, trajectories, trainable,
+                stale: int, unusable, metrics: dict[str, float]) -> None:
+    c = self.config
+    for result in server.eval_results():
+      self._validation = result.success_rate
+      self.validations.append((result.policy_version, result.success_rate))
+      self.writer.write_scalars(step, {"validation": result.success_rate,
+                                       "validation/policy_version": result.policy_version,
+                                       "validation/num_tasks": result.num_tasks,
+                                       **{f"validation/harness/{h}": v for h, v in result.by_harness.items() if h}})
+    now = time.time()
+    row = {
+        "reward": float(np.mean([t.reward for t in trajectories])),
+        "validation": self._validation,
+        "turns": float(np.mean([t.num_turns for t in trajectories])),
+        "response_length": float(np.mean([t.num_action_tokens for t in trajectories])),
+        "critic_ev": metrics.get("critic/explained_variance", float("nan")),
+        "staleness": metrics.get("batch/staleness_mean", float("nan")),
+        "traj_per_s": len(trajectories) / max(now - self._last_time, 1e-9),
+        "dropped": float(len(trajectories) - len(trainable)),
+        "dropped_stale": float(stale),
+        "quarantined": float(len(unusable)),
+        "policy_version": float(learner.version),
+    }
+    self._last_time = now
+    scalars = {**{k: v for k, v in metrics.items()}, **{k: v for k, v in row.items() if np.isfinite(v)},
+               **_per_harness_rewards(trajectories)}
+    self.writer.write_scalars(step, {**scalars, "phase/" + phase: 1.0})
+    self.history.append({"step": step, **row})
+    if step % c.log_every == 0 or step == end_step - 1:
+      print(f"[{phase}] step {step:4d}  " + "  ".join(f"{k} {row[k]:.3f}" for k in PROGRESS_KEYS), flush=True)

@@ -103,3 +103,46 @@ def test_progress_table_is_reprinted_while_a_run_goes(tmp_path, monkeypatch):
   tables, event_tables = out.getvalue().count("run  "), quiet.getvalue().count("run  ")
   assert event_tables == 5, quiet.getvalue()  # the tables printed on events only
   assert tables > event_tables + 2, out.getvalue()
+
+
+FAKE_PROCESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_trainer_process.py")
+
+
+def _records(workdir, n):
+  import json  # pylint: disable=g-import-not-at-top
+  return [json.load(open(os.path.join(workdir, f"process{i}.json"))) for i in range(n)]
+
+
+def test_trainer_job_gives_every_process_the_same_flags_and_its_coordinates(tmp_path, monkeypatch):
+  monkeypatch.delenv("FAKE_FAIL", raising=False)
+  code = local.run_trainer_job([f"--config={CONFIG}", "--config.total_steps=3"], str(tmp_path), 3,
+                               devices_per_process=4, poll_s=0.05, train_script=FAKE_PROCESS)
+  assert code == 0
+  records = _records(tmp_path, 3)
+  for i, r in enumerate(records):
+    assert r["argv"][-1] == f"--config.distributed.process_id={i}"
+    assert "--xla_force_host_platform_device_count=4" in r["xla_flags"] and r["platforms"] == "cpu"
+  assert len({tuple(r["argv"][:-1]) for r in records}) == 1  # one config for all
+  argv = records[0]["argv"]
+  assert argv[:2] == [f"--config={CONFIG}", "--config.total_steps=3"] and f"--workdir={tmp_path}" in argv
+  address = next(a for a in argv if a.startswith("--config.distributed.coordinator_address=127.0.0.1:"))
+  assert int(address.rsplit(":", 1)[1]) > 0 and "--config.distributed.num_processes=3" in argv
+  # Process 0 speaks on the launcher's stdout; the others log under <workdir>/logs.
+  with open(tmp_path / "logs" / "trainer_process1.log") as f:
+    assert "fake trainer process 1" in f.read()
+
+
+def test_trainer_job_exits_with_the_first_failure_and_ends_the_rest(tmp_path, monkeypatch):
+  monkeypatch.setenv("FAKE_FAIL", "1")
+  code = local.run_trainer_job([f"--config={CONFIG}"], str(tmp_path), 2, poll_s=0.05, stop_grace_s=0.5,
+                               train_script=FAKE_PROCESS)
+  assert code == 3  # process 0 was still waiting when the grace ran out: killed, and the job reports the failure
+
+
+def test_trainer_job_cli_errors(tmp_path):
+  run = lambda *a: subprocess.run([sys.executable, "-m", "launch.local", f"--workdir={tmp_path}", *a],  # noqa: E731
+                                  cwd=s.REPO_ROOT, capture_output=True, text=True, timeout=120)
+  result = run("--trainer_processes=2", "--", "--config.total_steps=3")
+  assert result.returncode != 0 and "need --config=<file>:<arg>" in result.stderr
+  result = run("--", f"--config={CONFIG}")
+  assert result.returncode != 0 and "need --trainer_processes" in result.stderr

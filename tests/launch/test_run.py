@@ -39,3 +39,16 @@ def test_roles_and_worker_address_are_checked():
   holder, _ = _parse([f"--config={CONFIG}:toy", "--config.role=worker"])
   with pytest.raises(ValueError, match="--trainer=host:port"):
     run_lib.run(holder.value, "/tmp/unused", [])
+
+
+def test_distributed_keys_are_checked_before_joining_a_job():
+  holder, _ = _parse([f"--config={CONFIG}:toy"])
+  assert run_lib.join_job(holder.value) is False  # one process: nothing to join, as before
+  for flags_, message in ((["--config.distributed.num_processes=2"], "needs distributed.coordinator_address"),
+                          (["--config.distributed.num_processes=2", "--config.distributed.process_id=2",
+                            "--config.distributed.coordinator_address=127.0.0.1:1"], r"process_id 2 must be in \[0"),
+                          (["--config.distributed.num_processes=2", "--config.jax_distributed=True",
+                            "--config.distributed.coordinator_address=127.0.0.1:1"], "not both")):
+    holder, _ = _parse([f"--config={CONFIG}:toy", *flags_])
+    with pytest.raises(ValueError, match=message):
+      run_lib.join_job(holder.value)

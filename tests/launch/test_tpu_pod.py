@@ -93,3 +93,22 @@ def test_cli_renders_without_executing():
   assert result.returncode == 0, result.stderr
   assert "# trainer on pod" in result.stdout and "sglang.launch_server" in result.stdout
   assert "--model-path Qwen/Qwen3.5-35B-A3B" in result.stdout  # defaulted from the config's model.hf_path
+
+
+def test_explicit_coordinates_render_one_trainer_command_per_tpu_host():
+  commands = tpu_pod.plan(_spec(tpu_hosts=3, coordinator_port=9999))
+  trainers = [c for c in commands if c.role == "trainer"]
+  # Process 0 last and in the foreground: `execute` waits for it; the other hosts run alongside.
+  assert [c.host for c in trainers] == ["sao-pod/1", "sao-pod/2", "sao-pod/0"]
+  assert [c.background for c in trainers] == [True, True, False]
+  for trainer, i in zip(trainers, (1, 2, 0)):
+    assert f"--worker={i}" in trainer.argv and "--worker=all" not in trainer.argv
+    argv = _remote_argv(trainer)
+    assert argv[-3:] == ["--config.distributed.coordinator_address=10.0.0.2:9999",
+                         "--config.distributed.num_processes=3", f"--config.distributed.process_id={i}"]
+    assert "--config.jax_distributed=True" not in argv and "--config.role=trainer" in argv
+  # Every host gets the same config: the commands differ only in the process id.
+  stripped = {tuple(a for a in _remote_argv(t) if "process_id" not in a) for t in trainers}
+  assert len(stripped) == 1
+  with pytest.raises(ValueError, match="tpu_hosts needs trainer_host"):
+    _spec(tpu_hosts=2, trainer_host="", worker_hosts=())

@@ -48,7 +48,7 @@ class _FakeLearner:
   was asked to train on."""
 
   def __init__(self):
-    self.version = 0
+    self.version = self.num_updates = 0  # the learner clock a multi-process trainer shares with each batch
     self.batcher = batching.Batcher(BUCKETS)
     self.trained: list[list[str]] = []
 

@@ -1,0 +1,201 @@
+"""End to end as a 2-process trainer job (`python -m launch.local --trainer_processes=2`): the toy SAO config with a
+local engine and a rollout worker over gRPC, both started by process 0, for a few RL steps.
+
+- A whole run: exactly one gRPC trajectory service (process 0's), one engine and one worker; one metrics row per
+  learner step; every policy version published once (one export directory and one weight update per version).
+- A fault: process 1 is SIGKILLed after the first RL checkpoint; process 0 exits non-zero within 60 s with a message
+  naming process 1, and the same command resumes from the checkpoint (no warm start or value pretraining again) and
+  finishes.
+
+Each job runs in its own session, SIGKILLed whole in teardown. Measured on 2 shared CPU cores: 90 s (the whole run)
+and 170 s (the fault and the resume) with a warm compilation cache; 330 s and 480 s at a load average of ~22.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from tests.e2e import test_train_e2e as e2e
+
+pytestmark = pytest.mark.slow
+
+REPO = e2e.REPO
+VALUE_STEPS, RL_STEPS = 1, 4
+CONFIG_ARG = (f"sao_openswe.py:toy,total_steps={RL_STEPS},recipe.value_pretrain_steps={VALUE_STEPS},"
+              f"learner.sao.critic_warmup_steps=1,critic_trace_every=2,{e2e.COMMON}")
+HEARTBEAT_TIMEOUT_S = 20
+
+
+class Job:
+  """One `launch.local --trainer_processes=2` invocation in its own session; the launcher's output (process 0's) to a
+  file."""
+
+  def __init__(self, workdir: str, cache_dir: str, name: str):
+    env = dict(os.environ)
+    env.update(JAX_COMPILATION_CACHE_DIR=cache_dir, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", PYTHONUNBUFFERED="1")
+    self.workdir = workdir
+    self.out_path = os.path.join(os.path.dirname(workdir), f"{name}.out")
+    with open(self.out_path, "wb") as out:
+      self.process = subprocess.Popen(
+          [sys.executable, "-m", "launch.local", "--trainer_processes=2", "--devices_per_process=2",
+           f"--workdir={workdir}", "--", f"--config=experiments/configs/{CONFIG_ARG}",
+           f"--config.distributed.heartbeat_timeout_s={HEARTBEAT_TIMEOUT_S}"],
+          cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    self.pgid = self.process.pid
+
+  def output(self) -> str:
+    with open(self.out_path, errors="replace") as f:
+      return f.read()
+
+  def process1_log(self) -> str:
+    with open(os.path.join(self.workdir, "logs", "trainer_process1.log"), errors="replace") as f:
+      return f.read()
+
+  def trainer_pid(self, process_id: int) -> int | None:
+    for pid in e2e._group_members(self.pgid):  # pylint: disable=protected-access
+      cmdline = e2e._cmdline(pid)  # pylint: disable=protected-access
+      if "experiments/train.py" in cmdline and f"--config.distributed.process_id={process_id}" in cmdline:
+        return pid
+    return None
+
+  def wait_for(self, what: str, predicate, timeout_s: float, poll_s: float = 0.2):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+      value = predicate()
+      if value:
+        return value
+      if self.process.poll() is not None:
+        pytest.fail(f"job exited with code {self.process.returncode} while waiting for {what}:\n"
+                    f"{self.output()[-6000:]}")
+      time.sleep(poll_s)
+    pytest.fail(f"timed out after {timeout_s}s waiting for {what}:\n{self.output()[-6000:]}")
+
+  def finish(self, timeout_s: float) -> str:
+    try:
+      self.process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+      pytest.fail(f"job did not finish within {timeout_s}s:\n{self.output()[-6000:]}")
+    assert self.process.returncode == 0, f"job failed ({self.process.returncode}):\n{self.output()[-6000:]}"
+    return self.output()
+
+  def kill(self) -> None:
+    e2e._kill_group(self.process)  # pylint: disable=protected-access
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+  return os.environ.get("SAO_E2E_JAX_CACHE") or str(tmp_path_factory.mktemp("jax_cache"))
+
+
+@pytest.fixture
+def jobs():
+  started: list[Job] = []
+  yield started
+  for job in started:
+    job.kill()
+    assert not e2e._group_members(job.pgid), f"leftover processes of {job.out_path}"  # pylint: disable=protected-access
+
+
+def _step_rows(workdir: str) -> list[dict]:
+  return [r for r in e2e._metrics(workdir) if "reward" in r]  # pylint: disable=protected-access
+
+
+class EngineWatcher(threading.Thread):
+  """Polls the job's engine (`/get_model_info`) while the job runs: (served weight version, weight updates so far)
+  snapshots, taken under the engine's lock that swaps the weights."""
+
+  def __init__(self, job: Job):
+    super().__init__(daemon=True)
+    self.job, self.seen, self.stop = job, [], threading.Event()
+
+  def run(self):
+    url = None
+    while not self.stop.wait(0.3):
+      if url is None:
+        found = re.search(r"\[embedded\] engines: \['(http://[^']+)'\]", self.job.output())
+        url = found and found.group(1)
+        continue
+      try:
+        with urllib.request.urlopen(f"{url}/get_model_info", timeout=5) as response:
+          info = json.load(response)
+      except OSError:
+        continue  # not up yet, or gone with the job
+      self.seen.append((int(info["weight_version"]), int(info["stats"]["weight_updates"])))
+
+
+def test_two_process_job_has_one_service_one_metrics_row_per_step_one_publish_per_version(tmp_path, jobs, cache_dir):
+  workdir = str(tmp_path / "run")
+  job = Job(workdir, cache_dir, "job")
+  jobs.append(job)
+  watcher = EngineWatcher(job)
+  watcher.start()
+  out = job.finish(timeout_s=1500)
+  watcher.stop.set()
+  watcher.join()
+  log1 = job.process1_log()
+  # One trajectory service, one engine and one worker, all process 0's.
+  assert len(re.findall(r"trajectory service on 127\.0\.0\.1:\d+", out)) == 1, out[-4000:]
+  assert "trajectory service" not in log1 and "[embedded]" not in log1
+  assert sorted(os.path.basename(p) for p in glob.glob(os.path.join(workdir, "logs", "*.log"))) == [
+      "engine0.log", "trainer_process1.log", "worker0.log"]
+  assert "[done]" in out and "[done]" not in log1 and "[rl] step" not in log1
+  # One metrics row per learner step, value pretraining then RL.
+  steps = [r["step"] for r in _step_rows(workdir)]
+  assert steps == list(range(VALUE_STEPS + RL_STEPS)), steps
+  # Every version published once: its export directory, and one weight update of the engine.
+  versions = sorted(int(os.path.basename(p)[1:]) for p in glob.glob(os.path.join(workdir, "policy", "v*"))
+                    if not p.endswith(".tmp"))
+  last_version = int(_step_rows(workdir)[-1]["policy_version"])
+  assert last_version >= 1 and versions == list(range(1, last_version + 1))
+  # The engine loaded each version once: after v1..vk it has made k weight updates (two publishers would make 2k).
+  published = [(v, n) for v, n in watcher.seen if v >= 1]
+  assert published, watcher.seen
+  assert all(n == v for v, n in published), published
+  # The learner's collective work happened in both processes: process 1 saw every batch and checkpoint.
+  assert os.path.isdir(os.path.join(workdir, "checkpoints")) and os.path.isdir(os.path.join(workdir, "value_init"))
+
+
+def test_killed_process_stops_the_job_naming_it_and_the_same_command_resumes(tmp_path, jobs, cache_dir):
+  workdir = str(tmp_path / "run")
+  job = Job(workdir, cache_dir, "first")
+  jobs.append(job)
+  pids = job.wait_for("both trainer processes", lambda: [job.trainer_pid(0), job.trainer_pid(1)]
+                      if job.trainer_pid(0) and job.trainer_pid(1) else None, timeout_s=300)
+  # After the first RL update's checkpoint (something to resume from). Process 0 is frozen for the kill, so the job
+  # cannot finish between the check and the kill (process 1 only follows process 0).
+  job.wait_for("a checkpoint", lambda: e2e._checkpoint_metas(workdir), timeout_s=1200)  # pylint: disable=protected-access
+  os.kill(pids[0], signal.SIGSTOP)
+  assert len(_step_rows(workdir)) < VALUE_STEPS + RL_STEPS, "the job finished before process 1 could be killed"
+  os.kill(pids[1], signal.SIGKILL)
+  killed = time.monotonic()
+  os.kill(pids[0], signal.SIGCONT)
+  try:
+    job.process.wait(timeout=60)
+  except subprocess.TimeoutExpired:
+    pytest.fail(f"the job did not stop within 60 s of losing process 1:\n{job.output()[-6000:]}")
+  assert time.monotonic() - killed <= 60
+  out = job.output()
+  assert job.process.returncode != 0
+  assert "process 1 of the trainer job is lost" in out, out[-6000:]
+  checkpointed = max(e2e._checkpoint_metas(workdir))  # pylint: disable=protected-access
+  job.kill()  # anything left of the session (nothing should be)
+
+  again = Job(workdir, cache_dir, "again")
+  jobs.append(again)
+  out = again.finish(timeout_s=1500)
+  assert "[sft]" not in out and "[value pretraining]" not in out  # resumed: no warm start, no value pretraining
+  assert "[done]" in out
+  steps = [r["step"] for r in _step_rows(workdir)]
+  assert steps[-1] == VALUE_STEPS + RL_STEPS - 1
+  assert max(e2e._checkpoint_metas(workdir)) > checkpointed  # pylint: disable=protected-access
