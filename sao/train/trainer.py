@@ -352,7 +352,9 @@ class Trainer:
                                     f"of {message.data}")
       return message.trajectories, message.trajectories, 0, []
     c = self.config
+    waited_from = time.time()
     trajectories = self._take(server, c.rollout.batch_size)
+    self._wait_s = time.time() - waited_from  # the trainer idle, waiting for rollouts (busy fraction's input)
     # Timeouts / env errors are not trained on; nor is anything more than `max_staleness` versions behind the
     # policy about to be updated (accepted when fresh, it aged in the buffer). Both are counted.
     fresh = [learner.version - t.policy_version <= c.server.max_staleness for t in trajectories]
@@ -407,6 +409,7 @@ class Trainer:
         "dropped": float(len(trajectories) - len(trainable)),
         "dropped_stale": float(stale),
         "quarantined": float(len(unusable)),
+        "trainer/wait_s": self._wait_s,
         "policy_version": float(learner.version),
     }
     self._last_time = now

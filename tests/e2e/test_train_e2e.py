@@ -240,6 +240,8 @@ def _check_outputs(workdir: str, expect_validation: bool = True) -> list[dict]:
   assert any(v >= 1 for v in versions), f"no trajectory sampled from a published policy: {versions}"
   rows = _metrics(workdir)
   assert any("reward" in r for r in rows), rows[:3]
+  waits = [r["trainer/wait_s"] for r in rows if "reward" in r]  # every step says how long it waited for its batch
+  assert len(waits) == sum("reward" in r for r in rows) and all(w >= 0 for w in waits), rows[:3]
   if expect_validation:
     assert any("validation" in r for r in rows), "no validation metric"
   assert glob.glob(os.path.join(workdir, "tensorboard", "**", "events.out.tfevents.*"), recursive=True) or \
