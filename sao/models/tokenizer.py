@@ -87,7 +87,8 @@ def compile_chat_template(source: str) -> jinja2.Template:
 
 def _plain_copy(value: Any) -> Any:
   """`copy.deepcopy` for JSON-like values (dict, list, tuple, str, numbers, None), several times faster on the
-  small chats an agent loop renders every turn; anything else goes through `copy.deepcopy` itself."""
+  small chats an agent loop renders every turn; anything else goes through `copy.deepcopy` itself. Chat messages
+  are JSON values, so shared sub-objects are copied separately and a cyclic value is a RecursionError."""
   t = type(value)
   if t is str or t is int or t is float or t is bool or value is None:
     return value
