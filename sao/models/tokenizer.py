@@ -85,13 +85,29 @@ def compile_chat_template(source: str) -> jinja2.Template:
   return env.from_string(source)
 
 
+def _plain_copy(value: Any) -> Any:
+  """`copy.deepcopy` for JSON-like values (dict, list, tuple, str, numbers, None), several times faster on the
+  small chats an agent loop renders every turn; anything else goes through `copy.deepcopy` itself. Chat messages
+  are JSON values, so shared sub-objects are copied separately and a cyclic value is a RecursionError."""
+  t = type(value)
+  if t is str or t is int or t is float or t is bool or value is None:
+    return value
+  if t is dict:
+    return {_plain_copy(k): _plain_copy(v) for k, v in value.items()}
+  if t is list:
+    return [_plain_copy(v) for v in value]
+  if t is tuple:
+    return tuple(_plain_copy(v) for v in value)
+  return copy.deepcopy(value)
+
+
 def _normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
   """Deep-copies messages to plain dicts as transformers does: None-valued keys dropped, reasoning aliased."""
   out = []
   for message in messages:
     if not isinstance(message, Mapping):
       raise TypeError(f"chat messages must be dicts, got {message!r}")
-    m = {k: copy.deepcopy(v) for k, v in message.items() if v is not None}
+    m = {k: _plain_copy(v) for k, v in message.items() if v is not None}
     reasoning = next((m[k] for k in _REASONING_FIELDS if m.get(k) is not None), None)
     if reasoning is not None:
       m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
@@ -135,6 +151,7 @@ class Tokenizer:
     self.chat_templates: dict[str, str] = (
         {} if chat_template is None else
         {"default": chat_template} if isinstance(chat_template, str) else dict(chat_template))
+    self._constant_ids_cache: dict[tuple, tuple[int, ...]] = {}  # `_constant_ids`
     for attr in SPECIAL_TOKEN_ATTRIBUTES:
       token = _token_content(self.config.get(attr))
       if token is not None and backend.token_to_id(token) is None:
@@ -268,7 +285,7 @@ class Tokenizer:
       for tool in tools:
         if not isinstance(tool, Mapping):
           raise TypeError(f"tools must be JSON-schema dicts, got {tool!r}")
-      tools = copy.deepcopy(list(tools))
+      tools = [_plain_copy(tool) for tool in tools]
     template = compile_chat_template(self.get_chat_template(tools))
     variables = {**self.special_tokens_map, **kwargs}
     try:
@@ -291,6 +308,13 @@ class Tokenizer:
     """The text that rendering `history + new_messages` adds after the rendering of `history` (without a
     generation prompt). Raises `TemplatePrefixError` if the latter is not a prefix of the former."""
     before = self.render_chat(history, tools, add_generation_prompt=False, **kwargs)
+    return self._suffix_after(before, history, new_messages, tools, add_generation_prompt, **kwargs)
+
+  def _suffix_after(self, before: str, history: Sequence[Mapping[str, Any]],
+                    new_messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
+                    add_generation_prompt: bool, **kwargs: Any) -> str:
+    """`render_suffix` given `before`, the rendering of `history` (an agent loop renders it once per turn, not
+    twice)."""
     after = self.render_chat(list(history) + list(new_messages), tools, add_generation_prompt, **kwargs)
     if not after.startswith(before):
       i = next((k for k, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after)))
@@ -319,13 +343,31 @@ class Tokenizer:
     <|im_start|>assistant\\n`). Without `history`, a neutral system/user/assistant exchange stands in for it."""
     new = [message] if isinstance(message, Mapping) else list(message)
     hist = list(_DEFAULT_HISTORY if history is None else history)
-    suffix = self.render_suffix(hist, new, tools, add_generation_prompt, **kwargs)
-    return self._suffix_ids(self.render_chat(hist, tools, False, **kwargs), suffix)
+    before = self.render_chat(hist, tools, add_generation_prompt=False, **kwargs)
+    suffix = self._suffix_after(before, hist, new, tools, add_generation_prompt, **kwargs)
+    return self._suffix_ids(before, suffix)
+
+  def _constant_ids(self, name: str, kwargs: Mapping[str, Any], compute) -> list[int]:
+    """`compute()` memoised per (name, template, special tokens, kwargs): the ids depend on nothing else. Calls with
+    template variables that are not plain scalars are not memoised (their equality is not reliable)."""
+    if any(not isinstance(v, (str, int, float, bool, type(None))) for v in kwargs.values()):
+      return compute()
+    key = (name, tuple(sorted(self.chat_templates.items())), tuple(sorted(self.special_tokens_map.items())),
+           self.eos_token_ids, tuple(sorted((k, type(v).__name__, v) for k, v in kwargs.items())))
+    if key not in self._constant_ids_cache:
+      self._constant_ids_cache[key] = tuple(compute())
+    return list(self._constant_ids_cache[key])
 
   def generation_prompt_ids(self, history: Sequence[Mapping[str, Any]] | None = None,
                             tools: Sequence[Mapping[str, Any]] | None = None, **kwargs: Any) -> list[int]:
     """Token ids the template adds to open the assistant's turn (e.g. `<|im_start|>assistant\\n`)."""
-    hist = list(_DEFAULT_HISTORY[:2] if history is None else history)
+    if history is None and tools is None:  # the agent loop's per-episode question: answered once per template
+      return self._constant_ids("generation_prompt", kwargs,
+                                lambda: self._generation_prompt_ids(list(_DEFAULT_HISTORY[:2]), None, **kwargs))
+    return self._generation_prompt_ids(list(_DEFAULT_HISTORY[:2] if history is None else history), tools, **kwargs)
+
+  def _generation_prompt_ids(self, hist: list[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
+                             **kwargs: Any) -> list[int]:
     before = self.render_chat(hist, tools, add_generation_prompt=False, **kwargs)
     after = self.render_chat(hist, tools, add_generation_prompt=True, **kwargs)
     if not after.startswith(before):
@@ -340,6 +382,9 @@ class Tokenizer:
     Found by rendering an assistant message with a marker as content: the template text after the marker must begin
     with the text of a stop token; the rest is returned.
     """
+    return self._constant_ids("assistant_end", kwargs, lambda: self._assistant_end_ids(**kwargs))
+
+  def _assistant_end_ids(self, **kwargs: Any) -> list[int]:
     marker = "\x00SAO_END\x00"
     hist = list(_DEFAULT_HISTORY[:2])
     text = self.render_chat(hist + [{"role": "assistant", "content": marker}], add_generation_prompt=False, **kwargs)

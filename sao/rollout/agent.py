@@ -127,10 +127,24 @@ def message_boundaries(tokenizer: Tokenizer, messages: Sequence[dict], tools: An
   return out
 
 
+def runs_inline(env: envs.Env) -> bool:
+  """True when `env`'s own class (not a base class: a subclass may do slow work in its hooks) sets
+  `runs_inline = True`: its reset/step/score are pure microsecond-scale Python, so the loop calls them directly
+  instead of handing each to a thread (three thread hand-offs per turn cost more than the calls themselves)."""
+  return bool(vars(type(env)).get("runs_inline", False))
+
+
+async def _env_call(env: envs.Env, fn: Callable[..., Any], *args: Any) -> Any:
+  """`fn(*args)` (a method of `env`): on this thread if `runs_inline(env)`, else in the default executor."""
+  if runs_inline(env):
+    return fn(*args)
+  return await asyncio.to_thread(fn, *args)
+
+
 async def _play(ep: _Episode, engine: Engine, tokenizer: Tokenizer, env: envs.Env, task: dict,
                 sampling: SamplingParams, limits: EpisodeLimits, policy_version_fn: Callable[[], int] | None,
                 syntax: ToolSyntax | None) -> None:
-  messages = await asyncio.to_thread(env.reset, task)
+  messages = await _env_call(env, env.reset, task)
   schemas = env.tool_schemas
   messages, tools = syntax.present(messages, schemas) if syntax is not None else (messages, schemas)
   prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
@@ -173,7 +187,7 @@ async def _play(ep: _Episode, engine: Engine, tokenizer: Tokenizer, env: envs.En
     # Malformed → ToolCallError → an error observation from env.step.
     call = syntax.parse_call(text, schemas) if syntax is not None else tool_format.parse_tool_call(text, tools)
     start = time.monotonic()
-    observation, done = await asyncio.to_thread(env.step, call)
+    observation, done = await _env_call(env, env.step, call)
     ep.tool_s += time.monotonic() - start
     # Close the assistant turn as the template would: a turn cut by max_new_tokens gets its stop token (mask 0).
     closing = ([] if ended_on_stop else [stop_ids[0]]) + list(end_ids)
@@ -218,7 +232,7 @@ async def run_episode(engine: Engine, tokenizer: Tokenizer, env: envs.Env, task:
   reward = 0.0
   if ep.status in (Status.OK, Status.TRUNCATED):
     try:
-      reward = float(await asyncio.to_thread(env.score))
+      reward = float(await _env_call(env, env.score))
     except Exception as e:  # noqa: BLE001
       ep.status, ep.error = Status.ENV_ERROR, f"score() failed: {type(e).__name__}: {e}"
       log.exception("task %s: scoring failed", task.get("task_id"))

@@ -72,6 +72,10 @@ class Env(abc.ABC):
   system_prompt: ClassVar[str]
   tool_schemas: ClassVar[list[dict[str, Any]]]
   split_fractions: tuple[float, float, float] = SPLIT_FRACTIONS  # an env may hold out more (`check_split_fractions`)
+  # True: reset/step/score are pure, microsecond-scale Python, and the agent loop calls them on its event loop
+  # instead of a thread. Read from the class that sets it only (`sao.rollout.agent.runs_inline`): a subclass that
+  # sleeps or runs commands in its hooks is threaded again unless it declares this itself.
+  runs_inline: ClassVar[bool] = False
 
   def __init__(self):
     self.task: Task | None = None

@@ -46,6 +46,7 @@ class NumberSearch(Env):
   optimal on training and held-out tasks alike, and validation measures whether the rule carries over to unseen
   ranges."""
   name = "number_search"
+  runs_inline = True  # pure arithmetic: the agent loop calls it on its event loop (`agent.runs_inline`)
   system_prompt = "Find the hidden number. Call compare with a guess; it says higher, lower or equal."
   tool_schemas = [
       tool_format.function_tool("compare", "Compare a guess with the hidden number.",
