@@ -150,6 +150,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, config_args: Sequenc
            train_tasks: list[dict], validation_tasks: list[dict]) -> None:
   from sao.analysis import curves  # pylint: disable=g-import-not-at-top
   from sao.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  _persistent_compilation_cache(workdir, channel.process_id)
   tok = tokenizer(config)
   if not channel.is_coordinator:  # engines and workers are process 0's
     launcher = trainer_lib.Launcher(lambda _: list(config.engine_urls), lambda address: None)
@@ -169,6 +170,15 @@ def _train(config: ml_collections.ConfigDict, workdir: str, config_args: Sequenc
   print(f"[done] {config.name}: validation {base:.3f} (base policy) → {final:.3f} (mean of the last 3 evaluations; "
         f"best {best:.3f}); last step {summary}; "
         f"curves: {png}", flush=True)
+
+
+def _persistent_compilation_cache(workdir: str, process_id: int) -> None:
+  """XLA executables cached in `<workdir>/jax_cache/process<i>`: a resumed or repeated run skips the learner's
+  compiles (~40 CPU-s of the toy run; docs/performance.md, "The main job: where the seconds go")."""
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.abspath(workdir), "jax_cache",
+                                                              f"process{process_id}"))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 def work(config: ml_collections.ConfigDict, trainer_address: str, worker_index: int | None = None) -> dict[str, int]:

@@ -21,6 +21,8 @@ need no separate position input.
 """
 from __future__ import annotations
 
+import functools
+
 from typing import Any
 
 import flax.linen as nn
@@ -209,7 +211,22 @@ def unembedding(params: dict, config: ModelConfig) -> Array:
 
 
 def abstract_params(config: ModelConfig, critic: bool = False) -> dict:
-  """Shape/dtype tree with `nn.LogicallyPartitioned` leaves (logical axis names), without allocating."""
+  """Shape/dtype tree with `nn.LogicallyPartitioned` leaves (logical axis names), without allocating.
+
+  Memoised per (config, critic): tracing the model's `init` is most of the cost of an engine's weight reload (the
+  tree is rebuilt, so callers may change the returned containers)."""
+  # Keyed on the ambient mesh too: under `jax.set_mesh` the traced shapes may carry shardings.
+  mesh = jax.sharding.get_abstract_mesh()
+  try:
+    cached = _abstract_params(config, critic, mesh)
+  except TypeError:  # an unhashable config (a list-valued field): trace it afresh
+    cached = _abstract_params.__wrapped__(config, critic, mesh)
+  return jax.tree.map(lambda leaf: leaf, cached)
+
+
+@functools.lru_cache(maxsize=16)
+def _abstract_params(config: ModelConfig, critic: bool, mesh: Any) -> dict:
+  del mesh  # part of the cache key only
   module = Critic(config) if critic else CausalLM(config)
   ids = jnp.zeros((1, 1), jnp.int32)
   return jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), ids))["params"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from sao.models import hf, streaming
+from sao.models import hf, streaming, transformer
 from sao.models.config import ModelConfig
 from sao.train.mesh import make_mesh
 from tests.models.helpers import random_params
@@ -155,7 +155,7 @@ _MEMORY_PROBE = r"""
 import json, sys
 import jax
 import numpy as np
-from sao.models import hf, streaming
+from sao.models import hf, streaming, transformer
 # Warm the runtime up first (its first transfers allocate ~30 MB that neither loader should be charged for).
 small = jax.make_array_from_callback((4,), jax.sharding.SingleDeviceSharding(jax.devices()[0]), lambda i: np.ones(4)[i])
 jax.block_until_ready([small, jax.numpy.asarray(np.ones(4)) + 1])
@@ -238,3 +238,17 @@ def test_read_header_matches_safetensors_and_rejects_garbage(tmp_path):
   (tmp_path / "bad").write_bytes((4).to_bytes(8, "little") + b"nope")
   with pytest.raises(ValueError, match="not JSON"):
     streaming.read_header(str(tmp_path / "bad"))
+
+
+def test_abstract_params_is_memoised_but_returns_fresh_containers():
+  config = ModelConfig.tiny("qwen3", vocab_size=300)
+  first = transformer.abstract_params(config)
+  first["model"].clear()  # a caller that edits its tree does not edit the next caller's
+  second, third = transformer.abstract_params(config), transformer.abstract_params(config)
+  assert second["model"] and second is not third
+  assert jax.tree.structure(second) == jax.tree.structure(third)
+  assert [(l.shape, l.dtype) for l in jax.tree.leaves(second)] == [(l.shape, l.dtype) for l in jax.tree.leaves(third)]
+  critic = transformer.abstract_params(config, critic=True)
+  assert "value_head" in critic and "lm_head" not in critic
+  other = transformer.abstract_params(ModelConfig.tiny("qwen3", vocab_size=301))
+  assert other["lm_head"]["kernel"].value.shape[-1] == 301  # a different config is traced afresh
