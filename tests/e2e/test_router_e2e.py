@@ -16,6 +16,7 @@ import json
 import os
 import re
 import signal
+import time
 import urllib.request
 
 import numpy as np
@@ -29,8 +30,9 @@ from tests.e2e.test_train_e2e import cache_dir, runs  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.slow
 
-STEPS = 4  # RL steps after 1 value-pretraining step; every RL step publishes a version
-KILL_AFTER_VERSION = 2
+STEPS = 6  # RL steps after 1 value-pretraining step; each after the first (critic warmup) publishes a version
+KILL_AFTER_VERSION = 1
+FINAL_VERSION = STEPS - 1  # the first RL step is critic warmup; each later one publishes a version
 # COMMON's 6 s lease TTL is for its worker-kill test; here nothing kills a worker, and on a busy machine short
 # leases only expire and redo work.
 ARG = (f"sao_openswe.py:toy,num_engines=2,total_steps={STEPS},recipe.value_pretrain_steps=1,"
@@ -55,6 +57,29 @@ def _healthy(url: str) -> bool:
     return False
 
 
+def _served_version(url: str) -> int:
+  with urllib.request.urlopen(url + "/get_model_info", timeout=10) as resp:
+    return int(json.load(resp)["weight_version"])
+
+
+def _freeze_with_versions_to_come(run, workdir: str, engines: list[str], timeout_s: float = 420) -> list[dict]:
+  """Freezes the trainer (SIGSTOP) at a moment when both engines serve version >= KILL_AFTER_VERSION but neither
+  serves the last one (FINAL_VERSION), so the kill lands between publishes with more to come; returns the publish
+  rows logged so far. The engines are asked, not the metrics log (a version is published before its step's row is
+  written). The caller resumes the trainer (SIGCONT)."""
+  deadline = time.monotonic() + timeout_s
+  while time.monotonic() < deadline:
+    assert run.process.poll() is None, run.output()[-3000:]
+    os.kill(run.process.pid, signal.SIGSTOP)
+    served = [_served_version(u) for u in engines]
+    if KILL_AFTER_VERSION <= min(served) and max(served) < FINAL_VERSION:
+      return _publishes(workdir)
+    os.kill(run.process.pid, signal.SIGCONT)
+    assert max(served) < FINAL_VERSION, f"the engines serve the last version ({served}) before one could be killed"
+    time.sleep(0.05)
+  raise AssertionError(f"no version >= {KILL_AFTER_VERSION} served within {timeout_s} s")
+
+
 def test_two_engines_behind_the_router_one_killed_mid_run(tmp_path, runs, cache_dir):  # noqa: F811
   router_lib.require_router()  # fails (never skips) with the install command when the extra is missing
   workdir = str(tmp_path / "run")
@@ -66,10 +91,10 @@ def test_two_engines_behind_the_router_one_killed_mid_run(tmp_path, runs, cache_
   router_url = re.search(r"\[embedded\] sglang-router (http://\S+)", out).group(1)
   assert router_url not in engines
 
-  # --- Both engines reach every version published before the kill.
-  run.wait_for(f"version {KILL_AFTER_VERSION} published",
-               lambda: any(r["policy_version"] >= KILL_AFTER_VERSION for r in _publishes(workdir)), 420)
-  before_kill = _publishes(workdir)
+  # --- Both engines reach every version published before the kill. The trainer is frozen (SIGSTOP) while the kill
+  # is decided and done, so at least one version is still to be published after it (on an idle machine the run
+  # could otherwise publish its last version between the check and the kill).
+  before_kill = _freeze_with_versions_to_come(run, workdir, engines)
   for row in before_kill:
     assert row["fleet/servers"] == 2 and row["fleet/servers_current"] == 2, row
     for url in engines:
@@ -81,8 +106,11 @@ def test_two_engines_behind_the_router_one_killed_mid_run(tmp_path, runs, cache_
   engine_pids = [p for p in _group_members(run.pgid) if "sao.engines.serve" in _cmdline(p)]
   assert len(engine_pids) == 2, engine_pids
   os.kill(engine_pids[1], signal.SIGKILL)
-  dead = run.wait_for("the killed engine to stop answering",
-                      lambda: [u for u in engines if not _healthy(u)], 60, poll_s=0.2)
+  try:
+    dead = run.wait_for("the killed engine to stop answering",
+                        lambda: [u for u in engines if not _healthy(u)], 60, poll_s=0.2)
+  finally:
+    os.kill(run.process.pid, signal.SIGCONT)
   assert len(dead) == 1
   (alive,) = [u for u in engines if u not in dead]
   run.finish(600)
