@@ -115,7 +115,9 @@ def main(argv):
         f"{_TOPOLOGY.value} = {len(devices)} chips, mesh {dict(config.learner.mesh)}, "
         f"micro_batch_size {config.learner.batching.micro_batch_size}", flush=True)
   meta = {"topology": _TOPOLOGY.value, "config": config.name, "command": " ".join(sys.argv), "chips": len(devices),
-          "peak_bf16_flops_per_chip": chip.peak_bf16_flops, "model_dtype": model_config.dtype}
+          "peak_bf16_flops_per_chip": chip.peak_bf16_flops, "model_dtype": model_config.dtype,
+          "param_dtype": model_config.param_dtype, "remat": model_config.remat,
+          "master_weights": bool(config.learner.actor.optimizer.master_weights), "mesh": dict(config.learner.mesh)}
   done = []
 
   def progress(row):  # each row as soon as it is compiled (a full config takes many minutes per program)

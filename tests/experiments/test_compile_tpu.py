@@ -85,6 +85,16 @@ def test_known_hf_configs_build_the_published_models():
     known_configs.hf_config("/nonexistent/checkpoint")
 
 
+def test_the_model_follows_the_config_precision():
+  config = sao_openswe.get_config("toy,model.param_dtype=bfloat16,model.compute_dtype=bfloat16,model.remat=full")
+  model_config = model_config_of(config)
+  assert (model_config.param_dtype, model_config.dtype, model_config.remat) == ("bfloat16", "bfloat16", "full")
+  assert model_config_of(config, "float32").param_dtype == "float32"  # --model_dtype overrides both
+  full = model_config_of(sao_openswe.get_config("full"))  # the shipped full config: bf16, remat (hub id, no weights)
+  assert (full.model_type, full.param_dtype, full.dtype, full.remat) == ("qwen3_5_moe_text", "bfloat16", "bfloat16",
+                                                                          "full")
+
+
 def test_topology_names_are_checked():
   chip, dims = parse_topology("v5p:4x4x8")
   assert chip.hbm_bytes == 95 * GIB and dims == (4, 4, 8)
