@@ -37,6 +37,10 @@ _PROGRAMS = flags.DEFINE_list("programs", [], "Programs to compile (default: eve
 _MODEL_DTYPE = flags.DEFINE_enum("model_dtype", "", ["", "float32", "bfloat16"],
                                  "Param and compute dtype of the model; '' = the config's model.param_dtype / "
                                  "model.compute_dtype.")
+_NUM_LAYERS = flags.DEFINE_integer(
+    "num_layers", 0, "Compile the model truncated to its first N decoder layers (0 = all). Compile time and memory "
+    "grow with the layers; compiling two depths and fitting `a + b·layers` per column estimates the full model on a "
+    "machine too small to compile it (the report says so on every row).")
 flags.mark_flags_as_required(["config", "topology"])
 
 GIB = float(1 << 30)
@@ -54,6 +58,14 @@ def model_config_of(config, dtype: str = ""):
     return ModelConfig.from_hf(known_configs.hf_config(m.hf_path), **precision)
   toy = {k: v for k, v in m.toy.items() if k != "model_type"}
   return ModelConfig.tiny(m.toy.model_type, vocab_size=toy_tokenizer().vocab_size, **{**precision, **toy})
+
+
+def truncated(model_config, num_layers: int):
+  """`model_config` with only its first `num_layers` decoder layers (the same block types, in order)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  if not 0 < num_layers <= model_config.num_layers:
+    raise ValueError(f"num_layers: {num_layers} is not in [1, {model_config.num_layers}]")
+  return dataclasses.replace(model_config, num_layers=num_layers, layer_types=model_config.layer_types[:num_layers])
 
 
 def _fmt(value, spec: str, missing: str = "-") -> str:
@@ -109,15 +121,18 @@ def main(argv):
   start = time.perf_counter()
   chip, devices = tpu_topology.topology_devices(_TOPOLOGY.value)
   model_config = model_config_of(config, _MODEL_DTYPE.value)
+  if _NUM_LAYERS.value:
+    model_config = truncated(model_config, _NUM_LAYERS.value)
   print(f"{config.name}: {config.learner.algorithm}, {model_config.model_type} (params {model_config.param_dtype}, "
         f"compute {model_config.dtype}, remat {model_config.remat}, master weights "
-        f"{config.learner.actor.optimizer.master_weights}), "
+        f"{config.learner.actor.optimizer.master_weights}, {model_config.num_layers} layers), "
         f"{_TOPOLOGY.value} = {len(devices)} chips, mesh {dict(config.learner.mesh)}, "
         f"micro_batch_size {config.learner.batching.micro_batch_size}", flush=True)
   meta = {"topology": _TOPOLOGY.value, "config": config.name, "command": " ".join(sys.argv), "chips": len(devices),
           "peak_bf16_flops_per_chip": chip.peak_bf16_flops, "model_dtype": model_config.dtype,
           "param_dtype": model_config.param_dtype, "remat": model_config.remat,
-          "master_weights": bool(config.learner.actor.optimizer.master_weights), "mesh": dict(config.learner.mesh)}
+          "master_weights": bool(config.learner.actor.optimizer.master_weights), "mesh": dict(config.learner.mesh),
+          "num_layers": model_config.num_layers}
   done = []
 
   def progress(row):  # each row as soon as it is compiled (a full config takes many minutes per program)

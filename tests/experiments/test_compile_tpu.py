@@ -20,7 +20,7 @@ import sys
 import jax
 import pytest
 
-from experiments.compile_tpu import model_config_of
+from experiments.compile_tpu import model_config_of, truncated
 from experiments.configs import gspo_openswe, sao_openswe
 from sao.models.config import ModelConfig
 from sao.train import aot, compile_stats
@@ -93,6 +93,15 @@ def test_the_model_follows_the_config_precision():
   full = model_config_of(sao_openswe.get_config("full"))  # the shipped full config: bf16, remat (hub id, no weights)
   assert (full.model_type, full.param_dtype, full.dtype, full.remat) == ("qwen3_5_moe_text", "bfloat16", "bfloat16",
                                                                           "full")
+
+
+def test_truncated_keeps_the_first_layers_and_their_block_types():
+  full = model_config_of(sao_openswe.get_config("full"))
+  four = truncated(full, 4)
+  assert four.num_layers == 4 and four.layer_types == full.layer_types[:4]
+  assert four.layer_types.count("full_attention") == 1  # one hybrid period: 3 Gated DeltaNet + 1 attention
+  with pytest.raises(ValueError, match="num_layers"):
+    truncated(full, 41)
 
 
 def test_topology_names_are_checked():

@@ -56,8 +56,8 @@ def test_bf16_forward_close_to_float32(model_type):
   config = ModelConfig.tiny(model_type)
   params = init_params(config, jax.random.PRNGKey(0))
   ids, mask = _batch(config.vocab_size)
-  lp32 = token_logprobs(params, config, ids, mask)
-  lp16 = token_logprobs(_cast(params, jnp.bfloat16), _bf16(config), ids, mask)
+  lp32 = jax.jit(token_logprobs, static_argnums=1)(params, config, ids, mask)
+  lp16 = jax.jit(token_logprobs, static_argnums=1)(_cast(params, jnp.bfloat16), _bf16(config), ids, mask)
   assert lp16.dtype == jnp.float32  # log-probs are float32 whatever the compute dtype
   diff = np.abs(np.asarray(lp16) - np.asarray(lp32))[np.asarray(mask, bool)]
   assert diff.max() < LOGPROB_ATOL and diff.mean() < LOGPROB_MEAN_ATOL, (diff.max(), diff.mean())
