@@ -195,13 +195,8 @@ class MoE(nn.Module):
     weights, experts = moe.route(router_logits.reshape(-1, cfg.num_experts), cfg.num_experts_per_tok,
                                  cfg.norm_topk_prob)  # [B·T, k]
     w_gate, w_up, w_down = ExpertWeights(cfg, name="experts")()
-    if cfg.moe_impl == "routed":  # tokens sorted per batch row (sao.models.moe, "Rows", says why)
-      k = cfg.num_experts_per_tok
-      out = moe.routed_experts_by_row(x.astype(dtype), weights.reshape(*x.shape[:-1], k),
-                                      experts.reshape(*x.shape[:-1], k), w_gate, w_up, w_down)
-    else:
-      out = moe.dense_experts(x.reshape(-1, x.shape[-1]).astype(dtype), weights, experts, w_gate, w_up,
-                              w_down).reshape(x.shape)
+    apply = moe.routed_experts if cfg.moe_impl == "routed" else moe.dense_experts
+    out = apply(x.reshape(-1, x.shape[-1]).astype(dtype), weights, experts, w_gate, w_up, w_down).reshape(x.shape)
     out = out.astype(dtype)
     if cfg.shared_expert_intermediate_size:
       shared = MLP(cfg, cfg.shared_expert_intermediate_size, name="shared_expert")(x)

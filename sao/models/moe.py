@@ -8,13 +8,6 @@ of tokens may pick one expert):
   1. the N·k assignments are sorted by expert (stable argsort); row m of the sorted list is token `order[m] // k`;
   2. `group_sizes[e]` rows per expert, grouped matmuls `[M, D] × [X, D, F] → [M, F]` (`grouped_matmul`);
   3. the rows are un-sorted (the inverse permutation, a gather) to `[N, k, D]` and summed with the router weights.
-Rows (`routed_experts_by_row`, what `sao.models.layers.MoE` calls): the sort is done per batch row (a vmap over B).
-One sort over all B·T tokens is a global permutation that GSPMD cannot split along a sharded batch, so it replicates
-the micro-batch's tokens on every device: measured on 8 CPU devices (an MoE layer, B = 8, T = 1024, hidden 256, 16
-experts top-4, batch sharded 8 ways), per-device temporaries 168 MiB with one global sort against 153 MiB on one
-device — no saving from 8 shards — and 27 MiB per row; in the Qwen3.5-35B-A3B compile report the largest buffers
-were `[B·T·k = 2,097,152, ·]` arrays on every chip. Each token's output depends only on its experts, so the result
-is the same.
 `dense_experts` runs every expert on every token and weights the unselected ones by 0: the test oracle
 (`ModelConfig.moe_impl = "dense"`).
 
@@ -67,39 +60,11 @@ def dense_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up:
   return jnp.einsum("nxi,xie,nx->ne", h, w_down.astype(x.dtype), combine)
 
 
-def _expert_shards() -> int:
-  mesh = jax.sharding.get_abstract_mesh()
-  return 1 if mesh.empty or EXPERT_AXIS not in mesh.axis_names else mesh.shape[EXPERT_AXIS]
-
-
-def routed_experts_by_row(x: Array, weights: Array, experts: Array, w_gate: Array, w_up: Array,
-                          w_down: Array) -> Array:
-  """`routed_experts` with each batch row's tokens sorted and dispatched on their own: x [B, T, D], weights /
-  experts [B, T, k] → [B, T, D] (module docstring, "Rows")."""
-  b, t, d = x.shape
-  if _expert_shards() > 1:
-    return routed_experts(x.reshape(b * t, d), weights.reshape(b * t, -1), experts.reshape(b * t, -1), w_gate, w_up,
-                          w_down).reshape(b, t, d)
-  def rows(impl: str, stack: bool):
-    def run(x, weights, experts, w_gate, w_up, w_down):
-      expert = lambda xr, wr, er, g, u, dn: _local_experts(xr, wr, er, g, u, dn, first_expert=0, impl=impl)
-      if not stack:  # the tiled matmul gathers from unbatched weights
-        return jax.vmap(lambda xr, wr, er: expert(xr, wr, er, w_gate, w_up, w_down))(x, weights, experts)
-      # jax 0.10.2's ragged_dot batching rule needs every operand batched along axis 0 ("vmap over any dim but 0 -
-      # NYI" for unbatched weights): the weights get an explicit row axis, one copy per local row.
-      tile = lambda w: jnp.broadcast_to(w, (b,) + w.shape)
-      return jax.vmap(expert)(x, weights, experts, tile(w_gate), tile(w_up), tile(w_down))
-    return run
-
-  return jax.lax.platform_dependent(x, weights, experts, w_gate, w_up, w_down, cpu=rows("tiled", False),
-                                    default=rows("ragged_dot", True))
-
-
 def routed_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up: Array, w_down: Array) -> Array:
   """Routed, dropless experts (see the module docstring); same arguments and result as `dense_experts`."""
   n_exp = w_gate.shape[0]
   mesh = jax.sharding.get_abstract_mesh()
-  shards = _expert_shards()
+  shards = 1 if mesh.empty or EXPERT_AXIS not in mesh.axis_names else mesh.shape[EXPERT_AXIS]
   if shards == 1:
     return _local_experts(x, weights, experts, w_gate, w_up, w_down, first_expert=0)
   if n_exp % shards:
@@ -119,7 +84,7 @@ def routed_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up
 
 
 def _local_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up: Array, w_down: Array,
-                   first_expert: Array | int, impl: str = "auto") -> Array:
+                   first_expert: Array | int) -> Array:
   """The experts `first_expert ... first_expert + X_local − 1` (the X_local = w_gate.shape[0] held here) applied to
   their assignments among x [N, D]; other assignments contribute 0. → [N, D]."""
   n_tok, k = experts.shape
@@ -130,9 +95,9 @@ def _local_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up
   order = jnp.argsort(key, stable=True)  # [M = N·k]
   group_sizes = jnp.bincount(key, length=n_local + 1)[:n_local].astype(jnp.int32)  # [X_local]
   xs = x[order // k]  # [M, D]
-  h = jax.nn.silu(grouped_matmul(xs, w_gate.astype(x.dtype), group_sizes, impl))
-  h = h * grouped_matmul(xs, w_up.astype(x.dtype), group_sizes, impl)
-  ys = grouped_matmul(h, w_down.astype(x.dtype), group_sizes, impl)  # [M, D]; rows outside every group are not ours
+  h = jax.nn.silu(grouped_matmul(xs, w_gate.astype(x.dtype), group_sizes))
+  h = h * grouped_matmul(xs, w_up.astype(x.dtype), group_sizes)
+  ys = grouped_matmul(h, w_down.astype(x.dtype), group_sizes)  # [M, D]; rows outside every group are not ours
   ys = jnp.where(here[order][:, None], ys, 0)
   unsorted = ys[jnp.argsort(order)].reshape(n_tok, k, -1)  # inverse permutation: back to [N, k, D]
   return jnp.einsum("nkd,nk->nd", unsorted, weights.astype(x.dtype))
