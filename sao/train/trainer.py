@@ -58,11 +58,6 @@ def _learner_config(config: ml_collections.ConfigDict, **overrides: Any) -> ml_c
   return run_config.set_all(ml_collections.ConfigDict(config.learner.to_dict()), overrides)
 
 
-def _precision_overrides(model: ml_collections.ConfigDict) -> dict[str, str]:
-  """The run config's compute dtype and remat as `ModelConfig` fields (`param_dtype` goes to the loader)."""
-  return {"dtype": model.get("compute_dtype", "float32"), "remat": model.get("remat", "none")}
-
-
 def export_policy(model_config: ModelConfig, params: Any, tokenizer: Tokenizer, directory: str) -> str:
   """Writes an HF directory (config, safetensors, tokenizer) that SGLang or the local engine loads."""
   tmp = directory + ".tmp"
@@ -116,14 +111,16 @@ class Trainer:
       model_config, params = hf.load_pretrained(base_dir)
       logging.info("base policy: reusing %s", base_dir)
       return model_config, params, base_dir
+    # The run config's precision (docs/models.md "Precision"): param dtype to the loader, compute dtype and remat
+    # as ModelConfig fields.
+    precision = {"dtype": c.model.get("compute_dtype", "float32"), "remat": c.model.get("remat", "none")}
     if c.model.init == "hf":
       # Streamed tensor by tensor into the learner's param shardings: the host never holds the whole model.
       model_config, params = streaming.load_pretrained_sharded(
-          c.model.hf_path, mesh_lib.make_mesh(dict(c.learner.mesh)), dtype=c.model.param_dtype,
-          **_precision_overrides(c.model))
+          c.model.hf_path, mesh_lib.make_mesh(dict(c.learner.mesh)), dtype=c.model.param_dtype, **precision)
       return model_config, params, c.model.hf_path
     model_config = ModelConfig.tiny(c.model.toy.model_type, vocab_size=self.tokenizer.vocab_size,
-                                    param_dtype=c.model.param_dtype, **_precision_overrides(c.model),
+                                    param_dtype=c.model.param_dtype, **precision,
                                     **{k: v for k, v in c.model.toy.items() if k != "model_type"})
     params = transformer.init_params(model_config, jax.random.PRNGKey(c.seed))
     if c.recipe.sft_steps:
