@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pathlib
 
 import ml_collections
@@ -224,6 +225,8 @@ def test_flag_overrides_reach_the_derived_fields():
 FULL_CASES = [name for name in MODULES if "full" in _load(name).VARIANTS]
 
 
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu is not installed (pip install -e '.[test]' installs it)")
 @pytest.mark.parametrize("topology", ["v5p:4x4x8", "v6e:16x16"])
 @pytest.mark.parametrize("name", FULL_CASES)
 def test_full_variant_builds_its_learner_mesh_on_a_pod_slice(name, topology):
