@@ -258,4 +258,3 @@ def test_read_header_matches_safetensors_and_rejects_garbage(tmp_path):
   (tmp_path / "bad").write_bytes((4).to_bytes(8, "little") + b"nope")
   with pytest.raises(ValueError, match="not JSON"):
     streaming.read_header(str(tmp_path / "bad"))
-
