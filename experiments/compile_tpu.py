@@ -7,7 +7,8 @@ reports per program and bucket length the HBM per chip, the FLOPs and XLA's cost
 The programs are the trainer's own (`sao.train.aot`: an abstract `Learner` on the topology's mesh runs its update
 code with every jitted program recorded, then each is lowered and compiled). No weights are read: a `full` config's
 `model.hf_path` needs only its `config.json` (a local directory, or a hub id `sao.models.known_configs` knows).
-The model is built as the trainer loads it (`hf.load_pretrained`: float32 unless `--model_dtype`).
+The model is built as the trainer loads it: the config's `model.param_dtype`, `model.compute_dtype` and `model.remat`
+(`--model_dtype` overrides both dtypes).
 
 Columns: HBM per chip in GiB (arguments, temporaries, new outputs, total) against the chip's capacity; TFLOPs of
 the whole step over all chips: `xla` is XLA's `cost_analysis()` (it counts each loop body once), `program` the
@@ -33,22 +34,38 @@ _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology, <chip>:<shape>:
 _OUT = flags.DEFINE_string("out", "", "Write the report rows here as JSON.")
 _BUCKETS = flags.DEFINE_list("buckets", [], "Bucket lengths to compile (default: the config's).")
 _PROGRAMS = flags.DEFINE_list("programs", [], "Programs to compile (default: every program of the update).")
-_MODEL_DTYPE = flags.DEFINE_enum("model_dtype", "float32", ["float32", "bfloat16"],
-                                 "Param and compute dtype of an hf model (the trainer loads float32).")
+_MODEL_DTYPE = flags.DEFINE_enum("model_dtype", "", ["", "float32", "bfloat16"],
+                                 "Param and compute dtype of the model; '' = the config's model.param_dtype / "
+                                 "model.compute_dtype.")
+_NUM_LAYERS = flags.DEFINE_integer(
+    "num_layers", 0, "Compile the model truncated to its first N decoder layers (0 = all). Compile time and memory "
+    "grow with the layers; compiling two depths and fitting `a + b·layers` per column estimates the full model on a "
+    "machine too small to compile it (the report says so on every row).")
 flags.mark_flags_as_required(["config", "topology"])
 
 GIB = float(1 << 30)
 
 
-def model_config_of(config, dtype: str):
-  """The policy architecture the trainer would build for `config.model` (without reading weights)."""
+def model_config_of(config, dtype: str = ""):
+  """The policy architecture the trainer would build for `config.model` (without reading weights), with the
+  config's precision and remat (`dtype`, when given, sets both param and compute dtype)."""
   from sao.models import known_configs  # pylint: disable=g-import-not-at-top
   from sao.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
   from sao.models.tokenizer import toy_tokenizer  # pylint: disable=g-import-not-at-top
-  if config.model.init == "hf":
-    return ModelConfig.from_hf(known_configs.hf_config(config.model.hf_path), dtype=dtype, param_dtype=dtype)
-  toy = {k: v for k, v in config.model.toy.items() if k != "model_type"}
-  return ModelConfig.tiny(config.model.toy.model_type, vocab_size=toy_tokenizer().vocab_size, **toy)
+  m = config.model
+  precision = dict(dtype=dtype or m.compute_dtype, param_dtype=dtype or m.param_dtype, remat=m.remat)
+  if m.init == "hf":
+    return ModelConfig.from_hf(known_configs.hf_config(m.hf_path), **precision)
+  toy = {k: v for k, v in m.toy.items() if k != "model_type"}
+  return ModelConfig.tiny(m.toy.model_type, vocab_size=toy_tokenizer().vocab_size, **{**precision, **toy})
+
+
+def truncated(model_config, num_layers: int):
+  """`model_config` with only its first `num_layers` decoder layers (the same block types, in order)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  if not 0 < num_layers <= model_config.num_layers:
+    raise ValueError(f"num_layers: {num_layers} is not in [1, {model_config.num_layers}]")
+  return dataclasses.replace(model_config, num_layers=num_layers, layer_types=model_config.layer_types[:num_layers])
 
 
 def _fmt(value, spec: str, missing: str = "-") -> str:
@@ -104,11 +121,18 @@ def main(argv):
   start = time.perf_counter()
   chip, devices = tpu_topology.topology_devices(_TOPOLOGY.value)
   model_config = model_config_of(config, _MODEL_DTYPE.value)
-  print(f"{config.name}: {config.learner.algorithm}, {model_config.model_type} ({model_config.dtype}), "
+  if _NUM_LAYERS.value:
+    model_config = truncated(model_config, _NUM_LAYERS.value)
+  print(f"{config.name}: {config.learner.algorithm}, {model_config.model_type} (params {model_config.param_dtype}, "
+        f"compute {model_config.dtype}, remat {model_config.remat}, master weights "
+        f"{config.learner.actor.optimizer.master_weights}, {model_config.num_layers} layers), "
         f"{_TOPOLOGY.value} = {len(devices)} chips, mesh {dict(config.learner.mesh)}, "
         f"micro_batch_size {config.learner.batching.micro_batch_size}", flush=True)
   meta = {"topology": _TOPOLOGY.value, "config": config.name, "command": " ".join(sys.argv), "chips": len(devices),
-          "peak_bf16_flops_per_chip": chip.peak_bf16_flops, "model_dtype": model_config.dtype}
+          "peak_bf16_flops_per_chip": chip.peak_bf16_flops, "model_dtype": model_config.dtype,
+          "param_dtype": model_config.param_dtype, "remat": model_config.remat,
+          "master_weights": bool(config.learner.actor.optimizer.master_weights), "mesh": dict(config.learner.mesh),
+          "num_layers": model_config.num_layers}
   done = []
 
   def progress(row):  # each row as soon as it is compiled (a full config takes many minutes per program)

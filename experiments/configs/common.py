@@ -75,6 +75,13 @@ def base_config() -> ml_collections.ConfigDict:
           init="toy",  # toy: a fresh tiny model warm-started on demonstrations | hf: load hf_path
           hf_path="",
           tokenizer_path="",  # "" = the built-in toy tokenizer (toy) / hf_path (hf)
+          # Precision (`sao.models.config.ModelConfig` fields): parameters stored in `param_dtype`, activations and
+          # matmul inputs in `compute_dtype`; norms, router, softmax statistics, log-probs and losses are float32
+          # whatever these say. The optimizer state is float32 either way; `learner.<role>.optimizer.master_weights`
+          # adds a float32 master copy of the trainable params (`sao.train.optim`).
+          param_dtype="float32",
+          compute_dtype="float32",
+          remat="none",  # per-decoder-layer rematerialisation (`sao.models.config.REMAT_POLICIES`)
           toy=dict(model_type="qwen3", hidden_size=64, intermediate_size=192, num_layers=2, num_heads=4,
                    num_kv_heads=2, head_dim=16, max_position_embeddings=1024,
                    # Untied: with tied embeddings an RL step on a guess's output logit also moves that number's input
@@ -220,8 +227,8 @@ def full_scale(config: ml_collections.ConfigDict) -> None:
   c.actor.optimizer.learning_rate = 1e-6
   c.actor.optimizer.schedule = "constant"  # 10 warmup steps (the base's), then constant (the toy decays)
   c.batching.bucket_lengths = (32768, 65536, 131072)
-  c.batching.micro_batch_size = 8
-  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
+  full_precision(config)
+  full_mesh(config)
   config.rollout.max_new_tokens = 8192
   config.rollout.max_turns = 200
   config.rollout.max_total_tokens = 131072
@@ -231,6 +238,33 @@ def full_scale(config: ml_collections.ConfigDict) -> None:
   config.rollout.concurrency = 64
   config.server.host = "0.0.0.0"  # remote workers must reach the trainer
   config.server.max_staleness = 8
+
+
+def full_precision(config: ml_collections.ConfigDict) -> None:
+  """bf16 as TPU trainers run it (MaxText, levanter): bf16 parameters and activations in HBM, float32 AdamW moments
+  and float32 master weights (the update is applied to the master copy and the bf16 params are its cast: at the
+  actor's lr 1e-6 an update is ~1e-6 relative, far below bf16's 2^-8 spacing, so applied to bf16 directly most would
+  round away). Per-layer remat: the backward pass recomputes each decoder layer from its input instead of keeping
+  its activations (one layer's [rows, T, hidden] input per layer is all that is kept)."""
+  config.model.param_dtype = "bfloat16"
+  config.model.compute_dtype = "bfloat16"
+  config.model.remat = "full"
+  for role in (config.learner.actor, config.learner.critic):
+    role.optimizer.master_weights = True
+
+
+def full_mesh(config: ml_collections.ConfigDict) -> None:
+  """The learner mesh for the full configs on a v5p-128 (128 chips; on 256 chips `tensor` doubles): the batch over
+  `fsdp` = 8, the model over `tensor` = −1 (the remaining 16), micro-batches of 8 rows — one row per batch shard.
+
+  Why: the batch rule shards rows over data × fsdp × expert, and a micro-batch must split evenly over them, so a
+  micro-batch of M rows allows at most M batch shards. One row of 131,072 tokens per chip is already the most a
+  chip's activations hold, so more rows per micro-batch only buys more batch shards at the cost of memory; the rest
+  of the chips shard the model (heads, expert widths, vocabulary) over `tensor`. The compile report
+  (docs/tpu.md) measures this layout."""
+  c = config.learner
+  c.batching.micro_batch_size = 8
+  c.mesh.data, c.mesh.fsdp, c.mesh.expert, c.mesh.tensor = 1, 8, 1, -1
 
 
 def sao_full_critic(config: ml_collections.ConfigDict) -> None:

@@ -189,7 +189,8 @@ class MoE(nn.Module):
   def __call__(self, x: Array) -> Array:
     cfg = self.config
     dtype, param_dtype = dtypes(cfg)
-    router_logits = nn.Dense(cfg.num_experts, use_bias=False, dtype=dtype, param_dtype=param_dtype,
+    # The router runs in float32 whatever the compute dtype (bf16 logits would flip near-tied top-k choices).
+    router_logits = nn.Dense(cfg.num_experts, use_bias=False, dtype=jnp.float32, param_dtype=param_dtype,
                              kernel_init=kernel_init("embed", None), name="gate")(x)
     weights, experts = moe.route(router_logits.reshape(-1, cfg.num_experts), cfg.num_experts_per_tok,
                                  cfg.norm_topk_prob)  # [B·T, k]

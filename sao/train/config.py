@@ -33,6 +33,7 @@ def _optimizer(learning_rate: float, clip_norm: float) -> ml_collections.ConfigD
       b2=0.999,
       eps=1e-8,
       clip_norm=clip_norm,  # global-norm clipping over the role's trainable params; 0 disables
+      master_weights=False,  # keep a float32 master copy of the trainable params (for bf16 params; sao.train.optim)
   ))
 
 

@@ -38,6 +38,7 @@ from sao.models.transformer import Critic
 from sao.train import actor_losses
 from sao.train import config as config_lib
 from sao.train import mesh as mesh_lib
+from sao.train import optim
 from sao.train.actor_losses import Mean
 
 STEP_METRICS = ("loss", "grad_norm", "l2_params", "l2_updates", "skipped", "step", "tokens")  # every step reports
@@ -176,29 +177,31 @@ def _make_step(micro_loss: Callable, kind: str, denominator_fn: Callable[[jax.Ar
       mb = _constrain(mb, mesh)
       loss_fn = lambda tp: micro_loss(_merge(tp, frozen_params), mb)
       (loss_sum, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(train_params)
-      return (jax.tree.map(jnp.add, grad_acc, grads), loss_acc + loss_sum, _merge_metrics(metrics_acc, metrics)), None
+      grad_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_acc, grads)
+      return (grad_acc, loss_acc + loss_sum, _merge_metrics(metrics_acc, metrics)), None
 
     _, metrics_shape = jax.eval_shape(micro_loss, state.params, jax.tree.map(lambda x: x[0], micro))
     reserved = set(metrics_shape) & set(STEP_METRICS)
     if reserved:
       raise ValueError(f"{kind} loss: metric names {sorted(reserved)} are the step's own ({STEP_METRICS})")
     zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metrics_shape)
-    zero_grads = jax.tree.map(jnp.zeros_like, train_params)
+    # Gradients accumulate in float32 whatever the param dtype (bf16 sums over micro-batches would lose bits).
+    zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), train_params)
     (grads, loss_sum, micro_metrics), _ = jax.lax.scan(
         body, (zero_grads, jnp.zeros((), jnp.float32), zero_metrics), micro)
     grads = jax.tree.map(lambda g: g / denominator, grads)
     loss = loss_sum / denominator
     grad_norm = optax.global_norm(grads)
-    full_grads = _merge(grads, jax.tree.map(jnp.zeros_like, frozen_params))
+    full_grads = _merge(grads, jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), frozen_params))
     updates, opt_state = tx.update(full_grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    params = optim.apply_updates(state.params, updates, opt_state)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     new_state = TrainState(
         step=state.step + finite.astype(jnp.int32),
         params=_where_tree(finite, params, state.params),
         opt_state=_where_tree(finite, opt_state, state.opt_state),
         skipped=state.skipped + (~finite).astype(jnp.int32))
-    applied = jax.tree.map(jnp.subtract, new_state.params, state.params)
+    applied = jax.tree.map(lambda a, b: a.astype(jnp.float32) - b.astype(jnp.float32), new_state.params, state.params)
     metrics = {
         "loss": loss,
         "grad_norm": grad_norm,

@@ -140,12 +140,17 @@ class Trainer:
       model_config, params = hf.load_pretrained(base_dir)
       logging.info("base policy: reusing %s", base_dir)
       return model_config, params, base_dir
+    # The run config's precision and remat as ModelConfig fields (docs/models.md "Precision"); the loader stores the
+    # params in `param_dtype` (its `dtype` argument is the compute dtype, `param_dtype` overrides the storage).
+    precision = {"dtype": c.model.get("compute_dtype", "float32"), "param_dtype": c.model.get("param_dtype", "float32"),
+                 "remat": c.model.get("remat", "none")}
     if c.model.init == "hf":
       # Streamed tensor by tensor into the learner's param shardings: the host never holds the whole model.
-      model_config, params = streaming.load_pretrained_sharded(c.model.hf_path,
-                                                               mesh_lib.make_mesh(dict(c.learner.mesh)))
+      model_config, params = streaming.load_pretrained_sharded(
+          c.model.hf_path, mesh_lib.make_mesh(dict(c.learner.mesh)), **precision)
       return model_config, params, c.model.hf_path
     model_config = ModelConfig.tiny(c.model.toy.model_type, vocab_size=self.tokenizer.vocab_size,
+                                    **precision,
                                     **{k: v for k, v in c.model.toy.items() if k != "model_type"})
     params = transformer.init_params(model_config, jax.random.PRNGKey(c.seed))
     if c.recipe.sft_steps:

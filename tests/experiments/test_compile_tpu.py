@@ -20,7 +20,7 @@ import sys
 import jax
 import pytest
 
-from experiments.compile_tpu import model_config_of
+from experiments.compile_tpu import model_config_of, truncated
 from experiments.configs import gspo_openswe, sao_openswe
 from sao.models.config import ModelConfig
 from sao.train import aot, compile_stats
@@ -83,6 +83,25 @@ def test_known_hf_configs_build_the_published_models():
   assert 30.0e9 < total < 31.0e9 and 2.9e9 < compile_stats.active_params(config, params) < 3.2e9  # "30B-A3B"
   with pytest.raises(ValueError, match="model.hf_path.*no config.json"):
     known_configs.hf_config("/nonexistent/checkpoint")
+
+
+def test_the_model_follows_the_config_precision():
+  config = sao_openswe.get_config("toy,model.param_dtype=bfloat16,model.compute_dtype=bfloat16,model.remat=full")
+  model_config = model_config_of(config)
+  assert (model_config.param_dtype, model_config.dtype, model_config.remat) == ("bfloat16", "bfloat16", "full")
+  assert model_config_of(config, "float32").param_dtype == "float32"  # --model_dtype overrides both
+  full = model_config_of(sao_openswe.get_config("full"))  # the shipped full config: bf16, remat (hub id, no weights)
+  assert (full.model_type, full.param_dtype, full.dtype, full.remat) == ("qwen3_5_moe_text", "bfloat16", "bfloat16",
+                                                                          "full")
+
+
+def test_truncated_keeps_the_first_layers_and_their_block_types():
+  full = model_config_of(sao_openswe.get_config("full"))
+  four = truncated(full, 4)
+  assert four.num_layers == 4 and four.layer_types == full.layer_types[:4]
+  assert four.layer_types.count("full_attention") == 1  # one hybrid period: 3 Gated DeltaNet + 1 attention
+  with pytest.raises(ValueError, match="num_layers"):
+    truncated(full, 41)
 
 
 def test_topology_names_are_checked():

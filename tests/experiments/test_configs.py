@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pathlib
 
 import ml_collections
@@ -219,3 +220,35 @@ def test_flag_overrides_reach_the_derived_fields():
   assert by_flags.to_dict() == by_arg.to_dict()
   by_flags.server.max_outstanding = 100  # setting a derived key itself replaces the derivation
   assert by_flags.server.max_outstanding == 100 and by_flags.rollout.batch_size == 32
+
+
+FULL_CASES = [name for name in MODULES if "full" in _load(name).VARIANTS]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu is not installed (pip install -e '.[test]' installs it)")
+@pytest.mark.parametrize("topology", ["v5p:4x4x8", "v6e:16x16"])
+@pytest.mark.parametrize("name", FULL_CASES)
+def test_full_variant_builds_its_learner_mesh_on_a_pod_slice(name, topology):
+  """As shipped (no mesh overrides), every `full` config's learner mesh covers a v5p-128's (and a v6e-256's) chips
+  and its micro-batches split evenly over the batch shards — the learner's own precondition
+  (`Learner.__init__`) — without compiling anything (libtpu only describes the devices)."""
+  from sao.train import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from sao.train import tpu_topology  # pylint: disable=g-import-not-at-top
+  config = _load(name).get_config("full")
+  _, devices = tpu_topology.topology_devices(topology)
+  mesh = mesh_lib.make_mesh(dict(config.learner.mesh), devices)
+  assert mesh.devices.size == len(devices), f"{name}: the mesh leaves chips idle on {topology}"
+  shards = mesh_lib.batch_parallel_size(mesh)
+  micro = config.learner.batching.micro_batch_size
+  assert micro and micro % shards == 0, (micro, shards)
+  assert config.rollout.batch_size % micro == 0  # whole micro-batches, no padded rows
+  assert config.model.param_dtype == config.model.compute_dtype == "bfloat16"
+  assert config.learner.actor.optimizer.master_weights and config.learner.critic.optimizer.master_weights
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_toy_variants_stay_float32(name):
+  config = _load(name).get_config("toy")
+  assert (config.model.param_dtype, config.model.compute_dtype, config.model.remat) == ("float32", "float32", "none")
+  assert not config.learner.actor.optimizer.master_weights

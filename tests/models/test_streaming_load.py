@@ -154,6 +154,7 @@ def test_each_byte_read_once_on_one_device(tmp_path):
 _MEMORY_PROBE = r"""
 import json, sys
 import jax
+import jax.numpy as jnp
 import numpy as np
 from sao.models import hf, streaming, transformer
 # Warm the runtime up first (its first transfers allocate ~30 MB that neither loader should be charged for).
@@ -221,6 +222,25 @@ def test_trainer_streams_an_hf_base_policy_into_the_learner_shardings(tmp_path):
   for got, w, sharding in zip(jax.tree.leaves(params), jax.tree.leaves(want), jax.tree.leaves(shardings)):
     assert got.sharding == sharding
     np.testing.assert_array_equal(np.asarray(got), np.asarray(w))
+
+
+def test_trainer_loads_the_base_policy_in_the_configured_precision(tmp_path):
+  import ml_collections
+  from sao.train.trainer import Trainer
+  directory = _write(tmp_path, "qwen3_moe", False, True)
+  config = ml_collections.ConfigDict(dict(
+      model=dict(init="hf", hf_path=directory, param_dtype="bfloat16", compute_dtype="bfloat16", remat="full"),
+      learner=dict(mesh=dict(data=1, fsdp=2, expert=2, tensor=2))))
+  trainer = Trainer(config, str(tmp_path / "work"), tokenizer=None, train_tasks=[], validation_tasks=[])
+  try:
+    model_config, params, _ = trainer.base_policy(None)
+  finally:
+    trainer.writer.close()
+  assert (model_config.param_dtype, model_config.dtype, model_config.remat) == ("bfloat16", "bfloat16", "full")
+  _, want = hf.load_pretrained(directory)
+  for got, w in zip(jax.tree.leaves(params), jax.tree.leaves(want)):
+    assert got.dtype == jax.numpy.bfloat16
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(w).astype(jax.numpy.bfloat16))
 
 
 def test_read_header_matches_safetensors_and_rejects_garbage(tmp_path):
