@@ -111,6 +111,21 @@ def _gae_associative(rewards, values, mask, gamma, lam):
   return jnp.where(mask, _linear_recurrence_reverse(a, b), 0.0)
 
 
+
+def _checked_gae_inputs(rewards, values, action_mask, gamma, lam):
+  """`gae`'s argument checks: `(rewards, values)` `[B, T]` in the compute dtype, `mask` `[B, T]` bool, scalar
+  `gamma` and `[B, 1]` `lam` in that dtype; ValueError naming the argument otherwise."""
+  rewards = checks.float_array("rewards", rewards, ndim=2)
+  values = checks.float_array("values", values, ndim=2)
+  mask = checks.mask_array("action_mask", action_mask, ndim=2)
+  checks.same_shape(["values", "rewards", "action_mask"], [values, rewards, mask])
+  dtype = checks.compute_dtype(rewards, values)
+  gamma = jnp.asarray(gamma, dtype)
+  if gamma.ndim != 0:
+    raise ValueError(f"gamma must be a scalar, got shape {gamma.shape}")
+  lam = checks.per_sequence("lam", lam, values.shape[0], dtype)
+  return rewards.astype(dtype), values.astype(dtype), mask, gamma, lam
+
 def gae(
     rewards: jax.Array,
     values: jax.Array,
@@ -145,16 +160,7 @@ def gae(
   Returns:
     `(advantages, returns)`, both `[B, T]` in the compute dtype (float32 for float32/bfloat16 inputs), 0 where `m == 0`.
   """
-  rewards = checks.float_array("rewards", rewards, ndim=2)
-  values = checks.float_array("values", values, ndim=2)
-  mask = checks.mask_array("action_mask", action_mask, ndim=2)
-  checks.same_shape(["values", "rewards", "action_mask"], [values, rewards, mask])
-  dtype = checks.compute_dtype(rewards, values)
-  gamma = jnp.asarray(gamma, dtype)
-  if gamma.ndim != 0:
-    raise ValueError(f"gamma must be a scalar, got shape {gamma.shape}")
-  lam = checks.per_sequence("lam", lam, values.shape[0], dtype)
-  rewards, values = rewards.astype(dtype), values.astype(dtype)
+  rewards, values, mask, gamma, lam = _checked_gae_inputs(rewards, values, action_mask, gamma, lam)
   def with_returns(advantages):
     return advantages, jnp.where(mask, advantages + values, 0.0)
 
@@ -194,16 +200,7 @@ def whitened_gae(
   if method != "chunked":
     advantages, returns = gae(rewards, values, action_mask, gamma, lam, method=method)
     return masked_whiten(advantages, action_mask, eps), returns
-  rewards = checks.float_array("rewards", rewards, ndim=2)
-  values = checks.float_array("values", values, ndim=2)
-  mask = checks.mask_array("action_mask", action_mask, ndim=2)
-  checks.same_shape(["values", "rewards", "action_mask"], [values, rewards, mask])
-  dtype = checks.compute_dtype(rewards, values)
-  gamma = jnp.asarray(gamma, dtype)
-  if gamma.ndim != 0:
-    raise ValueError(f"gamma must be a scalar, got shape {gamma.shape}")
-  lam = checks.per_sequence("lam", lam, values.shape[0], dtype)
-  rewards, values = rewards.astype(dtype), values.astype(dtype)
+  rewards, values, mask, gamma, lam = _checked_gae_inputs(rewards, values, action_mask, gamma, lam)
   gamma_lam = (gamma * lam)[:, 0]  # [B]
 
   def fused():
