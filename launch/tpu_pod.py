@@ -33,6 +33,7 @@ from typing import Sequence
 
 from absl import app, flags
 
+from launch import sglang_fleet as fleet_lib
 from launch import sweep as sweep_lib
 
 
@@ -118,7 +119,10 @@ def plan(spec: PodSpec) -> list[Command]:
     host = spec.router_host or spec.gpu_hosts[0]
     router = [spec.python, "-m", "sglang_router.launch_router", "--worker-urls",
               *[f"http://{h}:{spec.sglang_port}" for h in spec.gpu_hosts], "--host", "0.0.0.0",
-              "--port", str(spec.router_port)]
+              "--port", str(spec.router_port),
+              # As launch/sglang_fleet.py: wait for the servers to load, then health-check them.
+              "--health-check-interval-secs", str(fleet_lib.FleetSpec.router_health_check_interval_s),
+              "--worker-startup-timeout-secs", str(fleet_lib.FleetSpec.router_worker_startup_timeout_s)]
     commands.append(Command("router", host, ("ssh", host, _remote(spec, router))))
   commands += trainer_commands(spec)
   index = 0

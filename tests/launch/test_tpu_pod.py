@@ -44,7 +44,8 @@ def test_sglang_fleet_commands():
   assert _remote_argv(sglang) == ["python3", "-m", "sglang.launch_server", "--model-path", "/mnt/models/qwen",
                                   "--host", "0.0.0.0", "--port", "30000", "--tp-size", "8"]
   assert _remote_argv(router) == ["python3", "-m", "sglang_router.launch_router", "--worker-urls",
-                                  "http://gpu-0:30000", "http://gpu-1:30000", "--host", "0.0.0.0", "--port", "30080"]
+                                  "http://gpu-0:30000", "http://gpu-1:30000", "--host", "0.0.0.0", "--port", "30080",
+                                  "--health-check-interval-secs", "10", "--worker-startup-timeout-secs", "1800"]
 
 
 def test_trainer_command_runs_on_every_tpu_host():
