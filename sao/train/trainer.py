@@ -48,6 +48,7 @@ from sao.train import mesh as mesh_lib
 from sao.train import writers as writers_lib
 from sao.train.export import export_policy
 from sao.train.learner import Learner
+from sao.transport import flow
 from sao.transport.dispenser import DispenserConfig, TaskDispenser
 from sao.transport.server import ServerConfig, TrajectoryServer
 from sao.transport.trajectory import Trajectory
@@ -362,7 +363,7 @@ class Trainer:
     self._wait_s = time.time() - waited_from  # the trainer idle, waiting for rollouts (busy fraction's input)
     # Timeouts / env errors are not trained on; nor is anything more than `max_staleness` versions behind the
     # policy about to be updated (accepted when fresh, it aged in the buffer). Both are counted.
-    fresh = [learner.version - t.policy_version <= c.server.max_staleness for t in trajectories]
+    fresh = [flow.is_fresh(learner.version, t.policy_version, c.server.max_staleness) for t in trajectories]
     trainable = [t for t, ok in zip(trajectories, fresh) if t.is_trainable and ok]
     stale = sum(1 for t, ok in zip(trajectories, fresh) if t.is_trainable and not ok)
     # Records the batcher cannot take are quarantined (persisted, never re-read), not a crash on every restart.
