@@ -174,8 +174,11 @@ def _train(config: ml_collections.ConfigDict, workdir: str, config_args: Sequenc
 
 def _persistent_compilation_cache(workdir: str, process_id: int) -> None:
   """XLA executables cached in `<workdir>/jax_cache/process<i>`: a resumed or repeated run skips the learner's
-  compiles (~40 CPU-s of the toy run; docs/performance.md, "The main job: where the seconds go")."""
+  compiles (~40 CPU-s of the toy run; docs/performance.md, "The main job: where the seconds go"). A cache the user
+  already configured (`JAX_COMPILATION_CACHE_DIR`, e.g. one shared by many runs) is left as it is."""
   import jax  # pylint: disable=g-import-not-at-top
+  if jax.config.jax_compilation_cache_dir:
+    return
   jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.abspath(workdir), "jax_cache",
                                                               f"process{process_id}"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

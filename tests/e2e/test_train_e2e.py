@@ -247,8 +247,6 @@ def _check_outputs(workdir: str, expect_validation: bool = True) -> list[dict]:
   assert glob.glob(os.path.join(workdir, "tensorboard", "**", "events.out.tfevents.*"), recursive=True) or \
       glob.glob(os.path.join(workdir, "**", "events.out.tfevents.*"), recursive=True), "no TensorBoard events"
   assert os.path.getsize(os.path.join(workdir, "curves.png")) > 0
-  # The trainer's XLA executables persist, so a resume or re-run skips its compiles.
-  assert any(n.endswith("-cache") for n in os.listdir(os.path.join(workdir, "jax_cache", "process0")))
   return rows
 
 

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 from absl import flags
@@ -52,3 +54,32 @@ def test_distributed_keys_are_checked_before_joining_a_job():
     holder, _ = _parse([f"--config={CONFIG}:toy", *flags_])
     with pytest.raises(ValueError, match=message):
       run_lib.join_job(holder.value)
+
+
+_COMPILE_IN_A_TRAINER = """
+import sys
+import jax, jax.numpy as jnp
+from launch import run
+run._persistent_compilation_cache(sys.argv[1], 1)
+jax.jit(lambda x: jnp.sin(x) * 3.0 + 1.25)(jnp.arange(7.0)).block_until_ready()
+print(jax.config.jax_compilation_cache_dir)
+"""
+
+
+def test_trainer_compilation_cache_goes_to_the_workdir_unless_one_is_configured(tmp_path):
+  """The trainer's XLA executables persist (a resume or re-run skips its compiles), in `<workdir>/jax_cache/
+  process<i>`, or in the cache the user configured (JAX_COMPILATION_CACHE_DIR), which is never overridden. A fresh
+  process each: JAX decides once per process whether its cache is in use."""
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=repo)
+  for configured in (None, str(tmp_path / "shared")):
+    if configured:  # with the user's own settings (JAX's default would skip compiles under a second)
+      env.update(JAX_COMPILATION_CACHE_DIR=configured, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    workdir = str(tmp_path / f"run_{bool(configured)}")
+    out = subprocess.run([sys.executable, "-c", _COMPILE_IN_A_TRAINER, workdir], env=env, cwd=repo,
+                         capture_output=True, text=True, timeout=120, check=True).stdout.split()[-1]
+    expected = configured or os.path.join(workdir, "jax_cache", "process1")
+    assert out == expected
+    assert any(n.endswith("-cache") for n in os.listdir(expected))
+    assert os.path.isdir(os.path.join(workdir, "jax_cache")) == (configured is None)
