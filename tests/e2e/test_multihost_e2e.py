@@ -36,9 +36,9 @@ CONFIG_ARG = (f"sao_openswe.py:toy,total_steps={RL_STEPS},recipe.value_pretrain_
 HEARTBEAT_TIMEOUT_S = 20
 
 
-class Job:
+class Job(e2e.Run):
   """One `launch.local --trainer_processes=2` invocation in its own session; the launcher's output (process 0's) to a
-  file."""
+  file. Waiting, finishing, output and killing are `e2e.Run`'s."""
 
   def __init__(self, workdir: str, cache_dir: str, name: str):
     env = dict(os.environ)
@@ -54,10 +54,6 @@ class Job:
           cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     self.pgid = self.process.pid
 
-  def output(self) -> str:
-    with open(self.out_path, errors="replace") as f:
-      return f.read()
-
   def process1_log(self) -> str:
     with open(os.path.join(self.workdir, "logs", "trainer_process1.log"), errors="replace") as f:
       return f.read()
@@ -68,29 +64,6 @@ class Job:
       if "experiments/train.py" in cmdline and f"--config.distributed.process_id={process_id}" in cmdline:
         return pid
     return None
-
-  def wait_for(self, what: str, predicate, timeout_s: float, poll_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-      value = predicate()
-      if value:
-        return value
-      if self.process.poll() is not None:
-        pytest.fail(f"job exited with code {self.process.returncode} while waiting for {what}:\n"
-                    f"{self.output()[-6000:]}")
-      time.sleep(poll_s)
-    pytest.fail(f"timed out after {timeout_s}s waiting for {what}:\n{self.output()[-6000:]}")
-
-  def finish(self, timeout_s: float) -> str:
-    try:
-      self.process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-      pytest.fail(f"job did not finish within {timeout_s}s:\n{self.output()[-6000:]}")
-    assert self.process.returncode == 0, f"job failed ({self.process.returncode}):\n{self.output()[-6000:]}"
-    return self.output()
-
-  def kill(self) -> None:
-    e2e._kill_group(self.process)  # pylint: disable=protected-access
 
 
 @pytest.fixture(scope="module")
@@ -171,10 +144,11 @@ def test_killed_process_stops_the_job_naming_it_and_the_same_command_resumes(tmp
   job = Job(workdir, cache_dir, "first")
   jobs.append(job)
   pids = job.wait_for("both trainer processes", lambda: [job.trainer_pid(0), job.trainer_pid(1)]
-                      if job.trainer_pid(0) and job.trainer_pid(1) else None, timeout_s=300)
+                      if job.trainer_pid(0) and job.trainer_pid(1) else None, timeout_s=300, poll_s=0.2)
   # After the first RL update's checkpoint (something to resume from). Process 0 is frozen for the kill, so the job
   # cannot finish between the check and the kill (process 1 only follows process 0).
-  job.wait_for("a checkpoint", lambda: e2e._checkpoint_metas(workdir), timeout_s=1200)  # pylint: disable=protected-access
+  job.wait_for("a checkpoint", lambda: e2e._checkpoint_metas(workdir),  # pylint: disable=protected-access
+               timeout_s=1200, poll_s=0.2)
   os.kill(pids[0], signal.SIGSTOP)
   assert len(_step_rows(workdir)) < VALUE_STEPS + RL_STEPS, "the job finished before process 1 could be killed"
   os.kill(pids[1], signal.SIGKILL)
