@@ -36,7 +36,7 @@ def test_demonstrations_do_not_sleep():
   env = envs.make("slow_number_search", n=16, delay_scale_s=5.0, delay_max_s=5.0)
   start = time.monotonic()
   demo = env.demonstrate(env.tasks("train", 1, seed=0)[0], np.random.default_rng(0))
-  assert time.monotonic() - start < 2.0 and demo.reward == 1.0
+  assert time.monotonic() - start < 4.5 and demo.reward == 1.0  # one sleep would be 5 s
 
 
 def test_pareto_delay_is_heavy_tailed():

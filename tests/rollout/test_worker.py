@@ -107,7 +107,7 @@ def test_stop_does_not_wait_out_the_retry_budget_when_the_trainer_is_gone():
     return time.monotonic() - start, stats
 
   elapsed, stats = asyncio.run(run())
-  assert elapsed < 5, elapsed
+  assert elapsed < 30, elapsed  # the retry budget is ≥ 60 s: stopped, not waited out (generous for a loaded machine)
   assert stats["submitted"] == 0
 
 
