@@ -235,6 +235,7 @@ class Trainer:
         learner = self._rl_learner(model_config, params, value_init, has_value_init)
         extra = learner.restore_checkpoint(checkpointer)
         step = int(extra["step"])
+        self.validations = [(int(version), float(rate)) for version, rate in extra.get("validations", [])]
         if server is not None:
           server.restore(extra.get("dispenser"))
         logging.info("resumed at step %d (learner update %d, policy version %d)", step, learner.num_updates,
@@ -269,10 +270,11 @@ class Trainer:
       self.writer.close()
 
   def _checkpoint_extra(self, step: int, phase: str, server) -> dict:
-    """A checkpoint's `extra` (the step to resume at, the phase, process 0's dispenser state), the same on every
-    process."""
+    """A checkpoint's `extra` (the step to resume at, the phase, process 0's dispenser state and the validations so
+    far, so a resumed run still reports its base policy's), the same on every process."""
     return self._decide("checkpoint", lambda: {"step": step, "phase": phase,
-                                               "dispenser": server.dispenser.state_dict()})
+                                               "dispenser": server.dispenser.state_dict(),
+                                               "validations": [list(v) for v in self.validations]})
 
   def validation_summary(self) -> tuple[float, float, float]:
     """(base policy's validation (version 0), mean of the last three trained versions' validations, best trained

@@ -294,6 +294,11 @@ def test_sao_end_to_end_with_worker_and_trainer_kills(tmp_path, runs, cache_dir)
   assert resumed_rows and resumed_rows[0]["step"] == resume_step, (resume_step, resumed_rows[:1])
   assert resumed_rows[-1]["step"] == end_step - 1
   assert _latest_extra(workdir)["step"] == end_step
+  # Validations run A logged before its last checkpoint (the base policy's among them) survive the resume.
+  validated_a = {r["validation/policy_version"] for r in rows[:rows_before]
+                 if "validation/policy_version" in r and r["step"] < resume_step}
+  final_validations = _latest_extra(workdir)["validations"]
+  assert 0 in validated_a and validated_a <= {v for v, _ in final_validations}, (validated_a, final_validations)
   # Accepted-but-unconsumed trajectories were reloaded from the log and trained on first, after the resume.
   consumed = log_lib.read_consumed(log_dir)
   first = pending[:BATCH]
