@@ -191,3 +191,34 @@ def test_learner_update_runs_in_bf16_with_master_weights():
   after = learner.actor.state.params
   moved = [not np.array_equal(a, np.asarray(b)) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after))]
   assert any(moved)
+
+
+def test_bf16_master_weights_checkpoint_restores_exactly(tmp_path):
+  """A checkpoint of bf16 params + float32 master weights and moments restores every leaf with its dtype, and the
+  restored learner's next update equals the original's (the master copy, not the bf16 cast, carries on)."""
+  from sao.train.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top
+  config = _bf16(train_helpers.model_config())
+  params = _cast(train_helpers.actor_params(), jnp.bfloat16)
+  overrides = {"sao.critic_warmup_steps": 0, "actor.optimizer.master_weights": True,
+               "critic.optimizer.master_weights": True}
+
+  def make():
+    return Learner(train_helpers.learner_config(**overrides), config, params, mesh=train_helpers.one_device_mesh())
+
+  learner = make()
+  # After an update the float32 masters differ from the bf16 params' upcast: a master re-derived from the params on
+  # restore (instead of the saved one) would give a different next update.
+  learner.update(train_helpers.trajectories(seed=0))
+  checkpointer = Checkpointer(str(tmp_path / "ckpt"), every=1, max_to_keep=1, async_save=False)
+  learner.save_checkpoint(checkpointer, extra={"step": 1})
+  restored = make()
+  assert restored.restore_checkpoint(checkpointer) == {"step": 1}
+  checkpointer.close()
+  for role, other in ((learner.actor, restored.actor), (learner.critic, restored.critic)):
+    saved, back = jax.device_get(role.state), jax.device_get(other.state)
+    assert [x.dtype for x in jax.tree.leaves(saved)] == [x.dtype for x in jax.tree.leaves(back)]
+    assert train_helpers.tree_equal(saved, back)
+  learner.update(train_helpers.trajectories(seed=1))
+  restored.update(train_helpers.trajectories(seed=1))
+  assert train_helpers.tree_equal(jax.device_get(learner.actor.state), jax.device_get(restored.actor.state))
+  assert train_helpers.tree_equal(jax.device_get(learner.critic.state), jax.device_get(restored.critic.state))
