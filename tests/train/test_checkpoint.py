@@ -114,3 +114,16 @@ def test_checkpoint_module_never_names_the_learner():
       imported.update(a.name for a in node.names)
   assert not [m for m in imported if m.startswith("sao.train.")], imported
   assert "Learner" not in source
+
+
+def test_float32_params_load_into_a_bf16_target_as_its_cast(tmp_path):
+  """A float32 value-pretraining critic warm-starts a bf16 critic: `load_params` returns the target's dtype."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from sao.train import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  saved = {"w": np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4) / 3}
+  ckpt_lib.save_params(str(tmp_path / "value"), saved)
+  target = {"w": jax.ShapeDtypeStruct((3, 4), jnp.bfloat16,
+                                      sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))}
+  loaded = ckpt_lib.load_params(str(tmp_path / "value"), target)
+  assert loaded["w"].dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(loaded["w"]), saved["w"].astype(jnp.bfloat16))
