@@ -127,13 +127,32 @@ def check_tools(tools: Any) -> list[dict[str, Any]] | None:
   return tools
 
 
+# Fields that would change what is sampled (so the recorded tokens and log-probs would not be the policy's): the
+# proxy refuses them rather than ignoring them. Each maps to the values that mean "off".
+_UNSUPPORTED_SAMPLING = {
+    "stop": (None, [], ""),  # stop strings: the engine stops on token ids only (eos / end of turn)
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "repetition_penalty": (None, 1, 1.0),
+    "min_p": (None, 0, 0.0),
+}
+
+
 def check_sampling(body: Mapping[str, Any], default_max_tokens: int,
                    stop_ids: tuple[int, ...]) -> SamplingParams:
   """The request's sampling settings: max_completion_tokens / max_tokens ≥ 1, temperature ≥ 0 (0 = greedy),
-  0 < top_p ≤ 1, top_k ≥ -1 (0 / -1 = off), n = 1, no streaming."""
+  0 < top_p ≤ 1, top_k ≥ -1 (0 / -1 = off), n = 1, no streaming; stop strings, logit bias and penalties are refused
+  (400, `unsupported_value`) unless off, since the engine would not apply them."""
   if body.get("stream") not in (None, False):
     raise ProxyRequestError("stream: streaming is not supported by the token-capturing proxy", "stream",
                             "unsupported_value")
+  for name, off in _UNSUPPORTED_SAMPLING.items():
+    value = body.get(name)
+    if not any(value == o and type(value) is type(o) for o in off):  # noqa: E721 -- False == 0 must not pass
+      raise ProxyRequestError(f"{name}: not supported by the token-capturing proxy (got {value!r}); the policy's "
+                              f"own sampling must produce the recorded tokens, so only the off value is accepted",
+                              name, "unsupported_value")
   n = _integer(body, "n")
   if n not in (None, 1):
     raise ProxyRequestError("n: only one choice per request is supported", "n", "unsupported_value")

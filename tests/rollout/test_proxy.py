@@ -189,9 +189,24 @@ MALFORMED = [  # (request body, the param the 400 must name)
     ({**GOOD, "top_k": "3"}, "top_k"),
     ({**GOOD, "n": 2}, "n"),
     ({**GOOD, "stream": True}, "stream"),
+    ({**GOOD, "stop": ["\n"]}, "stop"),
+    ({**GOOD, "stop": "END"}, "stop"),
+    ({**GOOD, "logit_bias": {"5": 10}}, "logit_bias"),
+    ({**GOOD, "presence_penalty": 0.5}, "presence_penalty"),
+    ({**GOOD, "frequency_penalty": False}, "frequency_penalty"),
+    ({**GOOD, "repetition_penalty": 1.1}, "repetition_penalty"),
     ({**GOOD, "tools": "x"}, "tools"),
     ({**GOOD, "tools": [{"type": "function"}]}, "tools[0]"),
 ]
+
+
+def test_sampling_fields_at_their_off_values_are_accepted():
+  from sao.rollout.proxy_checks import check_sampling  # pylint: disable=g-import-not-at-top
+  off = {"stop": None, "logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+         "min_p": 0}
+  sampling = check_sampling({**GOOD, **off}, 16, (3,))
+  assert sampling.max_new_tokens == 8 and sampling.stop_token_ids == (3,)
+  assert check_sampling({**GOOD, "stop": []}, 16, (3,)) == check_sampling(GOOD, 16, (3,))
 
 
 async def post(http, url, body, **kwargs):
