@@ -214,6 +214,8 @@ def grpo(config: ml_collections.ConfigDict) -> None:
 
 # ----------------------------------------------------------------------------------------------------------- scales
 
+FULL_MAX_TURNS = 200  # model turns per SWE episode: the agent loop's and the env's limit (tens, up to ~100 seen)
+
 def full_scale(config: ml_collections.ConfigDict) -> None:
   """The paper's scale (an SGLang GPU fleet, a TPU/GPU trainer): the HF base policy, the SWE environment, 128k-token
   episodes of up to 200 turns, the paper's actor optimiser (1e-6 after 10 warmup steps, constant), remote workers."""
@@ -221,7 +223,7 @@ def full_scale(config: ml_collections.ConfigDict) -> None:
   config.model.init = "hf"
   config.model.hf_path = FULL_MODEL
   config.env.name = "swe"
-  config.env.kwargs = {}
+  config.env.kwargs = dict(max_turns=FULL_MAX_TURNS)  # the env's own default (30) would end episodes first
   config.total_steps = 300
   config.recipe.sft_steps = 0
   c.actor.optimizer.learning_rate = 1e-6
@@ -230,7 +232,7 @@ def full_scale(config: ml_collections.ConfigDict) -> None:
   full_precision(config)
   full_mesh(config)
   config.rollout.max_new_tokens = 8192
-  config.rollout.max_turns = 200
+  config.rollout.max_turns = FULL_MAX_TURNS
   config.rollout.max_total_tokens = 131072
   config.rollout.eval_every = 20
   config.rollout.base_eval_repeats = 1  # the validation split is hundreds of SWE tasks
@@ -327,7 +329,8 @@ def swe_multilingual_data(config: ml_collections.ConfigDict) -> None:
   --config.env.kwargs.snapshot_root=<dir>` (`sao.rollout.envs.swe.dataset` documents both formats)."""
   config.engine_urls = (ROUTER_URL,)
   config.env.name = "swe"
-  config.env.kwargs = dict(jsonl=MULTILINGUAL_JSONL, snapshot_root=MULTILINGUAL_SNAPSHOTS)
+  config.env.kwargs = dict(jsonl=MULTILINGUAL_JSONL, snapshot_root=MULTILINGUAL_SNAPSHOTS,
+                           max_turns=config.rollout.max_turns)
   config.env.num_validation_tasks = 300
 
 

@@ -84,6 +84,19 @@ def test_full_variant_is_fully_specified(name):
     assert config.learner.critic.init_path
 
 
+@pytest.mark.parametrize("name,variant", CASES)
+def test_env_turn_limit_is_the_agent_loops(name, variant):
+  """An env's own turn limit below `rollout.max_turns` would silently end the episodes first (the SWE env's default
+  is 30 against the full configs' 200)."""
+  config = _load(name).get_config(variant)
+  env = envs.make(config.env.name, **config.env.kwargs) if config.env.name != "swe" else None
+  turns = config.env.kwargs.get("max_turns", getattr(env, "config_max_turns", None))
+  if config.env.name == "swe":
+    assert turns == config.rollout.max_turns, (turns, config.rollout.max_turns)
+  elif turns is not None:
+    assert turns <= config.rollout.max_turns, (turns, config.rollout.max_turns)
+
+
 @pytest.mark.parametrize("name", STABILIZED)
 @pytest.mark.parametrize("variant", ("toy", "full"))
 def test_stabilized_recipe(name, variant):
@@ -119,7 +132,7 @@ def test_multilingual_settings():
   assert toy.rollout.max_total_tokens <= max(toy.learner.batching.bucket_lengths)
   assert full.env.num_validation_tasks == 300
   # The `swe` env's own data keywords (SWE-bench JSONL + snapshots), not keywords no environment takes.
-  assert set(full.env.kwargs) == {"jsonl", "snapshot_root"} and full.env.kwargs.jsonl.endswith(".jsonl")
+  assert set(full.env.kwargs) == {"jsonl", "snapshot_root", "max_turns"} and full.env.kwargs.jsonl.endswith(".jsonl")
   assert full.rollout.harnesses == ("openai_tools",) and full.rollout.eval_harness == "openai_tools"
 
 
