@@ -98,16 +98,20 @@ def _reverse_affine_scan(decay: jax.Array, add: jax.Array) -> jax.Array:
 
 
 def _group(r, v, mb, gamma_lam, gamma):
-  """One row group: `(A, R, (n, mean, M2))` for `[rows, C, L]` tiles and `[rows]` `g` (every g finite, > 0)."""
+  """One row group: `(A, R, (n, mean, M2))` for `[rows, C, L]` tiles and `[rows]` `g = γλ`."""
   length, half = CHUNK, CHUNK // 2
   dtype = r.dtype
-  log_g = jnp.log(gamma_lam)[:, None]  # [rows, 1]
-  g3, log_g3 = gamma_lam[:, None, None], log_g[:, :, None]
   position = jnp.arange(length)
   bit = jnp.left_shift(jnp.uint32(1), position.astype(jnp.uint32))  # [L]: 2^t
   # K_t within the chunk, exactly: the chunk's mask as a 16-bit word, then the set bits below t. Elementwise, so it
   # fuses into the exponential below (a [·, L] @ [L, L] matmul of the mask cost ~20 % of the kernel).
   bits = jnp.sum(jnp.where(mb, bit, jnp.uint32(0)), axis=-1, dtype=jnp.uint32)  # [rows, C]
+  # Rows without an action token have all-zero advantages whatever g, and when `fits` is false the caller discards
+  # this result (under `vmap` a `lax.cond` computes both branches): g = 1 there keeps every intermediate finite
+  # (log 0 would put inf and NaN into the discarded branch).
+  gamma_lam = jnp.where(_in_range(gamma_lam) & jnp.any(bits != 0, axis=-1), gamma_lam, 1.0).astype(dtype)
+  log_g = jnp.log(gamma_lam)[:, None]  # [rows, 1]
+  g3, log_g3 = gamma_lam[:, None, None], log_g[:, :, None]
   actions_before = jax.lax.population_count(bits[..., None] & (bit - 1)).astype(dtype)  # [rows, C, L]
   chunk_actions = jax.lax.population_count(bits).astype(dtype)  # n_k, [rows, C]
   m = mb.astype(dtype)
@@ -124,7 +128,7 @@ def _group(r, v, mb, gamma_lam, gamma):
   h = jnp.exp((half - actions_before - m) * log_g3) * (after_sum + from_right[..., None])
   a = jnp.where(mb, r - v + h, 0.0)
   # The tile is in cache: its own mean first, then the centred squares.
-  count = jnp.sum(m)
+  count = jnp.sum(chunk_actions)
   mean = jnp.sum(a) / jnp.maximum(count, 1.0)
   sum_sq = jnp.sum(jnp.where(mb, jnp.square(a - mean), 0.0))
   return a, jnp.where(mb, a + v, 0.0), (count, mean, sum_sq)
@@ -143,10 +147,6 @@ def _run(rewards, values, mask, gamma, gamma_lam, rows):
   if padded > num_tokens:  # trailing observation tokens change nothing: they are bridged and their rewards ignored
     pad = ((0, 0), (0, padded - num_tokens))
     rewards, values, mask = jnp.pad(rewards, pad), jnp.pad(values, pad), jnp.pad(mask, pad)
-  # Rows without an action token have all-zero advantages whatever g, and when `fits` is false the caller discards
-  # this result (under `vmap` a `lax.cond` computes both branches): g = 1 there keeps every intermediate finite
-  # (log 0 would put inf and NaN into the discarded branch).
-  gamma_lam = jnp.where(_in_range(gamma_lam) & jnp.any(mask, axis=-1), gamma_lam, 1.0).astype(dtype)
   groups = batch // rows
   tiles = [x.reshape(groups, rows, padded // CHUNK, CHUNK) for x in (rewards, values, mask)]
 
