@@ -20,8 +20,6 @@ the intermediates of a group stay in cache; the outputs are the scan's stacked r
 `advantages_returns_and_moments` also returns the masked count, mean and centred sum of squares of `A` from the same
 pass, so that whitening (`sao.core.advantages.whitened_gae`) reads `A` once more instead of three times.
 """
-import math
-
 import jax
 import jax.numpy as jnp
 
