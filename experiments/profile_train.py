@@ -162,7 +162,7 @@ def _component(op_name: str) -> str:
   for key, component in _COMPONENTS:
     if key in op_name:
       return component
-  return "other (losses, advantages, masks, glue)"
+  return "other (LM head, losses, advantages, glue)"  # the head's matmuls carry no "lm_head" scope here
 
 
 def _classify(opcodes: set[str], opcode: str) -> str:
@@ -305,10 +305,11 @@ def main(argv):
       lambda: learner.update(_trajectories(rng, _BATCH.value, _SEQ_LEN.value, _VOCAB.value)), _UPDATES.value,
       hlo_modules())
 
-  by_class, by_component = collections.Counter(), collections.Counter()
+  by_class, by_component, component_matmul = collections.Counter(), collections.Counter(), collections.Counter()
   for kind, seconds, *_, component in rows:
     by_class[kind] += seconds
     by_component[component] += seconds
+    component_matmul[component] += seconds if kind == "matmul" else 0.0
   total = sum(by_class.values())
   matmul_seconds = by_class["matmul"]
   matmul_flops = sum(flops for kind, _, flops, *_ in rows if kind == "matmul")
@@ -319,9 +320,11 @@ def main(argv):
   print(f"\nXLA op time per update, {total * 1e3:.1f} ms summed over ops (threads may overlap):")
   for kind, seconds in by_class.most_common():
     print(f"  {kind:<40} {seconds * 1e3:9.1f} ms  {100 * seconds / total:5.1f} %")
-  print("by model part (JAX name scope of the op):")
+  print("by model part (JAX name scope of the op), and the part's matmul / other ops:")
   for component, seconds in by_component.most_common():
-    print(f"  {component:<40} {seconds * 1e3:9.1f} ms  {100 * seconds / total:5.1f} %")
+    matmul = component_matmul[component]
+    print(f"  {component:<40} {seconds * 1e3:9.1f} ms  {100 * seconds / total:5.1f} %   "
+          f"({100 * matmul / total:4.1f} % matmul, {100 * (seconds - matmul) / total:4.1f} % other)")
   if matmul_seconds > 0:
     print(f"  matmul ops: {matmul_flops / 1e9:.2f} GFLOP per update (from the HLO shapes), "
           f"{matmul_flops / matmul_seconds / 1e9:.2f} GFLOP/s inside them")
