@@ -110,11 +110,13 @@ def _group(r, v, mb, gamma_lam, gamma):
   gamma_lam = jnp.where(_in_range(gamma_lam) & jnp.any(bits != 0, axis=-1), gamma_lam, 1.0).astype(dtype)
   log_g = jnp.log(gamma_lam)[:, None]  # [rows, 1]
   g3, log_g3 = gamma_lam[:, None, None], log_g[:, :, None]
-  actions_before = jax.lax.population_count(bits[..., None] & (bit - 1)).astype(dtype)  # [rows, C, L]
+  actions_before = jax.lax.population_count(bits[..., None] & (bit - 1)).astype(dtype)  # K_t, [rows, C, L]
+  actions_through = jax.lax.population_count(bits[..., None] & (2 * bit - 1)).astype(dtype)  # J_t = K_t + m_t
   chunk_actions = jax.lax.population_count(bits).astype(dtype)  # n_k, [rows, C]
-  m = mb.astype(dtype)
-  # x_s = g^{K_s − L/2}·e_s on action tokens; `where`, not a product, so observation tokens' values never leak.
-  x = jnp.where(mb, jnp.exp((actions_before - half) * log_g3) * (gamma * v + g3 * (r - v)), 0.0)
+  # x_s = g^{K_s − L/2}·e_s on action tokens, e_s = γ·V_s + g·(r_s − V_s) written as g·r_s + (γ − g)·V_s so that no
+  # [rows, T] intermediate is shared with the advantage below (XLA:CPU would materialise it: one more pass);
+  # `where`, not a product, so observation tokens' values never leak.
+  x = jnp.where(mb, jnp.exp((actions_before - half) * log_g3) * (g3 * r + (gamma - g3) * v), 0.0)
   later = (position[:, None] > position[None, :]).astype(dtype)  # [s, t] = 1 where s > t
   after_sum = jnp.matmul(x.reshape(-1, length), later,  # Σ_{s>t} x_s within the chunk; float32 even where the
                          precision=jax.lax.Precision.HIGHEST).reshape(x.shape)  # default matmul precision is not
@@ -123,7 +125,7 @@ def _group(r, v, mb, gamma_lam, gamma):
   state = _reverse_affine_scan(jnp.exp(chunk_actions * log_g), entering_left)
   from_right = jnp.concatenate([state[:, 1:], jnp.zeros_like(state[:, :1])], axis=1)
   from_right = from_right * jnp.exp((chunk_actions - half) * log_g)  # g^{n_k − L/2}·H_{k+1}
-  h = jnp.exp((half - actions_before - m) * log_g3) * (after_sum + from_right[..., None])
+  h = jnp.exp((half - actions_through) * log_g3) * (after_sum + from_right[..., None])
   a = jnp.where(mb, r - v + h, 0.0)
   # The tile is in cache: its own mean first, then the centred squares.
   count = jnp.sum(chunk_actions)
