@@ -29,22 +29,17 @@ import sys
 import tempfile
 import time
 
-_DUMP_DIR = tempfile.mkdtemp(prefix="profile_train_hlo_")
-# Must be set before the CPU backend starts: the optimized HLO of every compiled module, to class the traced ops.
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           f" --xla_dump_to={_DUMP_DIR} --xla_dump_hlo_as_text").strip()
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from absl import app, flags  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from sao.models.config import ModelConfig  # noqa: E402
-from sao.models.transformer import init_params  # noqa: E402
-from sao.train import config as config_lib  # noqa: E402
-from sao.train.learner import Learner  # noqa: E402
-from sao.train.mesh import make_mesh  # noqa: E402
-from sao.transport.trajectory import Trajectory  # noqa: E402
+from sao.models.config import ModelConfig
+from sao.models.transformer import init_params
+from sao.train import config as config_lib
+from sao.train.learner import Learner
+from sao.train.mesh import make_mesh
+from sao.transport.trajectory import Trajectory
 
 _BATCH = flags.DEFINE_integer("batch", 8, "trajectories per update")
 _SEQ_LEN = flags.DEFINE_integer("seq_len", 256, "tokens per trajectory")
@@ -130,10 +125,16 @@ def parse_module(text: str) -> dict[str, tuple[str, float, str, str]]:
         dots += d
     return opcodes, flops, dots
 
+  # Thunks run the ops of the entry computation and of loop bodies and branches; the insides of fusions and the
+  # reducers of reductions never run as ops of their own.
+  inner = {callee for computation in computations.values() for _, _, _, rest in computation
+           for callee in re.findall(r"(?:calls|to_apply)=%([\w.\-]+)", rest)}
   ops = {}
-  for computation in computations.values():
+  for name, computation in computations.items():
+    if name in inner:
+      continue
     shapes = {n: s for n, s, _, _ in computation}
-    for name, shape, opcode, rest in computation:
+    for op, shape, opcode, rest in computation:
       if opcode in ("parameter", "constant", "get-tuple-element", "tuple", "bitcast"):
         continue
       opcodes, flops, dots = {opcode}, 0.0, []
@@ -146,8 +147,8 @@ def parse_module(text: str) -> dict[str, tuple[str, float, str, str]]:
           flops += f
           dots += d
       op_name = re.search(r'op_name="([^"]*)"', rest)
-      ops[name] = (_classify(opcodes, opcode), flops, ", ".join(dots) or shape.split("{")[0],
-                   _component(op_name.group(1) if op_name else ""))
+      ops[op] = (_classify(opcodes, opcode), flops, ", ".join(dots) or shape.split("{")[0],
+                 _component(op_name.group(1) if op_name else ""))
   return ops
 
 
@@ -182,10 +183,10 @@ def _classify(opcodes: set[str], opcode: str) -> str:
   return "other elementwise"
 
 
-def hlo_modules() -> list[tuple[str, dict[str, tuple[str, float, str, str]]]]:
+def hlo_modules(dump_dir: str) -> list[tuple[str, dict[str, tuple[str, float, str, str]]]]:
   """`[(module name, {op name: (class, FLOPs, description, component)})]` for every optimized module dumped."""
   modules = []
-  for path in sorted(glob.glob(os.path.join(_DUMP_DIR, "*after_optimizations.txt"))):
+  for path in sorted(glob.glob(os.path.join(dump_dir, "*after_optimizations.txt"))):
     text = open(path).read()
     header = re.match(r"HloModule ([\w.\-]+)", text)
     if header:
@@ -286,6 +287,17 @@ def matmul_ceiling(shapes, peak_n: int, repeats: int):
 
 def main(argv):
   del argv
+  # Set before the CPU backend starts (nothing above has run a computation): the optimized HLO of every compiled
+  # module, to class the traced ops.
+  dump_dir = tempfile.mkdtemp(prefix="profile_train_hlo_")
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump_dir} --xla_dump_hlo_as_text")
+  try:
+    _profile(dump_dir)
+  finally:
+    shutil.rmtree(dump_dir, ignore_errors=True)
+
+
+def _profile(dump_dir: str):
   hidden = _HIDDEN.value
   model = ModelConfig.tiny("qwen3", vocab_size=_VOCAB.value, hidden_size=hidden, intermediate_size=3 * hidden,
                            num_layers=_LAYERS.value, num_heads=hidden // 64, num_kv_heads=max(hidden // 128, 1),
@@ -303,7 +315,7 @@ def main(argv):
   untraced = time.perf_counter() - start
   rows, traced = traced_ops(
       lambda: learner.update(_trajectories(rng, _BATCH.value, _SEQ_LEN.value, _VOCAB.value)), _UPDATES.value,
-      hlo_modules())
+      hlo_modules(dump_dir))
 
   by_class, by_component, component_matmul = collections.Counter(), collections.Counter(), collections.Counter()
   for kind, seconds, *_, component in rows:
@@ -336,7 +348,6 @@ def main(argv):
   tokens = _BATCH.value * _SEQ_LEN.value
   shape_rows, weighted, peak = matmul_ceiling(
       training_matmul_shapes(tokens, _BATCH.value, _SEQ_LEN.value, model), _MATMUL.value, _REPEATS.value)
-  shutil.rmtree(_DUMP_DIR, ignore_errors=True)
   print(f"\nmatmul shapes of one actor training step, timed alone (best of {_REPEATS.value}), vs the "
         f"{_MATMUL.value}³ float32 peak {peak / 1e9:.2f} GFLOP/s:")
   for name, lhs, rhs, count, rate in shape_rows:
