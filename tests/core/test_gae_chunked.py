@@ -9,12 +9,12 @@ from sao.core import gae_chunked
 from tests.core import reference as ref
 from tests.core.test_advantages import agent_mask
 
-_kernel_both = jax.jit(gae_chunked.advantages_and_returns, static_argnames="block")
+_kernel_both = jax.jit(gae_chunked.advantages_and_returns, static_argnames="rows")
 
 
-def _kernel(rewards, values, mask, gamma, gamma_lam, block):
+def _kernel(rewards, values, mask, gamma, gamma_lam, rows):
   """Advantages from the kernel, after checking its returns are `m·(A + V)`."""
-  adv, ret = _kernel_both(rewards, values, mask, gamma, gamma_lam, block=block)
+  adv, ret = _kernel_both(rewards, values, mask, gamma, gamma_lam, rows=rows)
   np.testing.assert_allclose(ret, np.where(mask, np.asarray(adv) + values, 0.0), rtol=1e-6, atol=1e-6)
   return adv
 _gae = jax.jit(adv_lib.gae, static_argnames="method")
@@ -78,9 +78,9 @@ def test_edge_rows_match_float64_loop(lams, seed):
   _, want_returns = ref.gae(rewards, values, mask, gamma, lam)
   np.testing.assert_allclose(returns, want_returns, rtol=1e-5, atol=1e-5)
   if fast:
-    # The kernel itself, with blocks shorter than the row: the state crosses block boundaries mid-row.
-    for block in (16, 32, 48):
-      got = _kernel(rewards, values, mask, jnp.float32(gamma), gamma_lam, block=block)
+    # The kernel itself, one row per group and the whole batch in one group (75 tokens: 5 chunks, the last padded).
+    for rows in (1, 7):
+      got = _kernel(rewards, values, mask, jnp.float32(gamma), gamma_lam, rows=rows)
       assert_matches_reference(got, rewards, values, mask, gamma, lam)
 
 
@@ -94,8 +94,8 @@ def test_long_runs_of_actions_stress_the_scale_factors(gamma):
   mask[1, 5:40] = False
   lam = np.asarray([1.0, gae_chunked.G_MIN / gamma * 1.01, 0.5], np.float32)
   assert bool(gae_chunked.fits(jnp.asarray(gamma * lam), mask))
-  for block in (16, 64):
-    got = _kernel(rewards, values, mask, jnp.float32(gamma), jnp.asarray(gamma * lam, jnp.float32), block=block)
+  for rows in (1, 3):
+    got = _kernel(rewards, values, mask, jnp.float32(gamma), jnp.asarray(gamma * lam, jnp.float32), rows=rows)
     assert_matches_reference(got, rewards, values, mask, gamma, lam, rtol=1e-5, atol=1e-5 * 1e4)
 
 
@@ -123,10 +123,17 @@ def test_long_sequences(num_tokens):
   np.testing.assert_allclose(advantages, want, rtol=0, atol=bound)
 
 
-def test_block_must_be_a_multiple_of_the_chunk():
-  x = np.zeros((1, 40), np.float32)
-  with pytest.raises(ValueError, match="block"):
-    gae_chunked.advantages_and_returns(x, x, x > 0, jnp.float32(1.0), jnp.ones((1,)), block=20)
+@pytest.mark.parametrize("rows", [0, 4, 2.0])
+def test_rows_must_divide_the_batch(rows):
+  x = np.zeros((6, 40), np.float32)
+  with pytest.raises(ValueError, match="rows"):
+    gae_chunked.advantages_and_returns(x, x, x > 0, jnp.float32(1.0), jnp.ones((6,)), rows=rows)
+
+
+@pytest.mark.parametrize(("batch", "num_tokens", "want"), [(256, 16384, 32), (64, 4096, 64), (7, 75, 7),
+                                                             (6, 1 << 18, 2), (5, 1 << 22, 1), (96, 16384, 32)])
+def test_group_rows_is_the_largest_divisor_within_the_group_size(batch, num_tokens, want):
+  assert gae_chunked.group_rows(batch, num_tokens) == want
 
 
 def test_vmap_and_grad_with_lambda_zero_stay_finite():
@@ -143,7 +150,7 @@ def test_vmap_and_grad_with_lambda_zero_stay_finite():
   np.testing.assert_allclose(got, jax.grad(total)(values, "scan"), rtol=1e-6, atol=1e-6)
 
 
-_kernel_moments = jax.jit(gae_chunked.advantages_returns_and_moments, static_argnames="block")
+_kernel_moments = jax.jit(gae_chunked.advantages_returns_and_moments, static_argnames="rows")
 _whitened = jax.jit(adv_lib.whitened_gae, static_argnames="method")
 
 
@@ -153,10 +160,10 @@ def reference_moments(advantages, mask):
   return selected.size, mean, np.sum((selected - mean) ** 2)
 
 
-@pytest.mark.parametrize("block", [16, 256])
-def test_moments_from_the_gae_pass_match_float64(block):
-  # Edge rows (no action, all actions, single actions at the ends) and random masks; blocks shorter than the row
-  # make the per-block moments merge across blocks, 256 puts the whole row in one block.
+@pytest.mark.parametrize("rows", [1, 2, 5, 10])
+def test_moments_from_the_gae_pass_match_float64(rows):
+  # Edge rows (no action, all actions, single actions at the ends) and random masks; groups of 1, 2 and 5 rows
+  # merge per-group moments (some groups have no action token), 10 puts the whole batch in one group.
   rewards, values, mask = edge_rows(5, num_tokens=75)
   rng = np.random.default_rng(6)
   mask = np.concatenate([mask, rng.random((3, 75)) < rng.random((3, 1))])
@@ -164,7 +171,7 @@ def test_moments_from_the_gae_pass_match_float64(block):
   values = np.concatenate([values, rng.normal(size=(3, 75)).astype(np.float32)])
   gamma, lam = 0.95, rng.uniform(0.3, 1.0, size=10).astype(np.float32)
   adv, ret, (count, mean, sum_sq) = _kernel_moments(rewards, values, mask, jnp.float32(gamma),
-                                                    jnp.asarray(gamma * lam, jnp.float32), block=block)
+                                                    jnp.asarray(gamma * lam, jnp.float32), rows=rows)
   assert_matches_reference(adv, rewards, values, mask, gamma, lam)
   want_count, want_mean, want_sum_sq = reference_moments(ref.gae(rewards, values, mask, gamma, lam)[0], mask)
   assert float(count) == want_count
@@ -174,14 +181,14 @@ def test_moments_from_the_gae_pass_match_float64(block):
 
 def test_moments_stay_accurate_when_the_mean_dwarfs_the_spread():
   # Advantages ≈ 1000 ± 1: a sequential one-pass Σ A² − (Σ A)²/n in float32 gives M2 = 256 here instead of 626;
-  # the per-block centring and Chan's merge keep it to the rounding of the centred terms.
+  # the per-group centring and Chan's merge keep it to the rounding of the centred terms.
   rng = np.random.default_rng(7)
   mask = rng.random((4, 200)) < 0.7
   rewards = (1000.0 + rng.normal(size=mask.shape)).astype(np.float32)
   values = np.zeros(mask.shape, np.float32)
   gamma, lam = 0.5, np.full(4, 0.01, np.float32)
   _, _, (count, mean, sum_sq) = _kernel_moments(rewards, values, mask, jnp.float32(gamma),
-                                                jnp.asarray(gamma * lam, jnp.float32), block=32)
+                                                jnp.asarray(gamma * lam, jnp.float32), rows=1)
   want_count, want_mean, want_sum_sq = reference_moments(ref.gae(rewards, values, mask, gamma, lam)[0], mask)
   assert float(count) == want_count
   np.testing.assert_allclose(mean, want_mean, rtol=1e-6)
@@ -190,7 +197,7 @@ def test_moments_stay_accurate_when_the_mean_dwarfs_the_spread():
 
 def test_moments_of_an_empty_mask_are_zero():
   x = np.ones((3, 40), np.float32)
-  _, _, moments = _kernel_moments(x, x, x < 0, jnp.float32(1.0), jnp.full((3,), 0.9), block=16)
+  _, _, moments = _kernel_moments(x, x, x < 0, jnp.float32(1.0), jnp.full((3,), 0.9), rows=1)
   assert [float(v) for v in moments] == [0.0, 0.0, 0.0]
 
 
@@ -209,7 +216,7 @@ def test_whitened_gae_matches_float64_whitening_of_the_loop(lams):
 
 
 def test_whitened_gae_gradient_equals_the_unfused_pipeline():
-  # The fused moments are differentiated through the block loop; the gradient with respect to the values must be
+  # The fused moments are differentiated through the row-group scan; the gradient with respect to the values must be
   # the one of gae(method="scan") followed by masked_whiten.
   rewards, values, mask = edge_rows(9, num_tokens=40)
   weights = np.random.default_rng(9).normal(size=mask.shape).astype(np.float32)
