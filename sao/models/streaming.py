@@ -47,6 +47,7 @@ from sao.models.config import ModelConfig
 from sao.models.transformer import abstract_params
 
 _CHUNK_BYTES = 4 * 1024 ** 2
+_TILE = 64  # elements per side of `tiled_copy`'s tiles (measured best of 32-256)
 _ALIGN = 64  # bytes; what XLA's CPU client needs to alias a host buffer
 _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
            "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2, "I64": np.int64, "I32": np.int32,
@@ -108,6 +109,20 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
   raw = np.empty(nbytes + _ALIGN, np.uint8)
   start = -raw.ctypes.data % _ALIGN
   return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def tiled_copy(dst: np.ndarray, src: np.ndarray) -> None:
+  """`dst[...] = src` for 2-D arrays, in `_TILE` × `_TILE` tiles: a transposed `src` is then read a few cache lines
+  per row at a time, instead of one element per row along the whole of it (and rows whose stride is a multiple of
+  the page size no longer evict each other). 1.3-4× faster than one `np.copyto` of a transpose (measured: 113 MB
+  [576, 49152] → 318 → 232 ms, 67 MB [2048, 8192] → 444 → 111 ms)."""
+  rows, cols = src.shape
+  if src.flags.c_contiguous or rows * cols <= _TILE * _TILE:
+    np.copyto(dst, src, casting="unsafe")
+    return
+  for r in range(0, rows, _TILE):
+    for c in range(0, cols, _TILE):
+      np.copyto(dst[r:r + _TILE, c:c + _TILE], src[r:r + _TILE, c:c + _TILE], casting="unsafe")
 
 
 def _pread_into(fd: int, out: np.ndarray, offset: int, what: str) -> None:
@@ -202,7 +217,8 @@ def _linear(view: _View, shape: tuple[int, ...], n_in: int, bounds: Bounds, dtyp
   step = max(1, _CHUNK_BYTES // max(1, row_bytes))
   scratch = np.empty(min(step, r1 - r0) * row_bytes, np.uint8)  # one read buffer for every chunk of the tensor
   for r in range(r0, r1, step):
-    full[:, r - r0:min(r1, r + step) - r0] = view.read(((r, min(r1, r + step)), cols), counter, scratch).T
+    chunk = view.read(((r, min(r1, r + step)), cols), counter, scratch)
+    tiled_copy(full[:, r - r0:min(r1, r + step) - r0], chunk.T)
   full = full.reshape((b_in[0][1] - b_in[0][0],) + ins[1:] + (b_out[0][1] - b_out[0][0],) + outs[1:])
   sub = ((slice(None),) + tuple(slice(lo, hi) for lo, hi in b_in[1:])
          + (slice(None),) + tuple(slice(lo, hi) for lo, hi in b_out[1:]))

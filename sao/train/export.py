@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from sao.models import hf
+from sao.models import hf, streaming
 from sao.models.config import ModelConfig
 from sao.models.tokenizer import Tokenizer
 from sao.train import distributed
@@ -218,7 +218,7 @@ class _Writer:
     for r in range(0, rows.shape[0], per):
       n = min(per, rows.shape[0] - r)
       block = self.scratch[:n * row_bytes].view(rows.dtype).reshape(n, rows.shape[1])
-      np.copyto(block, rows[r:r + n])
+      streaming.tiled_copy(block, rows[r:r + n])
       f.write(memoryview(block.reshape(-1).view(np.uint8)))
 
   def close(self) -> None:
