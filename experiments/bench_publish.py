@@ -23,7 +23,9 @@ just written, the engine reads them from memory; the copy reads and writes throu
 cache needs root (`/proc/sys/vm/drop_caches`) and would hit every process on the machine. The ratio total / copy is
 what the docs' "Weight publication" table reports; bytes are the safetensors bytes (the directory's other files are
 counted in the copy too). Prints one line per version and a JSON summary (medians over the versions after the
-first, which pays one-time costs; with one version, that one).
+first, which pays one-time costs; with one version, that one). Besides wall times it reports CPU times (`*_cpu_ms`,
+`cpu_ratio`): the export's (this process), the engine's load thread's, and the copy's (user + system time of this
+process); on a busy machine they are the steadier comparison.
 """
 from __future__ import annotations
 
@@ -76,12 +78,13 @@ def _policy(model: str, param_dtype: str, workdir: str):
   return config, transformer.init_params(config, jax.random.PRNGKey(0)), tokenizer
 
 
-def _copy_and_read(src_dir: str, dst_dir: str) -> tuple[float, float, int]:
-  """(seconds to `shutil.copyfile` every file of `src_dir` into `dst_dir`, seconds to read the copies, bytes)."""
+def _copy_and_read(src_dir: str, dst_dir: str) -> tuple[float, float, float, int]:
+  """(seconds to `shutil.copyfile` every file of `src_dir` into `dst_dir`, seconds to read the copies, CPU seconds
+  of both (the kernel's copying is this process's system time), bytes)."""
   shutil.rmtree(dst_dir, ignore_errors=True)
   os.makedirs(dst_dir)
   names = sorted(os.listdir(src_dir))
-  start = time.perf_counter()
+  cpu, start = time.process_time(), time.perf_counter()
   for name in names:
     shutil.copyfile(os.path.join(src_dir, name), os.path.join(dst_dir, name))
   copied = time.perf_counter()
@@ -90,7 +93,7 @@ def _copy_and_read(src_dir: str, dst_dir: str) -> tuple[float, float, int]:
     with open(os.path.join(dst_dir, name), "rb", buffering=0) as f:
       while n := f.readinto(buffer):
         total += n
-  return copied - start, time.perf_counter() - copied, total
+  return copied - start, time.perf_counter() - copied, time.process_time() - cpu, total
 
 
 def _safetensors_bytes(directory: str) -> int:
@@ -127,15 +130,15 @@ def run(model: str, versions: int, param_dtype: str, workdir: str) -> dict:
     for version in range(1, versions + 1):
       params = jax.block_until_ready(nudge(params))  # "actor update done"
       path = os.path.join(workdir, "policy", f"v{version}")
-      start = time.perf_counter()
+      cpu, start = time.process_time(), time.perf_counter()
       export_policy(config, params, tokenizer, path)
-      exported = time.perf_counter()
+      exported, export_cpu = time.perf_counter(), time.process_time() - cpu
       report = asyncio.run(fleet.publish(path, version))
       served = time.perf_counter()
       if [s.version for s in report.servers] != [str(version)]:
         raise RuntimeError(f"version {version}: the engine reports {[s.version for s in report.servers]}")
       stats = asyncio.run(engine_stats())
-      write_s, read_s, copied = _copy_and_read(path, os.path.join(workdir, "copy"))
+      write_s, read_s, copy_cpu_s, copied = _copy_and_read(path, os.path.join(workdir, "copy"))
       nbytes = _safetensors_bytes(path)
       publish_ms = 1e3 * (served - exported)
       row = {"version": version, "engine_version": report.servers[0].version, "bytes": nbytes,
@@ -143,12 +146,18 @@ def run(model: str, versions: int, param_dtype: str, workdir: str) -> dict:
              "load_ms": 1e3 * stats["last_update_load_s"], "swap_ms": 1e3 * stats["last_update_swap_s"],
              "http_ms": publish_ms - 1e3 * (stats["last_update_load_s"] + stats["last_update_swap_s"]),
              "total_ms": 1e3 * (served - start), "copy_write_ms": 1e3 * write_s, "copy_read_ms": 1e3 * read_s,
-             "copy_ms": 1e3 * (write_s + read_s)}
+             "copy_ms": 1e3 * (write_s + read_s), "export_cpu_ms": 1e3 * export_cpu,
+             "load_cpu_ms": 1e3 * stats["last_update_load_cpu_s"], "copy_cpu_ms": 1e3 * copy_cpu_s}
       row["ratio"] = row["total_ms"] / row["copy_ms"]
+      # On a busy machine wall times swing with the load; CPU time is what each side did (the HTTP part and the
+      # swap, ~1 % of SmolLM2's publication, are counted at their wall time).
+      row["cpu_ratio"] = (row["export_cpu_ms"] + row["load_cpu_ms"] + row["swap_ms"] + row["http_ms"]) / max(
+          row["copy_cpu_ms"], 1e-6)
       rows.append(row)
       print("version {version}: {bytes} B; export {export_ms:.1f} ms, load {load_ms:.1f}, swap {swap_ms:.2f}, "
             "http {http_ms:.1f}, total {total_ms:.1f} ms; copy {copy_write_ms:.1f} + read {copy_read_ms:.1f} = "
-            "{copy_ms:.1f} ms; ratio {ratio:.2f}".format(**row), flush=True)
+            "{copy_ms:.1f} ms; ratio {ratio:.2f}; CPU: export {export_cpu_ms:.1f}, load {load_cpu_ms:.1f}, copy "
+            "{copy_cpu_ms:.1f} ms, ratio {cpu_ratio:.2f}".format(**row), flush=True)
       if version > 1:
         shutil.rmtree(os.path.join(workdir, "policy", f"v{version - 1}"), ignore_errors=True)
   finally:
@@ -157,7 +166,8 @@ def run(model: str, versions: int, param_dtype: str, workdir: str) -> dict:
   summary = {"model": model, "param_dtype": param_dtype, "versions": versions,
              "engine_version": rows[-1]["engine_version"], "bytes": rows[-1]["bytes"],
              **{k: _median(steady, k) for k in ("export_ms", "load_ms", "swap_ms", "http_ms", "total_ms",
-                                                  "copy_write_ms", "copy_read_ms", "copy_ms", "ratio")}}
+                                                  "copy_write_ms", "copy_read_ms", "copy_ms", "ratio",
+                                                  "export_cpu_ms", "load_cpu_ms", "copy_cpu_ms", "cpu_ratio")}}
   summary["publish_bytes_per_s"] = summary["bytes"] / (summary["total_ms"] / 1e3)
   summary["copy_bytes_per_s"] = summary["bytes"] / (summary["copy_ms"] / 1e3)
   summary["publish_ns_per_byte"] = summary["total_ms"] * 1e6 / summary["bytes"]
