@@ -116,6 +116,11 @@ def tiled_copy(dst: np.ndarray, src: np.ndarray) -> None:
   per row at a time, instead of one element per row along the whole of it (and rows whose stride is a multiple of
   the page size no longer evict each other). 1.3-4× faster than one `np.copyto` of a transpose (measured: 113 MB
   [576, 49152] → 318 → 232 ms, 67 MB [2048, 8192] → 444 → 111 ms)."""
+  if src.dtype == dst.dtype and src.dtype.kind == "V":
+    # Same-type copies of ml_dtypes' types (bfloat16, float8) as unsigned ints of their width: numpy's own copy
+    # loops, the same bits, about twice as fast as the custom type's element-wise copy.
+    uint = np.dtype(f"uint{8 * src.dtype.itemsize}")
+    dst, src = dst.view(uint), src.view(uint)
   rows, cols = src.shape
   if src.flags.c_contiguous or rows * cols <= _TILE * _TILE:
     np.copyto(dst, src, casting="unsafe")
