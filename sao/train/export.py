@@ -145,12 +145,31 @@ def _process_holds_all(x: jax.Array, process: int) -> bool:
   return every == {_index_key(i, x.shape) for d, i in indices.items() if d.process_index == process}
 
 
+class _BufferOf:
+  """The bytes of a CPU device array's own buffer, for numpy (`__array_interface__`): the numpy array made from it
+  holds this object, which holds the jax array, so the buffer lives as long as any view of it."""
+
+  def __init__(self, x: jax.Array):
+    self.owner = x
+    self.__array_interface__ = {"shape": (x.size * x.dtype.itemsize,), "typestr": "|u1", "version": 3,
+                                "data": (x.unsafe_buffer_pointer(), True)}
+
+
+def _row_major(x: jax.Array) -> bool:
+  layout = getattr(getattr(x, "format", None), "layout", None)
+  return (layout is not None and tuple(layout.major_to_minor) == tuple(range(x.ndim))
+          and not tuple(getattr(layout, "tiling", ()) or ()))
+
+
 def _host_copy(x: jax.Array) -> np.ndarray:
   """A host value of single-device `x` that nothing keeps. `np.asarray` caches the host value it copies on the array
   it converts, for that array's lifetime, and the params outlive the export; so it converts a device-side copy. On
-  a CPU device the buffer is host memory already: DLPack views it (no copy; bfloat16 has no DLPack type for numpy)."""
-  if x.dtype != jnp.bfloat16 and all(d.platform == "cpu" for d in x.devices()):
-    return np.from_dlpack(x)
+  a CPU device the buffer is host memory already: it is viewed in place, read-only, no copy at all (any dtype;
+  numpy's DLPack has no bfloat16), when its layout is the default row-major one."""
+  if x.size and all(d.platform == "cpu" for d in x.devices()) and _row_major(x):
+    view = np.asarray(_BufferOf(x)).view(x.dtype).reshape(x.shape)
+    view.flags.writeable = False
+    return view
   return np.asarray(jnp.copy(x))
 
 
