@@ -10,6 +10,8 @@ Reading. Tensors are read with `os.pread` at offsets taken from the safetensors 
 length, JSON header, then the C-order tensor bytes), not through `safetensors.safe_open`: that one memory-maps the
 file, and every page a slice touches stays resident (and counted in the process's RSS) until the file is closed, so
 streaming a shard file through one open handle would still grow RSS to the file's size.
+Bytes are read straight into their destination (`preadv`), and each param's host array starts 64-byte aligned, which
+XLA's CPU client takes over as the device buffer without a copy (`docs/performance.md`, "Weight publication").
 
 Slicing commutes with every mapping of `sao.models.hf.RULES`, so no tensor is ever loaded whole. With a param shard
 `p[a₀:b₀, a₁:b₁, …]`:

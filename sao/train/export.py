@@ -15,7 +15,8 @@ single-process run being the case P = 1.
                 and the tokenizer, then renames `<directory>.tmp` to `<directory>` (engines never see a half-written
                 directory); a last barrier, so no process returns before the directory exists
 
-Host memory: one param (and its HF copy) at a time on its owner, never the model (measured: docs/tpu.md, "Multi-host
+Host memory: one param at a time on its owner (on a CPU device a param one shard holds is read in place), its HF
+layout written through a reused ~1 MB block, never the model (measured: docs/tpu.md, "Multi-host
 weight export"). Device memory: one copy of one param per process while it is gathered by the collective. The directory must be on a filesystem every process sees (one
 machine, or NFS / a FUSE-mounted bucket on a pod). One process and one file (≤ `max_shard_bytes`) gives
 `model.safetensors` with no index, as `sao.models.hf.save_pretrained` writes.
