@@ -42,6 +42,7 @@ import os
 import time
 from typing import Any, Sequence
 
+import jax
 import numpy as np
 
 from sao.engines.prefix_cache import PrefixCache
@@ -129,7 +130,10 @@ class LocalEngine:
     self.weight_version = str(weight_version)
     self.stats = {"requests": 0, "rows": 0, "batches": 0, "max_rows_per_batch": 0, "weight_updates": 0,
                   "generated_tokens": 0, "busy_s": 0.0, "isolated_batches": 0, "failed_rows": 0,
-                  "prompt_tokens": 0, "cached_prompt_tokens": 0}
+                  "prompt_tokens": 0, "cached_prompt_tokens": 0,
+                  # The last weight update's parts: reading the directory into device arrays (wall and CPU
+                  # seconds), then waiting for the running batch and swapping (the publication benchmark's phases).
+                  "last_update_load_s": 0.0, "last_update_load_cpu_s": 0.0, "last_update_swap_s": 0.0}
     self.prefix_cache: PrefixCache | None = None
     if config.prefix_cache_bytes:
       truncatable = all(kind == "full_attention" for kind in self.model_config.layer_types)
@@ -286,11 +290,19 @@ class LocalEngine:
 
   # ---- weights ------------------------------------------------------------------------------------------------
 
+  def _load(self, model_path: str) -> tuple[ModelConfig, Any, float]:
+    """The directory's config and params, every transfer finished (a swap never waits on a half-copied array), and
+    the CPU seconds of this thread spent on it."""
+    start = time.thread_time()
+    config, params = load_pretrained_sharded(model_path, dtype=self.config.dtype)
+    return config, jax.block_until_ready(params), time.thread_time() - start
+
   async def update_weights(self, model_path: str, weight_version: str | None = None) -> str:
     """Loads `model_path` (off the event loop), then swaps params + version between batches. Returns the version."""
     loop = asyncio.get_running_loop()
-    config, params = await loop.run_in_executor(
-        None, lambda: load_pretrained_sharded(model_path, dtype=self.config.dtype))
+    start = time.monotonic()
+    config, params, load_cpu_s = await loop.run_in_executor(None, lambda: self._load(model_path))
+    loaded = time.monotonic()
     if config != self.model_config:
       diff = {f.name: (getattr(self.model_config, f.name), getattr(config, f.name))
               for f in dataclasses.fields(ModelConfig) if getattr(self.model_config, f.name) != getattr(config, f.name)}
@@ -304,6 +316,9 @@ class LocalEngine:
       self.stats["weight_updates"] += 1
       if self.prefix_cache is not None:  # keys/values of the old weights must never serve the new ones
         self.prefix_cache.clear(self._weights_key())
+      self.stats["last_update_load_s"] = loaded - start
+      self.stats["last_update_load_cpu_s"] = load_cpu_s
+      self.stats["last_update_swap_s"] = time.monotonic() - loaded
     return self.weight_version
 
   def model_info(self) -> dict[str, Any]:

@@ -15,7 +15,8 @@ single-process run being the case P = 1.
                 and the tokenizer, then renames `<directory>.tmp` to `<directory>` (engines never see a half-written
                 directory); a last barrier, so no process returns before the directory exists
 
-Host memory: one param (and its HF copy) at a time on its owner, never the model (measured: docs/tpu.md, "Multi-host
+Host memory: one param at a time on its owner (on a CPU device a param one shard holds is read in place), its HF
+layout written through a reused ~1 MB block, never the model (measured: docs/tpu.md, "Multi-host
 weight export"). Device memory: one copy of one param per process while it is gathered by the collective. The directory must be on a filesystem every process sees (one
 machine, or NFS / a FUSE-mounted bucket on a pod). One process and one file (≤ `max_shard_bytes`) gives
 `model.safetensors` with no index, as `sao.models.hf.save_pretrained` writes.
@@ -27,6 +28,8 @@ import json
 import os
 import shutil
 import struct
+import tempfile
+import weakref
 from typing import Any
 
 import jax
@@ -34,12 +37,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from sao.models import hf
+from sao.models import hf, streaming
 from sao.models.config import ModelConfig
 from sao.models.tokenizer import Tokenizer
 from sao.train import distributed
 
 INDEX_FILE = "model.safetensors.index.json"
+_BLOCK_BYTES = 1 << 20  # rows of a transposed tensor copied and written at a time
+_TOKENIZER_FILES: "weakref.WeakKeyDictionary[Tokenizer, dict[str, bytes]]" = weakref.WeakKeyDictionary()
 _SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64", "int32": "I32",
                        "int64": "I64"}
 
@@ -141,17 +146,48 @@ def _process_holds_all(x: jax.Array, process: int) -> bool:
   return every == {_index_key(i, x.shape) for d, i in indices.items() if d.process_index == process}
 
 
+class _BufferOf:
+  """The bytes of a CPU device array's own buffer, for numpy (`__array_interface__`): the numpy array made from it
+  holds this object, which holds the jax array, so the buffer lives as long as any view of it."""
+
+  def __init__(self, x: jax.Array):
+    self.owner = x
+    self.__array_interface__ = {"shape": (x.size * x.dtype.itemsize,), "typestr": "|u1", "version": 3,
+                                "data": (x.unsafe_buffer_pointer(), True)}
+
+
+def _row_major(x: jax.Array) -> bool:
+  layout = getattr(getattr(x, "format", None), "layout", None)
+  return (layout is not None and tuple(layout.major_to_minor) == tuple(range(x.ndim))
+          and not tuple(getattr(layout, "tiling", ()) or ()))
+
+
+def _host_copy(x: jax.Array) -> np.ndarray:
+  """A host value of single-device `x` that nothing keeps. `np.asarray` caches the host value it copies on the array
+  it converts, for that array's lifetime, and the params outlive the export; so it converts a device-side copy. On
+  a CPU device the buffer is host memory already: it is viewed in place, read-only, no copy at all (any dtype;
+  numpy's DLPack has no bfloat16), when its layout is the default row-major one."""
+  if x.size and all(d.platform == "cpu" for d in x.devices()) and _row_major(x):
+    view = np.asarray(_BufferOf(x)).view(x.dtype).reshape(x.shape)
+    view.flags.writeable = False
+    return view
+  return np.asarray(jnp.copy(x))
+
+
 def _assemble(x: jax.Array) -> np.ndarray:
-  """The full value of `x` from this process's shards. Each shard goes to the host through a temporary copy:
-  `np.asarray` caches the host value on the array it converts for that array's lifetime, and the params outlive the
-  export."""
-  out = np.empty(x.shape, x.dtype)
-  done = set()
+  """The full value of `x` from this process's shards (no host copy besides the transfer when one shard holds all
+  of it: one device, or replicated)."""
+  shards, done = [], set()
   for shard in x.addressable_shards:
     key = _index_key(shard.index, x.shape)
     if key not in done:
       done.add(key)
-      out[shard.index] = np.asarray(jnp.copy(shard.data))
+      shards.append(shard)
+  if len(shards) == 1 and shards[0].data.shape == x.shape:
+    return _host_copy(shards[0].data)
+  out = np.empty(x.shape, x.dtype)
+  for shard in shards:
+    out[shard.index] = _host_copy(shard.data)
   return out
 
 
@@ -169,16 +205,72 @@ def _host_value(x: Any, owner: int, process: int) -> np.ndarray | None:
   return _assemble(copy) if owner == process else None
 
 
-def _write_tensors(path: str, file: _File, header_len: int, param_path: str, value: np.ndarray) -> None:
+def _hf_views(param_path: str, value: np.ndarray) -> list[tuple[str, np.ndarray]]:
+  """`hf.param_to_hf` without its copies: the HF tensors as (name, view of `value`), in `hf_tensor_specs` order."""
+  template, kind, groups = hf._path_rule(param_path)  # pylint: disable=protected-access
+  if kind == hf.EXPERT:
+    return [(template.format(expert=e, **groups), value[e].T) for e in range(value.shape[0])]
+  return [(template.format(**groups), hf._to_hf(value, kind))]  # pylint: disable=protected-access
+
+
+class _Writer:
+  """Writes tensors at their planned offsets through one open handle per file. A tensor that is a strided view (a
+  transpose) goes through a reused scratch buffer in row blocks of about `_BLOCK_BYTES`: no whole transposed copy
+  is allocated per tensor (fresh pages cost as much as the copy itself)."""
+
+  def __init__(self):
+    self.handles: dict[str, Any] = {}
+    self.scratch = np.empty(0, np.uint8)
+
+  def write(self, path: str, offset: int, array: np.ndarray) -> None:
+    f = self.handles.get(path)
+    if f is None:
+      f = self.handles[path] = open(path, "r+b")  # pylint: disable=consider-using-with
+    f.seek(offset)
+    if array.flags.c_contiguous:
+      f.write(memoryview(array.reshape(-1).view(np.uint8)))
+      return
+    rows = array.reshape((array.shape[0], -1)) if array.ndim > 1 else array.reshape((-1, 1))
+    row_bytes = rows.shape[1] * rows.dtype.itemsize
+    per = max(1, _BLOCK_BYTES // max(row_bytes, 1))
+    if self.scratch.nbytes < per * row_bytes:
+      self.scratch = np.empty(per * row_bytes, np.uint8)
+    for r in range(0, rows.shape[0], per):
+      n = min(per, rows.shape[0] - r)
+      block = self.scratch[:n * row_bytes].view(rows.dtype).reshape(n, rows.shape[1])
+      streaming.tiled_copy(block, rows[r:r + n])
+      f.write(memoryview(block.reshape(-1).view(np.uint8)))
+
+  def close(self) -> None:
+    for f in self.handles.values():
+      f.close()
+    self.handles.clear()
+
+
+def _write_tensors(writer: _Writer, path: str, file: _File, header_len: int, param_path: str,
+                   value: np.ndarray) -> None:
   """Writes one param's HF tensors at their planned offsets in `file` (already sized)."""
   offsets = {t.name: t for t in file.tensors}
-  with open(path, "r+b") as f:
-    for name, array in hf.param_to_hf(param_path, value):
-      tensor = offsets[name]
-      if tuple(array.shape) != tensor.shape or array.dtype != tensor.dtype:
-        raise ValueError(f"export: {name} is {array.shape} {array.dtype}, planned {tensor.shape} {tensor.dtype}")
-      f.seek(header_len + tensor.begin)
-      f.write(memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8)))
+  for name, array in _hf_views(param_path, value):
+    tensor = offsets[name]
+    if tuple(array.shape) != tensor.shape or array.dtype != tensor.dtype:
+      raise ValueError(f"export: {name} is {array.shape} {array.dtype}, planned {tensor.shape} {tensor.dtype}")
+    writer.write(path, header_len + tensor.begin, array)
+
+
+def _tokenizer_files(tokenizer: Tokenizer) -> dict[str, bytes]:
+  """The files `tokenizer.save_pretrained` writes, by name; serialised once per tokenizer object (a `Tokenizer` is
+  not changed after it is built), not once per policy version."""
+  files = _TOKENIZER_FILES.get(tokenizer)
+  if files is None:
+    with tempfile.TemporaryDirectory() as scratch:
+      tokenizer.save_pretrained(scratch)
+      files = {}
+      for name in sorted(os.listdir(scratch)):
+        with open(os.path.join(scratch, name), "rb") as f:
+          files[name] = f.read()
+    _TOKENIZER_FILES[tokenizer] = files
+  return files
 
 
 def export_policy(model_config: ModelConfig, params: Any, tokenizer: Tokenizer | None, directory: str,
@@ -204,14 +296,18 @@ def export_policy(model_config: ModelConfig, params: Any, tokenizer: Tokenizer |
       with open(os.path.join(tmp, f.name), "wb") as out:
         out.write(header)
         out.truncate(len(header) + f.size)
-  for path in sorted(flat):
-    owner = plan.owners[path]
-    value = _host_value(flat[path], owner, process)
-    if value is not None:
-      index = plan.file_of[path]
-      file = plan.files[index]
-      _write_tensors(os.path.join(tmp, file.name), file, header_lens[index], path, value)
-    del value  # one param on the host at a time
+  writer = _Writer()
+  try:
+    for path in sorted(flat):
+      owner = plan.owners[path]
+      value = _host_value(flat[path], owner, process)
+      if value is not None:
+        index = plan.file_of[path]
+        file = plan.files[index]
+        _write_tensors(writer, os.path.join(tmp, file.name), file, header_lens[index], path, value)
+      del value  # one param on the host at a time
+  finally:
+    writer.close()
   distributed.barrier(f"export {directory}: tensors written")
   if distributed.is_coordinator():
     dtypes = {t.dtype.name for f in plan.files for t in f.tensors}
@@ -224,7 +320,9 @@ def export_policy(model_config: ModelConfig, params: Any, tokenizer: Tokenizer |
       with open(os.path.join(tmp, INDEX_FILE), "w") as out:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, out, indent=2, sort_keys=True)
     if tokenizer is not None:
-      tokenizer.save_pretrained(tmp)
+      for name, data in _tokenizer_files(tokenizer).items():
+        with open(os.path.join(tmp, name), "wb") as out:
+          out.write(data)
     shutil.rmtree(directory, ignore_errors=True)
     os.replace(tmp, directory)  # engines never see a half-written directory
   distributed.barrier(f"export {directory}: done")

@@ -127,6 +127,8 @@ def test_weight_update_bumps_version_and_changes_outputs(served):
 
   before, body, info, after, restored = run(main, served["url"])
   assert body["success"] and info["weight_version"] == "7" and info["model_path"] == served["other_dir"]
+  # The update's two parts, on the engine's clock (the publication benchmark reads them).
+  assert info["stats"]["last_update_load_s"] > 0 and info["stats"]["last_update_swap_s"] >= 0
   assert after.weight_version == "7" and before.weight_version != "7"
   assert after.token_ids != before.token_ids
   np.testing.assert_allclose(after.logprobs, rescored(served["other_dir"], PROMPTS[0], after.token_ids, 1.0),

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import jax
+import ml_dtypes
 import numpy as np
 import pytest
 import safetensors.numpy
@@ -154,6 +155,7 @@ def test_each_byte_read_once_on_one_device(tmp_path):
 _MEMORY_PROBE = r"""
 import json, sys
 import jax
+import ml_dtypes
 import jax.numpy as jnp
 import numpy as np
 from sao.models import hf, streaming, transformer
@@ -272,3 +274,33 @@ def test_abstract_params_is_memoised_but_returns_fresh_containers():
   assert "value_head" in critic and "lm_head" not in critic
   other = transformer.abstract_params(ModelConfig.tiny("qwen3", vocab_size=301))
   assert other["lm_head"]["kernel"].value.shape[-1] == 301  # a different config is traced afresh
+
+
+@pytest.mark.parametrize("stored,loaded,mesh_axes", [
+    ("float32", "float32", None), ("float32", "bfloat16", None), ("bfloat16", "float32", SHARDED_MESH),
+    ("bfloat16", "bfloat16", None)])
+def test_loads_bit_for_bit_with_special_values(tmp_path, stored, loaded, mesh_axes):
+  """-0.0, a NaN with a payload, ±inf, subnormals: each param's bits are `hf.load_pretrained`'s (numpy's casts),
+  read straight into aligned buffers that the device takes over, or converted on the host."""
+  config = ModelConfig.tiny("qwen3_5_moe_text", dtype=stored, param_dtype=stored)
+  rng = np.random.default_rng(5)
+
+  def sprinkle(x):
+    x = np.array(x)
+    bits = np.dtype(f"uint{8 * x.dtype.itemsize}")
+    info = ml_dtypes.finfo(x.dtype)
+    flat = x.reshape(-1)
+    where = rng.choice(flat.size, size=min(flat.size, 5), replace=False)
+    values = np.array([-0.0, np.inf, float(info.smallest_subnormal), -float(info.tiny) / 2], x.dtype)
+    flat[where[:-1]] = values[:where.size - 1]
+    flat.view(bits)[where[-1]] = (np.array([np.nan], x.dtype).view(bits) | bits.type(1))[0]
+    return flat.reshape(x.shape)
+
+  params = jax.tree.map(sprinkle, jax.device_get(random_params(config, seed=2)))
+  hf.save_pretrained(config, params, str(tmp_path / "ckpt"), max_shard_bytes=16 * 1024)
+  _, want = hf.load_pretrained(str(tmp_path / "ckpt"), dtype=loaded)
+  _, got = streaming.load_pretrained_sharded(str(tmp_path / "ckpt"), None if mesh_axes is None else
+                                             make_mesh(mesh_axes), dtype=loaded)
+  for (path, g), w in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want)):
+    assert g.dtype == w.dtype, path
+    assert np.asarray(g).tobytes() == np.asarray(w).tobytes(), jax.tree_util.keystr(path)

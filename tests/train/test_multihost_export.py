@@ -4,6 +4,7 @@ import json
 import os
 
 import jax
+import ml_dtypes
 import numpy as np
 import pytest
 import safetensors.numpy
@@ -61,3 +62,84 @@ def test_initialize_rejects_partial_coordinates():
     distributed.initialize("127.0.0.1:1234", num_processes=2, process_id=2)
   assert distributed.is_coordinator()
   distributed.barrier("one process: returns at once")
+
+
+def _with_special_values(params, seed: int):
+  """`params` with -0.0, NaN (a non-default payload), ±inf, the smallest subnormal and the largest finite value
+  sprinkled in: a bitwise comparison then checks what `np.array_equal` would let through."""
+  rng = np.random.default_rng(seed)
+
+  def sprinkle(x):
+    x = np.array(x)
+    dtype = x.dtype
+    bits = np.dtype(f"uint{8 * dtype.itemsize}")
+    info = ml_dtypes.finfo(dtype)
+    specials = np.array([-0.0, np.inf, -np.inf, float(info.smallest_subnormal), float(info.max)], dtype)
+    nan = np.array([np.nan], dtype).view(bits) | bits.type(1)  # a NaN with a payload bit set
+    flat = x.reshape(-1)
+    where = rng.choice(flat.size, size=min(flat.size, specials.size + 1), replace=False)
+    flat[where[:-1]] = specials[:where.size - 1]
+    flat.view(bits)[where[-1]] = nan[0]
+    return flat.reshape(x.shape)
+
+  return jax.tree.map(sprinkle, params)
+
+
+def _tensor_bytes(directory: str) -> dict[str, bytes]:
+  """Every tensor's raw bytes in the directory's safetensors files, by name."""
+  from sao.models.streaming import read_header
+  out = {}
+  for name in sorted(os.listdir(directory)):
+    if name.endswith(".safetensors"):
+      path = os.path.join(directory, name)
+      with open(path, "rb") as f:
+        data = f.read()
+      for tensor_name, t in read_header(path).items():
+        out[tensor_name] = data[t.offset:t.offset + int(np.prod(t.shape)) * t.dtype.itemsize]
+  return out
+
+
+@pytest.mark.parametrize("model_type,dtype,mesh_axes", [
+    ("qwen3_moe", "float32", None), ("qwen3_5_moe_text", "float32", {"fsdp": 2, "tensor": 2, "expert": 2}),
+    ("qwen3_5_moe_text", "bfloat16", None), ("qwen3", "bfloat16", {"fsdp": 2, "tensor": 2})])
+def test_exported_bytes_equal_save_pretrained_bit_for_bit(tmp_path, model_type, dtype, mesh_axes):
+  """Every transform (copy, flat, linear, linear2, expert, conv), one device or sharded over a mesh, float32 or
+  bfloat16: the export's tensors are `hf.save_pretrained`'s (the host numpy writer) byte for byte."""
+  from sao.models.config import ModelConfig
+  from sao.models.sharding import param_shardings
+  from tests.models.helpers import random_params
+  config = ModelConfig.tiny(model_type, dtype=dtype, param_dtype=dtype)
+  host = _with_special_values(jax.device_get(random_params(config, seed=3)), seed=4)
+  if mesh_axes is None:
+    params = jax.device_put(host, jax.devices()[0])
+  else:
+    params = jax.device_put(host, param_shardings(config, mesh_lib.make_mesh(mesh_axes, jax.devices()[:8])))
+  hf.save_pretrained(config, host, str(tmp_path / "reference"))
+  export_policy(config, params, None, str(tmp_path / "export"))
+  export_policy(config, params, None, str(tmp_path / "split"), max_shard_bytes=8_000)
+  want = _tensor_bytes(str(tmp_path / "reference"))
+  assert _tensor_bytes(str(tmp_path / "export")) == want
+  assert _tensor_bytes(str(tmp_path / "split")) == want
+  # The params are left as they were (no host value cached on them, nothing written into their buffers).
+  assert all(np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+             for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(host)))
+
+
+def test_tokenizer_files_are_serialised_once_per_tokenizer(tmp_path, monkeypatch):
+  from sao.models.tokenizer import Tokenizer, toy_tokenizer
+  tokenizer = toy_tokenizer()
+  reference = tokenizer.save_pretrained(str(tmp_path / "reference"))
+  calls = []
+  save = Tokenizer.save_pretrained
+  monkeypatch.setattr(Tokenizer, "save_pretrained", lambda self, path: calls.append(path) or save(self, path))
+  from tests.models.helpers import random_params
+  config = helpers.model_config()
+  params = random_params(config)
+  for version in (1, 2):
+    directory = export_policy(config, params, tokenizer, str(tmp_path / f"v{version}"))
+    for name in os.listdir(reference):
+      assert (tmp_path / f"v{version}" / name).read_bytes() == (tmp_path / "reference" / name).read_bytes()
+    assert Tokenizer.from_pretrained(directory).encode("7 < 9") == tokenizer.encode("7 < 9")
+  assert len(calls) == 1  # the second version reuses the first one's bytes
+  export_policy(config, params, toy_tokenizer(), str(tmp_path / "other"))  # another tokenizer object: serialised
+  assert len(calls) == 2
