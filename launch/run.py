@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 import ml_collections
 
 from sao import run_config
+from sao.engines import host_malloc
 from sao.rollout import envs
 from sao.rollout import harnesses as harness_lib
 
@@ -201,6 +202,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, config_args: Sequence[s
   if config.role == "worker":
     work(config, trainer_address, worker_index)
   elif config.role in ROLES:
+    # Before JAX starts its thread pools: XLA:CPU's per-update buffers are reused instead of page-faulted in again
+    # (sao.engines.host_malloc; `SAO_HOST_MALLOC=system` opts out, for this process and the engines it starts).
+    host_malloc.keep_freed_memory()
     train(config, workdir, config_args)
   else:
     raise ValueError(f"config.role: unknown role {config.role!r} ({' | '.join(ROLES)})")

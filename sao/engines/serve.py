@@ -17,7 +17,7 @@ import signal
 from absl import app, flags
 from aiohttp import web
 
-from sao.engines import auth, lifetime, local_server
+from sao.engines import auth, host_malloc, lifetime, local_server
 from sao.engines.http_app import build_app
 from sao.engines.local_engine import EngineConfig, LocalEngine
 
@@ -67,6 +67,7 @@ def main(argv: list[str]) -> None:
   del argv
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
   lifetime.exit_with_parent()  # started by a launcher: end with it
+  host_malloc.keep_freed_memory()  # before JAX's thread pools start: the sampler's buffers are reused
   api_key = auth.token_from_env(_API_KEY.value)
   auth.require_token_for_bind(_HOST.value, api_key, "sao.engines.serve")  # before the slow model load
   if _COMPILATION_CACHE_DIR.value:

@@ -83,3 +83,15 @@ def test_trainer_compilation_cache_goes_to_the_workdir_unless_one_is_configured(
     assert out == expected
     assert any(n.endswith("-cache") for n in os.listdir(expected))
     assert os.path.isdir(os.path.join(workdir, "jax_cache")) == (configured is None)
+
+
+def test_trainer_roles_keep_freed_memory_before_training(monkeypatch):
+  calls = []
+  monkeypatch.setattr(run_lib.host_malloc, "keep_freed_memory", lambda: calls.append("keep_freed_memory"))
+  monkeypatch.setattr(run_lib, "train", lambda config, workdir, args: calls.append(f"train {config.role}"))
+  monkeypatch.setattr(run_lib, "work", lambda config, address, index: calls.append("work"))
+  for role in ("embedded", "trainer", "worker"):
+    holder, _ = _parse([f"--config={CONFIG}:toy", f"--config.role={role}"])
+    run_lib.run(holder.value, "/tmp/unused", [], trainer_address="127.0.0.1:1")
+  # The worker runs no XLA programs of note; the trainer's settings go in before JAX starts its thread pools.
+  assert calls == ["keep_freed_memory", "train embedded", "keep_freed_memory", "train trainer", "work"]
