@@ -203,7 +203,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, config_args: Sequence[s
     work(config, trainer_address, worker_index)
   elif config.role in ROLES:
     # Before JAX starts its thread pools: XLA:CPU's per-update buffers are reused instead of page-faulted in again
-    # (sao.engines.host_malloc; `SAO_HOST_MALLOC=system` opts out, for this process and the engines it starts).
+    # (sao.engines.host_malloc; not on accelerator hosts; `SAO_HOST_MALLOC=system` opts out, for this process and
+    # the engines it starts).
     host_malloc.keep_freed_memory()
     train(config, workdir, config_args)
   else:

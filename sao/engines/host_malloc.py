@@ -16,17 +16,22 @@ time (docs/performance.md, "System CPU and idle spinning").
 
 The price: the resident memory stays at its peak (the next update needs that much again anyway), and the heap holds
 somewhat more than the mmapped chunks did (toy learner updates: peak 1179 → 1492 MiB).
-`SAO_HOST_MALLOC=system` in the environment leaves glibc's defaults (inherited by the children a launcher starts).
+`SAO_HOST_MALLOC` chooses (inherited by the children a launcher starts): `auto` (the default) keeps freed memory on
+a host without accelerator device files and leaves glibc's defaults on a TPU / GPU host (`/dev/accel*`,
+`/dev/vfio/<n>`, `/dev/nvidia<n>`), where XLA's buffers live on the device and host memory (streamed checkpoints,
+trajectory batches) should go back to the system; `keep` forces the settings, `system` never applies them.
 """
 from __future__ import annotations
 
 import ctypes
+import glob
 import os
 import platform
 import sys
 
 ENV = "SAO_HOST_MALLOC"
-KEEP, SYSTEM = "keep", "system"
+AUTO, KEEP, SYSTEM = "auto", "keep", "system"
+ACCELERATOR_DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*")
 
 # glibc's malloc.h
 M_TRIM_THRESHOLD = -1
@@ -36,12 +41,17 @@ TRIM_THRESHOLD_BYTES = 2**31 - 1  # mallopt's value is an int: 2 GiB, far above 
 
 
 def mode(env: dict[str, str] | None = None) -> str:
-  """`keep` (the default) or `system`, from `SAO_HOST_MALLOC`; ValueError naming the variable otherwise."""
-  value = (os.environ if env is None else env).get(ENV, KEEP).strip().lower() or KEEP
-  if value not in (KEEP, SYSTEM):
-    raise ValueError(f"{ENV}={value!r}: expected {KEEP!r} (keep freed memory for reuse; the default) or {SYSTEM!r} "
-                     "(glibc's own malloc settings)")
+  """`auto` (the default), `keep` or `system`, from `SAO_HOST_MALLOC`; ValueError naming the variable otherwise."""
+  value = (os.environ if env is None else env).get(ENV, AUTO).strip().lower() or AUTO
+  if value not in (AUTO, KEEP, SYSTEM):
+    raise ValueError(f"{ENV}={value!r}: expected {AUTO!r} (keep freed memory for reuse unless the host has an "
+                     f"accelerator; the default), {KEEP!r} (always) or {SYSTEM!r} (glibc's own malloc settings)")
   return value
+
+
+def has_accelerator(device_globs: tuple[str, ...] = ACCELERATOR_DEVICE_GLOBS) -> bool:
+  """Whether this host exposes TPU or GPU device files (checked without starting JAX)."""
+  return any(glob.glob(pattern) for pattern in device_globs)
 
 
 def supported() -> bool:
@@ -50,9 +60,10 @@ def supported() -> bool:
 
 
 def keep_freed_memory(env: dict[str, str] | None = None) -> bool:
-  """Applies the settings of the module docstring unless `SAO_HOST_MALLOC=system`; returns whether it did.
+  """Applies the settings of the module docstring as `SAO_HOST_MALLOC` says; returns whether it did.
   OSError naming the option if glibc refuses one."""
-  if mode(env) == SYSTEM or not supported():
+  chosen = mode(env)
+  if chosen == SYSTEM or not supported() or (chosen == AUTO and has_accelerator()):
     return False
   mallopt = ctypes.CDLL(None).mallopt
   mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int

@@ -59,8 +59,16 @@ def test_system_mode_leaves_glibc_alone():
 
 
 def test_mode_comes_from_the_environment_and_bad_values_name_the_variable():
-  assert host_malloc.mode({}) == host_malloc.KEEP
+  assert host_malloc.mode({}) == host_malloc.AUTO
   assert host_malloc.mode({host_malloc.ENV: " System "}) == host_malloc.SYSTEM
   with pytest.raises(ValueError, match="SAO_HOST_MALLOC='reuse'"):
     host_malloc.mode({host_malloc.ENV: "reuse"})
   assert host_malloc.keep_freed_memory({host_malloc.ENV: "system"}) is False
+
+
+def test_auto_mode_keeps_glibc_defaults_on_accelerator_hosts(tmp_path, monkeypatch):
+  (tmp_path / "accel0").touch()
+  assert host_malloc.has_accelerator((str(tmp_path / "accel*"),))
+  assert not host_malloc.has_accelerator((str(tmp_path / "nvidia[0-9]*"),))
+  monkeypatch.setattr(host_malloc, "has_accelerator", lambda: True)
+  assert host_malloc.keep_freed_memory({host_malloc.ENV: "auto"}) is False
