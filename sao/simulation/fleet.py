@@ -2,7 +2,7 @@
 
 The service side is the project's own code, called as the gRPC server calls it: `TaskDispenser` (leases, expiry,
 re-leases, groups; its clock is the simulated one), `GroupBuffer` (the bounded buffer with group reservations) and
-`sao.transport.flow` (`lease_allowance` under `max_outstanding`, `admit` with the staleness bound and backpressure,
+`sao.transport.flow` (`outstanding_samples` and `lease_allowance` under `max_outstanding`, `admit` with the staleness bound and backpressure,
 `accept`, and the trainer's `is_fresh` filter). No socket, thread or sleep: events are popped from a heap in time
 order (ties in the order they were scheduled), so a run is a function of its `FleetConfig` (seed included).
 
@@ -132,8 +132,8 @@ class FleetSimulator:
       wanted = (c.loops - self._slots) // c.group_size
       if wanted <= 0:
         return  # an acknowledgement frees a slot and polls again
-      allowed = flow.lease_allowance(wanted, c.max_outstanding, self.buffer.occupancy, self.dispenser.num_leased,
-                                     c.group_size)
+      outstanding = flow.outstanding_samples(self.buffer, self.dispenser.leased_samples())
+      allowed = flow.lease_allowance(wanted, c.max_outstanding, outstanding, c.group_size)
       if allowed <= 0:
         return self._schedule_poll(c.backpressure_retry_s)
       leases = self.dispenser.lease(_WORKER, allowed)

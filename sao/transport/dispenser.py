@@ -337,6 +337,17 @@ class TaskDispenser:
     with self._lock:
       return len(self._leases)
 
+  def leased_samples(self) -> dict[str, int]:
+    """Group id → samples its live leases hold that are not accepted yet (`Lease.pending`; a re-leased part of a
+    group counts only its missing samples): the work out with the workers, for flow control
+    (`sao.transport.flow.outstanding_samples`)."""
+    with self._lock:
+      counts: dict[str, int] = {}
+      for lease in self._leases.values():
+        if lease.pending:
+          counts[lease.group_id] = counts.get(lease.group_id, 0) + len(lease.pending)
+      return counts
+
   def lease_info(self, lease_id: str) -> Lease | None:
     with self._lock:
       return self._leases.get(lease_id)

@@ -42,11 +42,11 @@ def test_cycle_replays_in_order():
 
 
 def test_lease_allowance():
-  assert flow.lease_allowance(10, 0, 999, 999, 8) == 10  # no flow control
-  assert flow.lease_allowance(10, 32, 8, 4, 1) == 10
-  assert flow.lease_allowance(64, 32, 8, 4, 1) == 20
-  assert flow.lease_allowance(10, 64, 16, 2, 8) == 4  # (64 − 16 − 16) // 8
-  assert flow.lease_allowance(10, 32, 24, 1, 8) == 0
+  assert flow.lease_allowance(10, 0, 999, 8) == 10  # no flow control
+  assert flow.lease_allowance(10, 32, 12, 1) == 10
+  assert flow.lease_allowance(64, 32, 12, 1) == 20
+  assert flow.lease_allowance(10, 64, 32, 8) == 4  # (64 − 32) // 8
+  assert flow.lease_allowance(10, 32, 32, 8) == 0
 
 
 def _traj(lease, index, version):
