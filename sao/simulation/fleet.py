@@ -2,9 +2,10 @@
 
 The service side is the project's own code, called as the gRPC server calls it: `TaskDispenser` (leases, expiry,
 re-leases, groups; its clock is the simulated one), `GroupBuffer` (the bounded buffer with group reservations) and
-`sao.transport.flow` (`outstanding_samples` and `lease_allowance` under `max_outstanding`, `admit` with the staleness bound and backpressure,
-`accept`, and the trainer's `is_fresh` filter). No socket, thread or sleep: events are popped from a heap in time
-order (ties in the order they were scheduled), so a run is a function of its `FleetConfig` (seed included).
+`sao.transport.flow` (`outstanding_samples` and `lease_allowance` under `max_outstanding`, `admit` with the
+staleness bound and backpressure, `accept`, and the trainer's `is_fresh` filter). No socket, thread or sleep: events
+are popped from a heap in time order (ties in the order they were scheduled), so a run is a function of its
+`FleetConfig` (seed included).
 
 The worker side follows `sao.rollout.worker` (which this package cannot import): a loop's slot is held from the
 lease until the trainer acknowledges the sample (accepted or rejected), a pushed-back sample is re-sent after
