@@ -133,7 +133,7 @@ class FleetSimulator:
       wanted = (c.loops - self._slots) // c.group_size
       if wanted <= 0:
         return  # an acknowledgement frees a slot and polls again
-      outstanding = flow.outstanding_samples(self.buffer, self.dispenser.leased_samples())
+      outstanding = flow.outstanding_samples(self.dispenser, self.buffer)
       allowed = flow.lease_allowance(wanted, c.max_outstanding, outstanding, c.group_size)
       if allowed <= 0:
         return self._schedule_poll(c.backpressure_retry_s)

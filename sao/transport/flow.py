@@ -16,7 +16,7 @@ touches a socket or a file: the caller owns the synchronisation.
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager, Mapping
+from typing import ContextManager
 
 from sao.transport.dispenser import TaskDispenser
 from sao.transport.group_buffer import GroupBuffer
@@ -24,13 +24,13 @@ from sao.transport.leases import Lease
 from sao.transport.trajectory import ReasonCode, Trajectory, TrajectoryError
 
 
-def outstanding_samples(buffer: GroupBuffer, leased: Mapping[str, int]) -> int:
+def outstanding_samples(dispenser: TaskDispenser, buffer: GroupBuffer) -> int:
   """Samples leased or buffered, each counted once: the buffer's occupancy (ready units, plus the G reserved slots of
   every open group, which stand for that group's samples still running as well as the ones already in) plus the
-  leased samples (`leased`: group id → samples its live leases still hold, `TaskDispenser.leased_samples`) of
-  groups with no reservation yet. A group whose first samples are in is counted once, by its reservation; counting
-  its lease too (G more) would let a pipeline of half-filled groups run ever further below `max_outstanding`."""
-  return buffer.occupancy + sum(n for group_id, n in leased.items() if group_id not in buffer.open)
+  samples the dispenser's live leases hold for groups with no reservation yet (`TaskDispenser.leased_samples`). A
+  group whose first samples are in is counted once, by its reservation; counting its lease too would let a pipeline
+  of half-filled groups run ever further below `max_outstanding`. The caller holds the buffer's lock."""
+  return buffer.occupancy + dispenser.leased_samples(excluding=buffer.open)
 
 
 def lease_allowance(requested: int, max_outstanding: int, outstanding: int, group_size: int) -> int:

@@ -240,7 +240,7 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
     if self.config.max_outstanding:
       # Flow control (`flow.lease_allowance`): rollouts run at most `max_outstanding` samples ahead of the learner.
       with self._cond:  # one snapshot: a sample moves from leased to buffered under this condition
-        outstanding = flow.outstanding_samples(self._buffer, self.dispenser.leased_samples())
+        outstanding = flow.outstanding_samples(self.dispenser, self._buffer)
       max_tasks = flow.lease_allowance(max_tasks, self.config.max_outstanding, outstanding,
                                        self.dispenser.config.group_size)
       if max_tasks <= 0:

@@ -22,7 +22,7 @@ def _submit(dispenser, buffer, lease, index, version=0, current=0, max_staleness
 
 
 def _allowance(dispenser, buffer, max_outstanding, requested=100):
-  outstanding = flow.outstanding_samples(buffer, dispenser.leased_samples())
+  outstanding = flow.outstanding_samples(dispenser, buffer)
   return outstanding, flow.lease_allowance(requested, max_outstanding, outstanding, dispenser.config.group_size)
 
 
@@ -36,11 +36,11 @@ def test_a_partly_accepted_group_counts_once():
   a, b = dispenser.lease("w", 2)
   assert _allowance(dispenser, buffer, 24) == (16, 1)
   _submit(dispenser, buffer, a, 0)
-  assert dispenser.leased_samples() == {a.group_id: 7, b.group_id: 8}
+  assert dispenser.leased_samples() == 15 and dispenser.leased_samples(excluding=[a.group_id]) == 8
   assert _allowance(dispenser, buffer, 24) == (16, 1)
   for index in range(1, 8):
     _submit(dispenser, buffer, a, index)
-  assert dispenser.leased_samples() == {b.group_id: 8}  # A's lease is done; A is ready in the buffer
+  assert dispenser.leased_samples(excluding=[b.group_id]) == 0  # A's lease is done; A is ready in the buffer
   assert _allowance(dispenser, buffer, 24) == (16, 1)
   assert len(buffer.take(8)) == 8  # the learner takes A: only B is out
   assert _allowance(dispenser, buffer, 24) == (8, 2)
@@ -56,7 +56,7 @@ def test_a_re_leased_sample_counts_as_one():
   assert e.value.reason_code == ReasonCode.STALE_POLICY
   (again,) = dispenser.lease("w", 1)
   assert again.sample_indices == (0,)
-  assert dispenser.leased_samples() == {a.group_id: 4}  # 3 left in the first lease + 1 in the re-lease
+  assert dispenser.leased_samples() == 4  # 3 left in the first lease + 1 in the re-lease
   assert _allowance(dispenser, buffer, 8) == (4, 1)
 
 
@@ -67,3 +67,43 @@ def test_sao_counts_leases_and_buffered_samples():
   _submit(dispenser, buffer, leases[0], 0)
   assert _allowance(dispenser, buffer, 4) == (3, 1)  # 2 leased + 1 buffered
   assert flow.lease_allowance(5, 0, 99, 1) == 5  # no cap
+
+
+def test_the_leased_count_follows_every_lease_change():
+  """`leased_samples` is kept as leases change; it must equal the live leases' pending samples after leasing,
+  accepting, rejecting as stale, expiry and re-leasing, restoring a logged sample, and a checkpoint round trip."""
+  now = [0.0]
+  config = DispenserConfig(mode="group", group_size=3, lease_ttl_s=10.0)
+  dispenser = TaskDispenser([{"id": str(i)} for i in range(20)], config, clock=lambda: now[0])
+  buffer = GroupBuffer(64)
+  issued = []
+
+  def check():
+    live = [dispenser.lease_info(l.lease_id) for l in issued]
+    assert dispenser.leased_samples() == sum(len(l.pending) for l in live if l is not None)
+
+  issued += dispenser.lease("w", 3)
+  check()
+  _submit(dispenser, buffer, issued[0], 0)
+  _submit(dispenser, buffer, issued[0], 1)
+  check()
+  with pytest.raises(TrajectoryError):
+    flow.admit(dispenser, buffer, _traj(issued[1], 2, version=0), "w", current_version=9, max_staleness=2)
+  check()
+  now[0] = 11.0  # every lease lapses; their missing samples are re-leased
+  issued += dispenser.lease("w", 2)
+  check()
+  assert dispenser.num_leased == 2
+  logged = _traj(issued[-1], issued[-1].sample_indices[0])
+  logged.group_id = issued[-1].group_id
+  assert dispenser.restore_sample(logged) is not None
+  check()
+  restored = TaskDispenser([{"id": str(i)} for i in range(20)], config, clock=lambda: now[0])
+  restored.load_state_dict(dispenser.state_dict())
+  assert restored.leased_samples() == dispenser.leased_samples()
+  for lease in issued:
+    for index in sorted(lease.pending):
+      if dispenser.lease_info(lease.lease_id) is not None:
+        _submit(dispenser, buffer, lease, index)
+  check()
+  assert dispenser.leased_samples() == 0
