@@ -128,3 +128,19 @@ def test_compare_and_relative_error():
     validation.compare({"busy": 1.0}, {"busy": 1.0})
   table = validation.format_table([("16 loops", rows)], 0.2)
   assert "| 16 loops | busy | 0.500 | 0.400 | 25.0% | NO |" in table
+
+
+def test_bench_config_uses_the_steady_state_trajectories():
+  """With per-trajectory records, the agent loop's timings come from trajectories leased in the measured window
+  (leased_at >= 0): the first episodes' engine calls, slowed by its compilations, do not count."""
+  early = [dict(leased_at=-5.0, accepted_at=20.0, turns=2, generate_s=20.0, tool_s=0.0, total_s=24.0)] * 8
+  steady = [dict(leased_at=float(i), accepted_at=i + 1.6, turns=2, generate_s=0.4, tool_s=0.2, total_s=1.5)
+            for i in range(40)]
+  m = _measurement(taken=early + steady)
+  timings = validation.steady_state_timings(m)
+  assert timings["trajectories"] == 40 and timings["lease_to_accept_s"] == pytest.approx(1.6)
+  c = validation.bench_config(m)
+  assert c.episode.gen_s.mean() == pytest.approx(0.2) and c.episode.tool_s.mean() == pytest.approx(0.1)
+  assert c.submit_latency_s == pytest.approx(0.1)  # 1.6 s lease-to-acceptance − the loop's 1.5 s
+  assert validation.steady_state_timings(_measurement(taken=early + steady[:3])) is None  # too few: the means
+  assert validation.bench_config(_measurement(taken=early)).episode.gen_s.mean() == pytest.approx(0.1)
