@@ -60,7 +60,8 @@ class FleetSimulator:
         mode="sao" if c.group_size == 1 else "group", group_size=c.group_size, seed=c.seed,
         lease_ttl_s=c.lease_ttl_s), clock=lambda: self.now)
     self.buffer = GroupBuffer(c.buffer_capacity)
-    self.version = 0  # the learner's = the engines' and the server's once published
+    self.version = 0  # the learner's = the server's once published
+    self.engine_version = 0  # what the engines serve: the new version reaches them first (engine_publish_fraction)
     self._events: list = []
     self._seq = itertools.count()
     self._slots = 0  # samples leased and not yet acknowledged (the worker's held slots)
@@ -99,7 +100,8 @@ class FleetSimulator:
     self._at(c.lease_ttl_s / 3, "heartbeat")
     handlers = {"poll": self._poll, "setup_done": self._setup_done, "first_turn": self._first_turn,
                 "end": self._end, "submit": self._first_submit, "retry": self._retry, "train_end": self._train_end,
-                "publish_end": self._publish_end, "step_done": self._step_done, "heartbeat": self._heartbeat}
+                "publish_end": self._publish_end, "step_done": self._step_done, "heartbeat": self._heartbeat,
+                "engines": self._engines_updated}
     while self._events and not self._done():
       t, _, kind, payload = heapq.heappop(self._events)
       if t > horizon:
@@ -168,7 +170,7 @@ class FleetSimulator:
 
   def _first_turn(self, episode: _Episode) -> None:
     e = self.config.episode
-    episode.version = self.version  # the engines' version now: the minimum over the episode's turns
+    episode.version = self.engine_version  # the engines' version now: the minimum over the episode's turns
     rest = e.tool_s.sample(self._rng)
     if episode.turns > 1:
       n = episode.turns - 1
@@ -283,6 +285,9 @@ class FleetSimulator:
     else:
       step_s = c.step_s.sample(self._rng)
     f = c.publish_fraction
+    fe = f if c.engine_publish_fraction is None else c.engine_publish_fraction
+    if fresh and fe < f and self._updates + 1 > c.actor_warmup_steps:  # this step publishes: engines first
+      self._at(self.now + fe * step_s, "engines", self.version + 1)
     self._at(self.now + f * step_s, "train_end", (1.0 - f) * step_s)
     self._schedule_retry()  # room in the buffer: pushed-back samples may go in now
     self._poll()
@@ -306,9 +311,13 @@ class FleetSimulator:
         return
     self._after(rest_s)
 
+  def _engines_updated(self, version: int) -> None:
+    self.engine_version = max(self.engine_version, version)
+
   def _publish_end(self, payload: tuple[int, float]) -> None:
     version, rest_s = payload
     self.version = version
+    self.engine_version = max(self.engine_version, version)
     self.dispenser.set_policy_version(version)
     self._schedule_retry()  # a new version may make pushed-back samples stale
     self._after(rest_s)

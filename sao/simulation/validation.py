@@ -5,9 +5,10 @@ The simulator is given what the bench measured as *inputs*: the episode delay di
 trajectories' own timings; with per-trajectory records, of the trajectories leased in the measured window only,
 `steady_state_timings`), the transport's share (mean lease-to-acceptance time minus the agent loop's mean total,
 spent between the episode's end and its submission), the trainer's step times (resampled; the warm-up steps' own
-times, compilations included), where in its step a new version lands (the rest is bookkeeping), and the service
-knobs. It *predicts* what the bench reports: trajectories/s, the trainer's busy fraction and the mean staleness of
-trained batches. `compare` puts the two side by side with relative errors.
+times, compilations included), where in its step a new version lands on the engine (which stamps trajectories
+with it) and on the server (which counts staleness against it; the rest of the step is bookkeeping), and the
+service knobs. It *predicts* what the bench reports: trajectories/s, the trainer's busy fraction and the mean
+staleness of trained batches. `compare` puts the two side by side with relative errors.
 """
 from __future__ import annotations
 
@@ -61,11 +62,16 @@ def bench_config(measured: Mapping[str, Any], seed: int = 0) -> FleetConfig:
   else:  # older measurements: all overhead beyond the delay counts as engine time
     turns = max(1, int(round(float(measured["turns_mean"]))))
     gen_s, tool_s, submit_s = max(0.0, float(np.mean(measured["episode_s"])) - delay.mean()) / turns, 0.0, 0.0
+  publish_fraction = min(1.0, max(0.0, float(measured.get("publish_fraction_mean", 1.0))))
+  # Where the engine itself first reported each new version (the bench polls it): it stamps trajectories from then.
+  engine_fraction = measured.get("engine_publish_fraction_mean")
+  engine_fraction = (min(publish_fraction, max(0.0, float(engine_fraction)))
+                     if engine_fraction is not None and math.isfinite(float(engine_fraction)) else None)
   episode = EpisodeModel(setup_s=delay, turns=Distribution("constant", turns), gen_s=Distribution("constant", gen_s),
                          tool_s=Distribution("constant", tool_s))
   return FleetConfig(
       loops=int(measured["concurrency"]), episode=episode, submit_latency_s=submit_s,
-      publish_fraction=min(1.0, max(0.0, float(measured.get("publish_fraction_mean", 1.0)))),
+      publish_fraction=publish_fraction, engine_publish_fraction=engine_fraction,
       step_s=Distribution("choice", values=tuple(float(t) for t in measured["train_step_s"])),
       batch_size=int(measured["batch_size"]), actor_warmup_steps=BENCH_ACTOR_WARMUP_STEPS,
       max_staleness=int(measured["max_staleness"]), max_outstanding=int(measured["max_outstanding"]),
