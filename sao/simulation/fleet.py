@@ -185,7 +185,7 @@ class FleetSimulator:
                               rollout_logprobs=_EMPTY.astype(np.float32), reward=0.0, policy_version=episode.version,
                               sample_index=episode.sample_index, group_id=episode.lease.group_id,
                               num_turns=episode.turns, lease_id=episode.lease.lease_id,
-                              metrics={"episode_s": episode.end - episode.start})
+                              metrics={"episode_s": episode.end - episode.start, "leased_at": episode.start})
     if self.config.submit_latency_s:
       self._at(self.now + self.config.submit_latency_s, "submit", episode)
     else:
@@ -272,6 +272,8 @@ class FleetSimulator:
       if measured:
         s = flow.staleness(self.version, traj.policy_version)
         r.staleness[s] = r.staleness.get(s, 0) + 1
+        if traj.metrics["leased_at"] >= self._measure_start:
+          r.staleness_steady[s] = r.staleness_steady.get(s, 0) + 1
       if flow.is_fresh(self.version, traj.policy_version, c.max_staleness):
         fresh += 1
       else:

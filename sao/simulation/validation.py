@@ -22,7 +22,9 @@ from sao.simulation.distributions import Distribution
 from sao.simulation.fleet import simulate
 from sao.simulation.model import EpisodeModel, FleetConfig
 
-METRICS = ("traj_per_s", "busy", "staleness_mean")
+# staleness_steady_mean: over the trajectories leased after the first measured step began (the bench's per-trajectory
+# records), so no episode of the warm-up, whose engine calls waited for the engine's compilations, counts.
+METRICS = ("traj_per_s", "busy", "staleness_mean", "staleness_steady_mean")
 # The bench's fixed settings not in its JSON (experiments/bench_pipeline.py and the toy config): the empty-lease
 # retry it sets, the toy lease TTL, and SAO's critic warm-up (its first update leaves the policy version as is).
 BENCH_NO_WORK_RETRY_S = 0.05
@@ -85,12 +87,25 @@ def steady_state_timings(measured: Mapping[str, Any], min_trajectories: int = 32
   """Means over the trajectories leased after the first measured step began (the bench's `taken` records, times
   relative to that moment) of: turns, the agent loop's generate_s, tool_s and total_s, and lease-to-acceptance
   seconds. None when the measurement has no per-trajectory records or fewer than `min_trajectories` such ones."""
-  rows = [t for t in measured.get("taken", ()) if t["leased_at"] >= 0.0 and math.isfinite(t["accepted_at"])]
+  rows = _steady_rows(measured)
   if len(rows) < min_trajectories:
     return None
   out = {k: float(np.mean([t[k] for t in rows])) for k in ("turns", "generate_s", "tool_s", "total_s")}
   out["lease_to_accept_s"] = float(np.mean([t["accepted_at"] - t["leased_at"] for t in rows]))
   out["trajectories"] = float(len(rows))
+  return out
+
+
+def _steady_rows(measured: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+  return [t for t in measured.get("taken", ()) if t["leased_at"] >= 0.0 and math.isfinite(t["accepted_at"])]
+
+
+def measured_metrics(measured: Mapping[str, Any]) -> dict[str, float]:
+  """The bench's values of `METRICS`: staleness_steady_mean only when it recorded every taken trajectory."""
+  out = {k: float(measured[k]) for k in METRICS if k in measured}
+  rows = _steady_rows(measured)
+  if rows:
+    out["staleness_steady_mean"] = float(np.mean([t["server_version"] - t["policy_version"] for t in rows]))
   return out
 
 
@@ -100,7 +115,7 @@ def predict(measured: Mapping[str, Any], seeds: Iterable[int] = range(20)) -> di
   for seed in seeds:
     report = simulate(bench_config(measured, seed))
     runs.append({"traj_per_s": report.traj_per_hour / 3600.0, "busy": report.busy,
-                 "staleness_mean": report.staleness_mean})
+                 "staleness_mean": report.staleness_mean, "staleness_steady_mean": report.staleness_steady_mean})
   if not runs:
     raise ValueError("predict: no seeds")
   return {k: float(np.mean([r[k] for r in runs])) for k in METRICS}

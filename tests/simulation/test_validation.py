@@ -119,10 +119,10 @@ def test_predict_matches_a_hand_computed_pipeline():
 
 
 def test_compare_and_relative_error():
-  rows = validation.compare({"traj_per_s": 1.1, "busy": 0.5, "staleness_mean": 0.0},
-                            {"traj_per_s": 1.0, "busy": 0.4, "staleness_mean": 0.0})
-  assert [round(r.relative_error, 6) for r in rows] == [0.1, 0.25, 0.0]
-  assert [r.within(0.2) for r in rows] == [True, False, True]
+  rows = validation.compare({"traj_per_s": 1.1, "busy": 0.5, "staleness_mean": 0.0, "staleness_steady_mean": 1.0},
+                            {"traj_per_s": 1.0, "busy": 0.4, "staleness_mean": 0.0, "staleness_steady_mean": 0.5})
+  assert [round(r.relative_error, 6) for r in rows] == [0.1, 0.25, 0.0, 1.0]
+  assert [r.within(0.2) for r in rows] == [True, False, True, False]
   assert math.isinf(validation.Comparison("x", 1.0, 0.0).relative_error)
   with pytest.raises(ValueError, match="missing"):
     validation.compare({"busy": 1.0}, {"busy": 1.0})
@@ -143,4 +143,10 @@ def test_bench_config_uses_the_steady_state_trajectories():
   assert c.episode.gen_s.mean() == pytest.approx(0.2) and c.episode.tool_s.mean() == pytest.approx(0.1)
   assert c.submit_latency_s == pytest.approx(0.1)  # 1.6 s lease-to-acceptance − the loop's 1.5 s
   assert validation.steady_state_timings(_measurement(taken=early + steady[:3])) is None  # too few: the means
+  # The steady-state staleness is the bench's count (server version − policy version at the take) over them.
+  versions = [dict(t, server_version=5, policy_version=5 - (i % 2)) for i, t in enumerate(steady)]
+  observed = validation.measured_metrics(_measurement(taken=[dict(t, server_version=9, policy_version=0)
+                                                             for t in early] + versions))
+  assert observed["staleness_steady_mean"] == pytest.approx(0.5) and observed["staleness_mean"] == 1.0
+  assert "staleness_steady_mean" not in validation.measured_metrics(_measurement())
   assert validation.bench_config(_measurement(taken=early)).episode.gen_s.mean() == pytest.approx(0.1)
