@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from typing import Any
 
 from absl import app, flags
@@ -100,6 +101,35 @@ class _LeaseGate:
       return leases
 
 
+class _EngineVersionWatch:
+  """Polls the engine's `GET /get_model_info` every `interval_s` in a thread and records when each new
+  `weight_version` first shows: when a published version really starts to stamp trajectories (the trainer's
+  publish call returns only after the engine swapped, and the step goes on with bookkeeping after it)."""
+
+  def __init__(self, url: str, interval_s: float = 0.02):
+    self.url, self.interval_s = url, interval_s
+    self.changes: list[tuple[float, int]] = []  # (monotonic time first seen, version)
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True, name="engine-version-watch")
+    self._thread.start()
+
+  def _run(self) -> None:
+    last = None
+    while not self._stop.wait(self.interval_s):
+      try:
+        with urllib.request.urlopen(f"{self.url}/get_model_info", timeout=5) as response:
+          version = int(json.loads(response.read()).get("weight_version", -1))
+      except (OSError, ValueError):
+        continue  # the engine is busy or restarting: the next poll tells
+      if version != last:
+        self.changes.append((time.monotonic(), version))
+        last = version
+
+  def stop(self) -> None:
+    self._stop.set()
+    self._thread.join(timeout=10)
+
+
 def _bench_trainer_class():
   from sao.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
 
@@ -118,7 +148,11 @@ def _bench_trainer_class():
       self.timings: list[dict[str, float]] = []  # per step: the batch's mean agent-loop timings (generate_s, ...)
       self.leased_at: dict[str, float] = {}  # training lease id → when it was issued
       self.episode_s: list[tuple[float, float]] = []  # (accepted at, seconds from lease to acceptance) per sample
+      self.accepted_at: dict[str, float] = {}  # training lease id → when its sample was accepted
       self.published_at: list[float] = []  # when each new version reached the engines and the server
+      self.publish_started: list[float] = []  # when each publish began (policy export, then the engines)
+      # Per trajectory taken: its lease, acceptance and take times, versions and the agent loop's timings.
+      self.taken: list[dict[str, float]] = []
 
     def _server(self, model_config, engine_urls):
       server = super()._server(model_config, engine_urls)
@@ -146,13 +180,16 @@ def _bench_trainer_class():
         if lease_record.lease_id in self.leased_at:
           now = time.monotonic()
           self.episode_s.append((now, now - self.leased_at[lease_record.lease_id]))
+          self.accepted_at[lease_record.lease_id] = now
         return complete_fn(lease_record, traj)
 
       dispenser.lease, dispenser.complete = lease, complete
 
     def _publish(self, model_config, learner, server):
-      super()._publish(model_config, learner, server)
+      self.publish_started.append(time.monotonic())
+      out = super()._publish(model_config, learner, server)
       self.published_at.append(time.monotonic())
+      return out
 
     def _take(self, server, n):
       start = time.monotonic()
@@ -165,6 +202,13 @@ def _bench_trainer_class():
       self.turns.append(sum(t.num_turns for t in batch) / len(batch))
       self.timings.append({k: sum(t.timings.get(k, 0.0) for t in batch) / len(batch)
                            for k in ("generate_s", "tool_s", "total_s")})
+      now = time.monotonic()
+      for t in batch:
+        self.taken.append({
+            "step": len(self.waits) - 1, "leased_at": self.leased_at.get(t.lease_id, float("nan")),
+            "accepted_at": self.accepted_at.get(t.lease_id, float("nan")), "taken_at": now,
+            "policy_version": t.policy_version, "server_version": server.policy_version, "turns": t.num_turns,
+            **{k: float(t.timings.get(k, 0.0)) for k in ("generate_s", "tool_s", "total_s")}})
       return batch
 
     def _train(self, *args, **kwargs):
@@ -185,6 +229,7 @@ class _Processes:
     self.engine = None
     self.url = ""
     self.worker: subprocess.Popen | None = None
+    self.watch: _EngineVersionWatch | None = None
 
   def start_engines(self, model_dir: str) -> list[str]:
     from sao.engines.local_server import start_local_engine  # pylint: disable=g-import-not-at-top
@@ -203,6 +248,7 @@ class _Processes:
     from launch import embedded  # pylint: disable=g-import-not-at-top
     from sao.rollout import worker as worker_lib  # pylint: disable=g-import-not-at-top
     c = self.config
+    self.watch = _EngineVersionWatch(self.url)  # the engine is up and on version 0 for this mode
     # The worker reads the toy config with the bench's settings; the leased tasks name `slow_number_search`, whose
     # episodes need no constructor kwargs (each task carries its delay).
     with open(os.path.join(self.log_dir, f"worker_{c.name}.log"), "ab") as log_file:
@@ -217,6 +263,8 @@ class _Processes:
       raise RuntimeError(f"rollout worker exited with code {self.worker.returncode}")
 
   def stop_worker(self) -> None:
+    if self.watch is not None:
+      self.watch.stop()  # its record stays for the mode's summary
     if self.worker is not None and self.worker.poll() is None:
       self.worker.terminate()
       try:
@@ -275,6 +323,12 @@ def _run_mode(mode: str, processes: _Processes, base_dir: str | None) -> dict[st
   # Where in its step each measured version landed (0: at the take, 1: at the next wait): the rest is bookkeeping.
   publish_fraction = [(p - waited) / (end - waited) for (_, waited), end in zip(trainer.waits[warmup:], ends[warmup:])
                       for p in trainer.published_at if waited <= p <= end and end > waited]
+  # The same for the moment the engine itself first reported the new version (`_EngineVersionWatch`).
+  engine_changes = processes.watch.changes if processes.watch is not None else []
+  engine_fraction = [(t - waited) / (end - waited) for (_, waited), end in zip(trainer.waits[warmup:], ends[warmup:])
+                     for t, version in engine_changes if version > 0 and waited <= t <= end and end > waited]
+  # Each step's parts: the learner update (to the publish's start) and the publish (export + engines).
+  publish_s = [done - began for began, done in zip(trainer.publish_started, trainer.published_at)]
   return {"mode": mode, "traj_per_s": len(measured) * config.rollout.batch_size / wall,
           "busy": 1.0 - waiting / wall, "wall_s": wall, "steps": len(measured),
           "stale_rejected": stats.get("rejected_by_reason", {}).get("STALE_POLICY", 0),
@@ -282,6 +336,17 @@ def _run_mode(mode: str, processes: _Processes, base_dir: str | None) -> dict[st
           "train_step_s": train_s[warmup:], "warmup_train_step_s": train_s[:warmup],
           "episode_s": [d for t, d in trainer.episode_s if t >= start],
           "publish_fraction_mean": sum(publish_fraction) / len(publish_fraction) if publish_fraction else 1.0,
+          "engine_publish_fraction_mean": (sum(engine_fraction) / len(engine_fraction) if engine_fraction
+                                           else float("nan")),
+          "publish_s": publish_s,
+          # Times in seconds from the first measured step's wait: the steps' (wait start, wait end), the publishes'
+          # (start, end), the engine's version changes (time, version), and every trajectory taken.
+          "timeline": {"waits": [(a - start, b - start) for a, b in trainer.waits],
+                       "publishes": [(a - start, b - start) for a, b in zip(trainer.publish_started,
+                                                                             trainer.published_at)],
+                       "engine_versions": [(t - start, v) for t, v in engine_changes],
+                       "end": trainer.end_time - start},
+          "taken": [{k: (v - start if k.endswith("_at") else v) for k, v in t.items()} for t in trainer.taken],
           "turns_mean": sum(trainer.turns[warmup:]) / max(len(trainer.turns[warmup:]), 1),
           # The agent loop's own seconds per trajectory (engine calls, env steps, the whole episode incl. reset).
           **{f"{k}_mean": sum(t[k] for t in trainer.timings[warmup:]) / max(len(trainer.timings[warmup:]), 1)

@@ -98,7 +98,9 @@ def run_validation(paths, tolerance: float, seeds: int) -> bool:
     for measured in measurements:
       if measured.get("mode") != "async":
         continue
-      comparisons = validation.compare(validation.predict(measured, range(seeds)), measured)
+      observed = validation.measured_metrics(measured)
+      comparisons = validation.compare(validation.predict(measured, range(seeds)), observed,
+                                       [m for m in validation.METRICS if m in observed])
       load = f"load {measured['loadavg_before'][0]:.0f}→{measured['loadavg_after'][0]:.0f}"
       table.append((f"{measured['concurrency']} loops ({load})", comparisons))
       ok &= all(c.within(tolerance) for c in comparisons)

@@ -2,9 +2,10 @@
 
 The service side is the project's own code, called as the gRPC server calls it: `TaskDispenser` (leases, expiry,
 re-leases, groups; its clock is the simulated one), `GroupBuffer` (the bounded buffer with group reservations) and
-`sao.transport.flow` (`lease_allowance` under `max_outstanding`, `admit` with the staleness bound and backpressure,
-`accept`, and the trainer's `is_fresh` filter). No socket, thread or sleep: events are popped from a heap in time
-order (ties in the order they were scheduled), so a run is a function of its `FleetConfig` (seed included).
+`sao.transport.flow` (`outstanding_samples` and `lease_allowance` under `max_outstanding`, `admit` with the
+staleness bound and backpressure, `accept`, and the trainer's `is_fresh` filter). No socket, thread or sleep: events
+are popped from a heap in time order (ties in the order they were scheduled), so a run is a function of its
+`FleetConfig` (seed included).
 
 The worker side follows `sao.rollout.worker` (which this package cannot import): a loop's slot is held from the
 lease until the trainer acknowledges the sample (accepted or rejected), a pushed-back sample is re-sent after
@@ -59,7 +60,8 @@ class FleetSimulator:
         mode="sao" if c.group_size == 1 else "group", group_size=c.group_size, seed=c.seed,
         lease_ttl_s=c.lease_ttl_s), clock=lambda: self.now)
     self.buffer = GroupBuffer(c.buffer_capacity)
-    self.version = 0  # the learner's = the engines' and the server's once published
+    self.version = 0  # the learner's = the server's once published
+    self.engine_version = 0  # what the engines serve: the new version reaches them first (engine_publish_fraction)
     self._events: list = []
     self._seq = itertools.count()
     self._slots = 0  # samples leased and not yet acknowledged (the worker's held slots)
@@ -98,7 +100,8 @@ class FleetSimulator:
     self._at(c.lease_ttl_s / 3, "heartbeat")
     handlers = {"poll": self._poll, "setup_done": self._setup_done, "first_turn": self._first_turn,
                 "end": self._end, "submit": self._first_submit, "retry": self._retry, "train_end": self._train_end,
-                "publish_end": self._publish_end, "step_done": self._step_done, "heartbeat": self._heartbeat}
+                "publish_end": self._publish_end, "step_done": self._step_done, "heartbeat": self._heartbeat,
+                "engines": self._engines_updated}
     while self._events and not self._done():
       t, _, kind, payload = heapq.heappop(self._events)
       if t > horizon:
@@ -132,8 +135,8 @@ class FleetSimulator:
       wanted = (c.loops - self._slots) // c.group_size
       if wanted <= 0:
         return  # an acknowledgement frees a slot and polls again
-      allowed = flow.lease_allowance(wanted, c.max_outstanding, self.buffer.occupancy, self.dispenser.num_leased,
-                                     c.group_size)
+      outstanding = flow.outstanding_samples(self.dispenser, self.buffer)
+      allowed = flow.lease_allowance(wanted, c.max_outstanding, outstanding, c.group_size)
       if allowed <= 0:
         return self._schedule_poll(c.backpressure_retry_s)
       leases = self.dispenser.lease(_WORKER, allowed)
@@ -167,7 +170,7 @@ class FleetSimulator:
 
   def _first_turn(self, episode: _Episode) -> None:
     e = self.config.episode
-    episode.version = self.version  # the engines' version now: the minimum over the episode's turns
+    episode.version = self.engine_version  # the engines' version now: the minimum over the episode's turns
     rest = e.tool_s.sample(self._rng)
     if episode.turns > 1:
       n = episode.turns - 1
@@ -182,7 +185,7 @@ class FleetSimulator:
                               rollout_logprobs=_EMPTY.astype(np.float32), reward=0.0, policy_version=episode.version,
                               sample_index=episode.sample_index, group_id=episode.lease.group_id,
                               num_turns=episode.turns, lease_id=episode.lease.lease_id,
-                              metrics={"episode_s": episode.end - episode.start})
+                              metrics={"episode_s": episode.end - episode.start, "leased_at": episode.start})
     if self.config.submit_latency_s:
       self._at(self.now + self.config.submit_latency_s, "submit", episode)
     else:
@@ -269,6 +272,8 @@ class FleetSimulator:
       if measured:
         s = flow.staleness(self.version, traj.policy_version)
         r.staleness[s] = r.staleness.get(s, 0) + 1
+        if traj.metrics["leased_at"] >= self._measure_start:
+          r.staleness_steady[s] = r.staleness_steady.get(s, 0) + 1
       if flow.is_fresh(self.version, traj.policy_version, c.max_staleness):
         fresh += 1
       else:
@@ -282,6 +287,9 @@ class FleetSimulator:
     else:
       step_s = c.step_s.sample(self._rng)
     f = c.publish_fraction
+    fe = f if c.engine_publish_fraction is None else c.engine_publish_fraction
+    if fresh and fe < f and self._updates + 1 > c.actor_warmup_steps:  # this step publishes: engines first
+      self._at(self.now + fe * step_s, "engines", self.version + 1)
     self._at(self.now + f * step_s, "train_end", (1.0 - f) * step_s)
     self._schedule_retry()  # room in the buffer: pushed-back samples may go in now
     self._poll()
@@ -305,9 +313,13 @@ class FleetSimulator:
         return
     self._after(rest_s)
 
+  def _engines_updated(self, version: int) -> None:
+    self.engine_version = max(self.engine_version, version)
+
   def _publish_end(self, payload: tuple[int, float]) -> None:
     version, rest_s = payload
     self.version = version
+    self.engine_version = max(self.engine_version, version)
     self.dispenser.set_policy_version(version)
     self._schedule_retry()  # a new version may make pushed-back samples stale
     self._after(rest_s)

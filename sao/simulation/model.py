@@ -52,8 +52,11 @@ class FleetConfig:
     submit_latency_s: from an episode's end to its submission reaching the trainer (the loop stays held).
     step_s: the trainer's time per step (take to next take, publishing included); publish_s: weights to the
       engines after an update, on top of step_s (0 when step_s includes it).
-    publish_fraction: where in a step the new version lands on the engines and the server (1: at its end; the
-      rest of the step is bookkeeping: metrics, the consumed ledger).
+    publish_fraction: where in a step the new version lands on the server, which counts staleness against it and
+      admits by it (1: at its end; the rest of the step is bookkeeping: metrics, the consumed ledger).
+    engine_publish_fraction: where in a step the engines start serving (and stamping trajectories with) the new
+      version; the trainer's publish call returns after they swapped, so it is <= `publish_fraction`. None: with
+      the server.
     actor_warmup_steps: first updates that leave the policy version unchanged (SAO's `critic_warmup_steps`).
     max_staleness, max_outstanding, buffer_capacity, lease_ttl_s: the server's and dispenser's knobs
       (`ServerConfig`, `DispenserConfig`); max_outstanding 0 = no flow control.
@@ -74,6 +77,7 @@ class FleetConfig:
   submit_latency_s: float = 0.0
   publish_s: float = 0.0
   publish_fraction: float = 1.0
+  engine_publish_fraction: float | None = None
   actor_warmup_steps: int = 0
   max_staleness: int = 8
   max_outstanding: int = 128
@@ -115,6 +119,9 @@ class FleetConfig:
                        f"{self.max_hours}")
     if not 0.0 <= self.publish_fraction <= 1.0:
       raise ValueError(f"FleetConfig.publish_fraction must lie in [0, 1], got {self.publish_fraction}")
+    if self.engine_publish_fraction is not None and not 0.0 <= self.engine_publish_fraction <= self.publish_fraction:
+      raise ValueError(f"FleetConfig.engine_publish_fraction must lie in [0, publish_fraction = "
+                       f"{self.publish_fraction}], got {self.engine_publish_fraction}")
     if not all(math.isfinite(t) and t >= 0 for t in self.warmup_step_s):
       raise ValueError(f"FleetConfig.warmup_step_s must be finite and >= 0, got {self.warmup_step_s}")
     if not (self.target_trajectories or self.max_steps or math.isfinite(self.max_hours)):

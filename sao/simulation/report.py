@@ -33,6 +33,9 @@ class FleetReport:
   trained: int = 0
   dropped_stale: int = 0
   staleness: dict[int, int] = dataclasses.field(default_factory=dict)  # taken after warm-up: staleness → count
+  # The same for the trajectories leased after the first measured step began (the steady state: no episode that
+  # ran during the warm-up steps).
+  staleness_steady: dict[int, int] = dataclasses.field(default_factory=dict)
   measured_steps: int = 0
   measured_s: float = 0.0  # from the first measured step's wait to the end of the last training (bench's wall)
   waiting_s: float = 0.0  # the trainer's waits for a batch within `measured_s`
@@ -66,8 +69,11 @@ class FleetReport:
 
   @property
   def staleness_mean(self) -> float:
-    n = sum(self.staleness.values())
-    return sum(s * c for s, c in self.staleness.items()) / n if n else 0.0
+    return _mean(self.staleness)
+
+  @property
+  def staleness_steady_mean(self) -> float:
+    return _mean(self.staleness_steady)
 
   def staleness_quantile(self, q: float) -> int:
     """The smallest staleness s with P(staleness <= s) >= q over the measured steps' trajectories."""
@@ -106,3 +112,8 @@ class FleetReport:
             "loop_blocked": self.loop_blocked_s / (self.loops * self.sim_s) if self.sim_s else 0.0,
             "time_to_target_h": None if self.time_to_target_s is None else self.time_to_target_s / 3600,
             "trained": self.trained, "dispatched": self.dispatched, "final_version": self.final_version}
+
+
+def _mean(histogram: dict[int, int]) -> float:
+  n = sum(histogram.values())
+  return sum(s * c for s, c in histogram.items()) / n if n else 0.0

@@ -2,11 +2,13 @@
 
 The simulator is given what the bench measured as *inputs*: the episode delay distribution (the same capped Pareto
 `slow_number_search` sleeps), the mean turns, the agent loop's mean engine and env-step seconds per turn (the
-trajectories' own timings), the transport's share (mean lease-to-acceptance time minus the agent loop's mean total,
+trajectories' own timings; with per-trajectory records, of the trajectories leased in the measured window only,
+`steady_state_timings`), the transport's share (mean lease-to-acceptance time minus the agent loop's mean total,
 spent between the episode's end and its submission), the trainer's step times (resampled; the warm-up steps' own
-times, compilations included), where in its step a new version lands (the rest is bookkeeping), and the service
-knobs. It *predicts* what the bench reports: trajectories/s, the trainer's busy fraction and the mean staleness of
-trained batches. `compare` puts the two side by side with relative errors.
+times, compilations included), where in its step a new version lands on the engine (which stamps trajectories
+with it) and on the server (which counts staleness against it; the rest of the step is bookkeeping), and the
+service knobs. It *predicts* what the bench reports: trajectories/s, the trainer's busy fraction and the mean
+staleness of trained batches. `compare` puts the two side by side with relative errors.
 """
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ from sao.simulation.distributions import Distribution
 from sao.simulation.fleet import simulate
 from sao.simulation.model import EpisodeModel, FleetConfig
 
-METRICS = ("traj_per_s", "busy", "staleness_mean")
+# staleness_steady_mean: over the trajectories leased after the first measured step began (the bench's per-trajectory
+# records), so no episode of the warm-up, whose engine calls waited for the engine's compilations, counts.
+METRICS = ("traj_per_s", "busy", "staleness_mean", "staleness_steady_mean")
 # The bench's fixed settings not in its JSON (experiments/bench_pipeline.py and the toy config): the empty-lease
 # retry it sets, the toy lease TTL, and SAO's critic warm-up (its first update leaves the policy version as is).
 BENCH_NO_WORK_RETRY_S = 0.05
@@ -42,21 +46,34 @@ def bench_config(measured: Mapping[str, Any], seed: int = 0) -> FleetConfig:
   delay = Distribution("pareto", float(d["scale_s"]), float(d["alpha"]), hi=float(d["max_s"]))
   if not measured["episode_s"] or not measured["train_step_s"]:
     raise ValueError("bench measurement has no episode or step times")
-  turns = max(1, int(round(float(measured["turns_mean"]))))
-  lease_to_accept_s = float(np.mean(measured["episode_s"]))
-  if "generate_s_mean" in measured:
+  steady = steady_state_timings(measured)
+  if steady is not None:
+    # Per trajectory, only those leased in the measured window: the agent loop's seconds and lease-to-acceptance
+    # of the steady state, not of the first episodes, whose engine calls wait for its compilations (they are
+    # taken in the first measured steps, so the step-averaged `generate_s_mean` carries them).
+    turns = max(1, int(round(steady["turns"])))
+    gen_s, tool_s = steady["generate_s"] / turns, steady["tool_s"] / turns
+    submit_s = max(0.0, steady["lease_to_accept_s"] - steady["total_s"])
+  elif "generate_s_mean" in measured:
     # The agent loop's own timings: engine time and env-step time per turn; the rest of lease-to-acceptance
     # beyond the agent loop's total is the transport's (submission, acknowledgement).
+    turns = max(1, int(round(float(measured["turns_mean"]))))
     gen_s = float(measured["generate_s_mean"]) / turns
     tool_s = float(measured["tool_s_mean"]) / turns
-    submit_s = max(0.0, lease_to_accept_s - float(measured["total_s_mean"]))
+    submit_s = max(0.0, float(np.mean(measured["episode_s"])) - float(measured["total_s_mean"]))
   else:  # older measurements: all overhead beyond the delay counts as engine time
-    gen_s, tool_s, submit_s = max(0.0, lease_to_accept_s - delay.mean()) / turns, 0.0, 0.0
+    turns = max(1, int(round(float(measured["turns_mean"]))))
+    gen_s, tool_s, submit_s = max(0.0, float(np.mean(measured["episode_s"])) - delay.mean()) / turns, 0.0, 0.0
+  publish_fraction = min(1.0, max(0.0, float(measured.get("publish_fraction_mean", 1.0))))
+  # Where the engine itself first reported each new version (the bench polls it): it stamps trajectories from then.
+  engine_fraction = measured.get("engine_publish_fraction_mean")
+  engine_fraction = (min(publish_fraction, max(0.0, float(engine_fraction)))
+                     if engine_fraction is not None and math.isfinite(float(engine_fraction)) else None)
   episode = EpisodeModel(setup_s=delay, turns=Distribution("constant", turns), gen_s=Distribution("constant", gen_s),
                          tool_s=Distribution("constant", tool_s))
   return FleetConfig(
       loops=int(measured["concurrency"]), episode=episode, submit_latency_s=submit_s,
-      publish_fraction=min(1.0, max(0.0, float(measured.get("publish_fraction_mean", 1.0)))),
+      publish_fraction=publish_fraction, engine_publish_fraction=engine_fraction,
       step_s=Distribution("choice", values=tuple(float(t) for t in measured["train_step_s"])),
       batch_size=int(measured["batch_size"]), actor_warmup_steps=BENCH_ACTOR_WARMUP_STEPS,
       max_staleness=int(measured["max_staleness"]), max_outstanding=int(measured["max_outstanding"]),
@@ -66,13 +83,39 @@ def bench_config(measured: Mapping[str, Any], seed: int = 0) -> FleetConfig:
       warmup_step_s=tuple(float(t) for t in measured.get("warmup_train_step_s", ())))
 
 
+def steady_state_timings(measured: Mapping[str, Any], min_trajectories: int = 32) -> dict[str, float] | None:
+  """Means over the trajectories leased after the first measured step began (the bench's `taken` records, times
+  relative to that moment) of: turns, the agent loop's generate_s, tool_s and total_s, and lease-to-acceptance
+  seconds. None when the measurement has no per-trajectory records or fewer than `min_trajectories` such ones."""
+  rows = _steady_rows(measured)
+  if len(rows) < min_trajectories:
+    return None
+  out = {k: float(np.mean([t[k] for t in rows])) for k in ("turns", "generate_s", "tool_s", "total_s")}
+  out["lease_to_accept_s"] = float(np.mean([t["accepted_at"] - t["leased_at"] for t in rows]))
+  out["trajectories"] = float(len(rows))
+  return out
+
+
+def _steady_rows(measured: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+  return [t for t in measured.get("taken", ()) if t["leased_at"] >= 0.0 and math.isfinite(t["accepted_at"])]
+
+
+def measured_metrics(measured: Mapping[str, Any]) -> dict[str, float]:
+  """The bench's values of `METRICS`: staleness_steady_mean only when it recorded every taken trajectory."""
+  out = {k: float(measured[k]) for k in METRICS if k in measured}
+  rows = _steady_rows(measured)
+  if rows:
+    out["staleness_steady_mean"] = float(np.mean([t["server_version"] - t["policy_version"] for t in rows]))
+  return out
+
+
 def predict(measured: Mapping[str, Any], seeds: Iterable[int] = range(20)) -> dict[str, float]:
   """The simulator's mean over `seeds` of each metric in `METRICS` for the bench's settings."""
   runs = []
   for seed in seeds:
     report = simulate(bench_config(measured, seed))
     runs.append({"traj_per_s": report.traj_per_hour / 3600.0, "busy": report.busy,
-                 "staleness_mean": report.staleness_mean})
+                 "staleness_mean": report.staleness_mean, "staleness_steady_mean": report.staleness_steady_mean})
   if not runs:
     raise ValueError("predict: no seeds")
   return {k: float(np.mean([r[k] for r in runs])) for k in METRICS}

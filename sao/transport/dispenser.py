@@ -39,7 +39,7 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -83,6 +83,10 @@ class TaskDispenser:
     self._retry: collections.deque[Work] = collections.deque()
     self._eval_queue: collections.deque[Work] = collections.deque()
     self._leases: dict[str, Lease] = {}
+    # Samples the live leases hold and have not had accepted (their `pending`), by group and in all: kept as leases
+    # change, so flow control reads them in O(open groups) (`leased_samples`), not O(leases) per lease call.
+    self._leased_by_group: collections.Counter[str] = collections.Counter()
+    self._leased_total = 0
     self._groups: dict[str, Group] = {}
     self._evals = EvalCollector(self.config.success_threshold)
 
@@ -156,12 +160,31 @@ class TaskDispenser:
         expires_at=self._clock() + self.config.lease_ttl_s if expires_at is None else expires_at, work=work,
         pending=set(work.sample_indices))
     self._leases[lease.lease_id] = lease
+    self._count_leased(lease.group_id, len(lease.pending))
     return lease
+
+  def _count_leased(self, group_id: str, delta: int) -> None:
+    self._leased_total += delta
+    self._leased_by_group[group_id] += delta
+    if self._leased_by_group[group_id] <= 0:
+      del self._leased_by_group[group_id]
+
+  def _settle(self, lease: Lease, sample_index: int) -> None:
+    """`sample_index` leaves `lease.pending` (accepted, or rejected for good); a live lease with nothing pending
+    ends."""
+    if sample_index not in lease.pending:
+      return
+    lease.pending.discard(sample_index)
+    if self._leases.get(lease.lease_id) is lease:
+      self._count_leased(lease.group_id, -1)
+      if not lease.pending:
+        del self._leases[lease.lease_id]
 
   def _expire(self, now: float) -> None:
     # A lease with a submission in flight is held: it expires (if still due) once the submission ends.
     for lease_id in [k for k, v in self._leases.items() if v.expires_at <= now and not v.submitting]:
       lease = self._leases.pop(lease_id)
+      self._count_leased(lease.group_id, -len(lease.pending))
       missing = tuple(sorted(lease.pending))
       logger.info("lease %s (task %s, worker %s) expired with samples %s missing; re-leasing them",
                   lease_id, lease.task_id, lease.worker_id, missing)
@@ -234,9 +257,7 @@ class TaskDispenser:
       lease.submitting.discard(traj.sample_index)
       if traj.sample_index not in lease.pending:
         return
-      lease.pending.discard(traj.sample_index)
-      if not lease.pending and self._leases.get(lease.lease_id) is lease:
-        del self._leases[lease.lease_id]
+      self._settle(lease, traj.sample_index)
       logger.info("sample %d of lease %s (task %s) rejected as stale; re-leasing it", traj.sample_index,
                   lease.lease_id, lease.task_id)
       self._retry.append(dataclasses.replace(lease.work, sample_indices=(traj.sample_index,)))
@@ -246,9 +267,7 @@ class TaskDispenser:
     group (all G samples accepted)."""
     with self._lock:
       lease.submitting.discard(traj.sample_index)
-      lease.pending.discard(traj.sample_index)
-      if not lease.pending and self._leases.get(lease.lease_id) is lease:
-        del self._leases[lease.lease_id]
+      self._settle(lease, traj.sample_index)
       group = self._groups.get(lease.group_id)
       if group is None or traj.sample_index in group.accepted:
         # Cannot happen through begin_submission (the hold keeps the sample from being re-leased); kept loud.
@@ -275,9 +294,7 @@ class TaskDispenser:
         return None
       live = self._leases.get(traj.lease_id)
       if live is not None:
-        live.pending.discard(traj.sample_index)
-        if not live.pending:
-          del self._leases[traj.lease_id]
+        self._settle(live, traj.sample_index)
       # A pending re-lease of this group skips the index itself (`_next_work` filters by `group.accepted`).
       group.accepted.add(traj.sample_index)
       if len(group.accepted) < group.size:
@@ -336,6 +353,13 @@ class TaskDispenser:
   def num_leased(self) -> int:
     with self._lock:
       return len(self._leases)
+
+  def leased_samples(self, excluding: Iterable[str] = ()) -> int:
+    """Samples the live leases hold that are not accepted yet (`Lease.pending`: a re-leased part of a group counts
+    only its missing samples), leaving out the groups in `excluding` (for flow control: the groups whose buffer
+    reservation already counts them, `sao.transport.flow.outstanding_samples`). O(len(excluding))."""
+    with self._lock:
+      return self._leased_total - sum(self._leased_by_group.get(group_id, 0) for group_id in excluding)
 
   def lease_info(self, lease_id: str) -> Lease | None:
     with self._lock:
@@ -397,8 +421,10 @@ class TaskDispenser:
       self._eval_queue = collections.deque(work(w) for w in state["eval_queue"])
       self._groups = {gid: Group(g["size"], set(g["accepted"])) for gid, g in state["groups"].items()}
       self._leases = {}
+      self._leased_by_group, self._leased_total = collections.Counter(), 0
       for l in state["leases"]:
         lease = self._issue(l["worker_id"], work(l["work"]), lease_id=l["lease_id"],
                             expires_at=now + float(l["ttl_left_s"]))
+        self._count_leased(lease.group_id, len(l["pending"]) - len(lease.pending))
         lease.pending = set(l["pending"])
       self._evals.load_state_dict(state)

@@ -4,7 +4,8 @@
 fleet simulator (`sao.simulation`) runs the same functions under a simulated clock. Nothing here locks, sleeps or
 touches a socket or a file: the caller owns the synchronisation.
 
-  lease_allowance  how many tasks a LeaseTasks call may get under `max_outstanding` (leased + buffered samples).
+  outstanding_samples  the samples out with the workers or held for the learner, each counted once.
+  lease_allowance  how many tasks a LeaseTasks call may get under `max_outstanding` (`outstanding_samples`).
   admit            a submitted sample's lease is live (held against expiry), its version is fresh enough
                    (`policy_version >= current - max_staleness`, else STALE_POLICY, and the sample is re-leased at
                    once) and the buffer has room for its unit (else BACKPRESSURE).
@@ -23,14 +24,22 @@ from sao.transport.leases import Lease
 from sao.transport.trajectory import ReasonCode, Trajectory, TrajectoryError
 
 
-def lease_allowance(requested: int, max_outstanding: int, occupancy: int, num_leased: int, group_size: int) -> int:
-  """Tasks a lease call may get: `requested`, capped so leased + buffered samples stay <= `max_outstanding` (0 = no
-  cap). Rollouts may run at most this far ahead of the learner, so trajectories are not generated only to go stale
-  in a queue. `occupancy` is the buffer's (ready + reserved), `num_leased` the dispenser's live leases (each G
-  samples). <= 0 means none (the server answers with a backpressure retry hint)."""
+def outstanding_samples(dispenser: TaskDispenser, buffer: GroupBuffer) -> int:
+  """Samples leased or buffered, each counted once: the buffer's occupancy (ready units, plus the G reserved slots of
+  every open group, which stand for that group's samples still running as well as the ones already in) plus the
+  samples the dispenser's live leases hold for groups with no reservation yet (`TaskDispenser.leased_samples`). A
+  group whose first samples are in is counted once, by its reservation; counting its lease too would let a pipeline
+  of half-filled groups run ever further below `max_outstanding`. The caller holds the buffer's lock."""
+  return buffer.occupancy + dispenser.leased_samples(excluding=buffer.open)
+
+
+def lease_allowance(requested: int, max_outstanding: int, outstanding: int, group_size: int) -> int:
+  """Tasks (G samples each) a lease call may get: `requested`, capped so the `outstanding` samples
+  (`outstanding_samples`) stay <= `max_outstanding` (0 = no cap). Rollouts may run at most this far ahead of the
+  learner, so trajectories are not generated only to go stale in a queue. <= 0 means none (the server answers with
+  a backpressure retry hint)."""
   if not max_outstanding:
     return requested
-  outstanding = occupancy + num_leased * group_size
   return min(requested, (max_outstanding - outstanding) // group_size)
 
 

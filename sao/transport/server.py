@@ -240,8 +240,8 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
     if self.config.max_outstanding:
       # Flow control (`flow.lease_allowance`): rollouts run at most `max_outstanding` samples ahead of the learner.
       with self._cond:  # one snapshot: a sample moves from leased to buffered under this condition
-        occupancy, leased = self._buffer.occupancy, self.dispenser.num_leased
-      max_tasks = flow.lease_allowance(max_tasks, self.config.max_outstanding, occupancy, leased,
+        outstanding = flow.outstanding_samples(self.dispenser, self._buffer)
+      max_tasks = flow.lease_allowance(max_tasks, self.config.max_outstanding, outstanding,
                                        self.dispenser.config.group_size)
       if max_tasks <= 0:
         return sao_pb2.LeaseResponse(policy_version=self._version, engine_urls=self.config.engine_urls,

@@ -123,3 +123,17 @@ def test_the_version_lands_where_the_step_publishes(fraction, version):
                            buffer_capacity=4, publish_fraction=fraction, max_hours=5.5 / 3600, num_tasks=10))
   assert r.sim_s == pytest.approx(5.5)
   assert r.final_version == version
+
+
+@pytest.mark.parametrize("engine_fraction,staleness", [(None, 0.5), (0.05, 0.0)])
+def test_the_engines_may_serve_a_version_before_the_server_counts_it(engine_fraction, staleness):
+  """One loop, 2 s episodes whose first turn ends 1 s in, steps of 10 s. Batch 1 (episode 1) is taken at 2 s;
+  episode 2 starts then and is stamped at 3 s. With the engines updated 5 % into the step (2.5 s) it carries
+  version 1, the version the server takes it at (12 s): staleness 0; with the engines updated with the server (at
+  the step's end) it carries version 0: staleness 1. Mean over the two batches: 0 or 0.5."""
+  r = simulate(FleetConfig(loops=1, episode=_episode(), step_s=_const(10.0), batch_size=1, max_outstanding=0,
+                           buffer_capacity=4, engine_publish_fraction=engine_fraction, max_steps=2, num_tasks=10))
+  assert r.steps == 2 and r.staleness_mean == pytest.approx(staleness)
+  with pytest.raises(ValueError, match="engine_publish_fraction"):
+    FleetConfig(loops=1, episode=_episode(), step_s=_const(1.0), batch_size=1, publish_fraction=0.5,
+                engine_publish_fraction=0.6, max_hours=1.0)

@@ -42,11 +42,11 @@ def test_cycle_replays_in_order():
 
 
 def test_lease_allowance():
-  assert flow.lease_allowance(10, 0, 999, 999, 8) == 10  # no flow control
-  assert flow.lease_allowance(10, 32, 8, 4, 1) == 10
-  assert flow.lease_allowance(64, 32, 8, 4, 1) == 20
-  assert flow.lease_allowance(10, 64, 16, 2, 8) == 4  # (64 − 16 − 16) // 8
-  assert flow.lease_allowance(10, 32, 24, 1, 8) == 0
+  assert flow.lease_allowance(10, 0, 999, 8) == 10  # no flow control
+  assert flow.lease_allowance(10, 32, 12, 1) == 10
+  assert flow.lease_allowance(64, 32, 12, 1) == 20
+  assert flow.lease_allowance(10, 64, 32, 8) == 4  # (64 − 32) // 8
+  assert flow.lease_allowance(10, 32, 32, 8) == 0
 
 
 def _traj(lease, index, version):
@@ -119,12 +119,34 @@ def test_predict_matches_a_hand_computed_pipeline():
 
 
 def test_compare_and_relative_error():
-  rows = validation.compare({"traj_per_s": 1.1, "busy": 0.5, "staleness_mean": 0.0},
-                            {"traj_per_s": 1.0, "busy": 0.4, "staleness_mean": 0.0})
-  assert [round(r.relative_error, 6) for r in rows] == [0.1, 0.25, 0.0]
-  assert [r.within(0.2) for r in rows] == [True, False, True]
+  rows = validation.compare({"traj_per_s": 1.1, "busy": 0.5, "staleness_mean": 0.0, "staleness_steady_mean": 1.0},
+                            {"traj_per_s": 1.0, "busy": 0.4, "staleness_mean": 0.0, "staleness_steady_mean": 0.5})
+  assert [round(r.relative_error, 6) for r in rows] == [0.1, 0.25, 0.0, 1.0]
+  assert [r.within(0.2) for r in rows] == [True, False, True, False]
   assert math.isinf(validation.Comparison("x", 1.0, 0.0).relative_error)
   with pytest.raises(ValueError, match="missing"):
     validation.compare({"busy": 1.0}, {"busy": 1.0})
   table = validation.format_table([("16 loops", rows)], 0.2)
   assert "| 16 loops | busy | 0.500 | 0.400 | 25.0% | NO |" in table
+
+
+def test_bench_config_uses_the_steady_state_trajectories():
+  """With per-trajectory records, the agent loop's timings come from trajectories leased in the measured window
+  (leased_at >= 0): the first episodes' engine calls, slowed by its compilations, do not count."""
+  early = [dict(leased_at=-5.0, accepted_at=20.0, turns=2, generate_s=20.0, tool_s=0.0, total_s=24.0)] * 8
+  steady = [dict(leased_at=float(i), accepted_at=i + 1.6, turns=2, generate_s=0.4, tool_s=0.2, total_s=1.5)
+            for i in range(40)]
+  m = _measurement(taken=early + steady)
+  timings = validation.steady_state_timings(m)
+  assert timings["trajectories"] == 40 and timings["lease_to_accept_s"] == pytest.approx(1.6)
+  c = validation.bench_config(m)
+  assert c.episode.gen_s.mean() == pytest.approx(0.2) and c.episode.tool_s.mean() == pytest.approx(0.1)
+  assert c.submit_latency_s == pytest.approx(0.1)  # 1.6 s lease-to-acceptance − the loop's 1.5 s
+  assert validation.steady_state_timings(_measurement(taken=early + steady[:3])) is None  # too few: the means
+  # The steady-state staleness is the bench's count (server version − policy version at the take) over them.
+  versions = [dict(t, server_version=5, policy_version=5 - (i % 2)) for i, t in enumerate(steady)]
+  observed = validation.measured_metrics(_measurement(taken=[dict(t, server_version=9, policy_version=0)
+                                                             for t in early] + versions))
+  assert observed["staleness_steady_mean"] == pytest.approx(0.5) and observed["staleness_mean"] == 1.0
+  assert "staleness_steady_mean" not in validation.measured_metrics(_measurement())
+  assert validation.bench_config(_measurement(taken=early)).episode.gen_s.mean() == pytest.approx(0.1)
