@@ -61,14 +61,8 @@ def recurrent_gated_delta_rule(q: Array, k: Array, v: Array, g: Array, beta: Arr
   return jnp.moveaxis(out, 0, 1), state
 
 
-def solve_unit_lower(strict: Array, rhs: Array) -> Array:
-  """X = (I + L)⁻¹ R by forward substitution: `x_i = r_i − Σ_{j<i} L_ij x_j`, one row per `fori_loop` step.
-
-  strict: [..., C, C], the strictly lower triangle L (entries on and above the diagonal must be zero);
-  rhs: [..., C, D]. Each step is one batched [C] · [C, D] product over all leading dims. (XLA:CPU's
-  `lax.linalg.triangular_solve` takes ~8 ms per batched 64×64 system, ~70× slower than this loop; substitution is
-  also what keeps the WY solve stable when keys are nearly parallel, where a Neumann-series product blows up.)
-  """
+def _forward_substitution(strict: Array, rhs: Array) -> Array:
+  """X = (I + L)⁻¹ R, row by row: `x_i = r_i − Σ_{j<i} L_ij x_j` (see `solve_unit_lower`)."""
   def row(i, x):
     l_i = jax.lax.dynamic_index_in_dim(strict, i, axis=-2, keepdims=False)  # [..., C]; zero at j >= i
     r_i = jax.lax.dynamic_index_in_dim(rhs, i, axis=-2, keepdims=False)  # [..., D]
@@ -76,6 +70,55 @@ def solve_unit_lower(strict: Array, rhs: Array) -> Array:
     return jax.lax.dynamic_update_index_in_dim(x, x_i, i, axis=-2)
 
   return jax.lax.fori_loop(0, strict.shape[-1], row, rhs)
+
+
+def _backward_substitution(strict: Array, rhs: Array) -> Array:
+  """Y = (I + L)⁻ᵀ R, last row first: `y_i = r_i − Σ_{j>i} L_ji y_j` (L strictly lower, so Lᵀ strictly upper)."""
+  c = strict.shape[-1]
+
+  def row(step, y):
+    i = c - 1 - step
+    l_col = jax.lax.dynamic_index_in_dim(strict, i, axis=-1, keepdims=False)  # [..., C]: L_ji; zero at j <= i
+    r_i = jax.lax.dynamic_index_in_dim(rhs, i, axis=-2, keepdims=False)
+    y_i = r_i - jnp.einsum("...j,...jd->...d", l_col, y, precision=_HIGHEST)
+    return jax.lax.dynamic_update_index_in_dim(y, y_i, i, axis=-2)
+
+  return jax.lax.fori_loop(0, c, row, rhs)
+
+
+@jax.custom_vjp
+def solve_unit_lower(strict: Array, rhs: Array) -> Array:
+  """X = (I + L)⁻¹ R by forward substitution: `x_i = r_i − Σ_{j<i} L_ij x_j`, one row per `fori_loop` step.
+
+  strict: [..., C, C], the strictly lower triangle L (entries on and above the diagonal must be zero);
+  rhs: [..., C, D]. Each step is one batched [C] · [C, D] product over all leading dims. (XLA:CPU's
+  `lax.linalg.triangular_solve` takes ~8 ms per batched 64×64 system, ~70× slower than this loop; substitution is
+  also what keeps the WY solve stable when keys are nearly parallel, where a Neumann-series product blows up.)
+
+  Gradient (a custom VJP): with A = I + L and X = A⁻¹R, `dR = A⁻ᵀ dX` (back substitution, the same loop run last
+  row first) and `dL = strictly_lower(−dR Xᵀ)` (zero on and above the diagonal, where L is zero by contract).
+  Autodiff of the loop itself would save the whole [..., C, D] carry at each of its C steps for the backward — C
+  times the size of X ([64, N, B, H, 64, Dk + Dv] float32 in `chunked_gated_delta_rule`: 4 GiB per chip for
+  Qwen3.5-35B-A3B at 32,768 tokens on a v5p-128, docs/tpu.md); this VJP keeps only L and X.
+  """
+  return _forward_substitution(strict, rhs)
+
+
+def _solve_fwd(strict: Array, rhs: Array) -> tuple[Array, tuple[Array, Array]]:
+  x = _forward_substitution(strict, rhs)
+  return x, (strict, x)
+
+
+def _solve_bwd(residuals: tuple[Array, Array], dx: Array) -> tuple[Array, Array]:
+  strict, x = residuals
+  drhs = _backward_substitution(strict, dx)
+  c = strict.shape[-1]
+  below = jnp.tril(jnp.ones((c, c), bool), -1)
+  dstrict = jnp.where(below, -jnp.einsum("...id,...jd->...ij", drhs, x, precision=_HIGHEST), 0.0)
+  return dstrict.astype(strict.dtype), drhs.astype(x.dtype)
+
+
+solve_unit_lower.defvjp(_solve_fwd, _solve_bwd)
 
 
 def chunked_gated_delta_rule(q: Array, k: Array, v: Array, g: Array, beta: Array, initial_state: Array | None = None,

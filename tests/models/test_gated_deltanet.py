@@ -134,3 +134,105 @@ def test_unit_lower_solve_matches_float64_with_nearly_parallel_keys():
   want = np.linalg.solve(np.eye(c) + strict, rhs)
   got = jax.jit(solve_unit_lower)(jnp.asarray(strict, jnp.float32), jnp.asarray(rhs, jnp.float32))
   np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=0)  # |X| up to ~4 here
+
+
+# ------------------------------------------------------------------------------- the solve's VJP (backward memory)
+def _autodiff_of_the_loop(monkeypatch):
+  """The chunked rule as it was before `solve_unit_lower` had a custom VJP: jax differentiates the substitution loop
+  itself (the oracle for the VJP's gradients)."""
+  from sao.models import gated_deltanet  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(gated_deltanet, "solve_unit_lower", gated_deltanet._forward_substitution)  # pylint: disable=protected-access
+
+
+def test_unit_lower_solve_vjp_matches_float64_and_autodiff():
+  """dR = (I + L)⁻ᵀ dX and dL = strictly_lower(−dR Xᵀ), against float64 numpy and against autodiff of the loop
+  (which agrees below the diagonal; above it L is zero by contract and the VJP gives zero)."""
+  from sao.models.gated_deltanet import _forward_substitution  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(5)
+  c, d = 9, 5
+  strict = np.tril(0.3 * rng.standard_normal((2, c, c)), -1)
+  rhs, dx = rng.standard_normal((2, c, d)), rng.standard_normal((2, c, d))
+  a = np.eye(c) + strict
+  x = np.linalg.solve(a, rhs)
+  want_drhs = np.linalg.solve(a.swapaxes(-1, -2), dx)
+  want_dstrict = np.tril(-want_drhs @ x.swapaxes(-1, -2), -1)
+  f32 = lambda v: jnp.asarray(v, jnp.float32)
+  got_x, pullback = jax.vjp(solve_unit_lower, f32(strict), f32(rhs))
+  got_dstrict, got_drhs = pullback(f32(dx))
+  np.testing.assert_allclose(np.asarray(got_x), x, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(np.asarray(got_drhs), want_drhs, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(np.asarray(got_dstrict), want_dstrict, atol=1e-5, rtol=0)
+  auto_dstrict, auto_drhs = jax.vjp(_forward_substitution, f32(strict), f32(rhs))[1](f32(dx))
+  below = np.tril(np.ones((c, c), bool), -1)
+  np.testing.assert_allclose(np.asarray(got_drhs), np.asarray(auto_drhs), atol=1e-5, rtol=0)
+  np.testing.assert_allclose(np.asarray(got_dstrict)[:, below], np.asarray(auto_dstrict)[:, below], atol=1e-5)
+
+
+@pytest.mark.parametrize("t,chunk_size", [(13, 4), (16, 4), (7, 64)])  # 4 chunks, the last padded; 4 exact; 1
+def test_chunked_values_and_gradients_equal_autodiff_of_the_loop(t, chunk_size, monkeypatch):
+  """The custom VJP changes no value or gradient of the chunked rule (with random padding masks)."""
+  rng = np.random.default_rng(t * 100 + chunk_size)
+  _, q, k, v, g, beta, state = _random_rule_inputs(rng, b=2, t=t)
+  args = tuple(jnp.asarray(x, jnp.float32) for x in (q, k, v, g, beta, state))
+  weights = jnp.asarray(rng.standard_normal(v.shape), jnp.float32)
+  state_weights = jnp.asarray(rng.standard_normal(state.shape), jnp.float32)
+
+  def value_and_grads():
+    def loss(*a):
+      out, s = chunked_gated_delta_rule(*a, chunk_size=chunk_size)
+      return jnp.sum(out * weights) + jnp.sum(s * state_weights), (out, s)
+    return jax.jit(jax.grad(loss, argnums=tuple(range(6)), has_aux=True))(*args)
+
+  grads, (out, s) = value_and_grads()
+  _autodiff_of_the_loop(monkeypatch)
+  want_grads, (want_out, want_s) = value_and_grads()
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(want_out))  # the forward is the same loop
+  np.testing.assert_array_equal(np.asarray(s), np.asarray(want_s))
+  for name, got, want in zip("q k v g beta state".split(), grads, want_grads):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5, err_msg=name)
+
+
+def test_chunked_backward_saves_no_per_row_copies_of_the_solve():
+  """What the backward keeps (the leaves of `jax.vjp`'s pullback) holds no array larger than the solve's
+  [N, B, H, C, Dk + Dv] right-hand side or the [N, B, H, C, C] in-chunk matrices; differentiating the substitution
+  loop itself kept C copies of the right-hand side."""
+  rng = np.random.default_rng(1)
+  b, t, h, dk, dv, c = 1, 64, 2, 8, 4, 16
+  _, q, k, v, g, beta, _ = _random_rule_inputs(rng, b=b, t=t, h=h, dk=dk, dv=dv)
+  args = tuple(jnp.asarray(x, jnp.float32) for x in (q, k, v, g, beta))
+  _, pullback = jax.vjp(lambda *a: chunked_gated_delta_rule(*a, chunk_size=c), *args)
+  bound = (t // c) * b * h * c * max(dk + dv, c)
+  sizes = sorted(leaf.size for leaf in jax.tree.leaves(pullback))
+  assert sizes[-1] <= bound, sizes
+
+
+@pytest.mark.parametrize("t", [21])  # three chunks of C = 8, the last padded (the kernel tests vary the counts)
+def test_block_gradients_equal_autodiff_of_the_loop(t, monkeypatch):
+  """The whole `linear_attn` block (tiny qwen3_5, float32): output and gradients of every param and of x equal those
+  of the block differentiated through the substitution loop, with padding at random positions."""
+  from sao.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  from sao.models.gated_deltanet import GatedDeltaNet  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  cfg = ModelConfig.tiny("qwen3_5_moe_text", dtype="float32", param_dtype="float32")
+  rng = np.random.default_rng(t)
+  x = jnp.asarray(rng.standard_normal((2, t, cfg.hidden_size)), jnp.float32)
+  mask = rng.random((2, t)) < 0.75
+  mask[:, -1] = True
+  mask = jnp.asarray(mask, jnp.int32)
+  dy = jnp.asarray(rng.standard_normal((2, t, cfg.hidden_size)), jnp.float32)
+  module = GatedDeltaNet(cfg)
+  params = nn.meta.unbox(module.init(jax.random.key(t), x, mask, None)["params"])
+
+  def value_and_grads():
+    def loss(p, h):
+      out = module.apply({"params": p}, h, mask, None)[0]
+      return jnp.sum(out * dy), out
+    return jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))(params, x)
+
+  grads, out = value_and_grads()
+  _autodiff_of_the_loop(monkeypatch)
+  want_grads, want_out = value_and_grads()
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(want_out))
+  flat, want_flat = jax.tree_util.tree_flatten_with_path(grads)[0], jax.tree.leaves(want_grads)
+  for (path, got), want in zip(flat, want_flat):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-4, err_msg=str(path))

@@ -1,0 +1,32 @@
+"""`experiments/compile_layer.py`: one token-mixer block's forward + backward compiled for a small TPU topology
+(v5p:2x2x1 through libtpu; skipped without it) with the learner's sharding rules."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from experiments import compile_layer
+
+needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                                  reason="libtpu is not installed (pip install -e '.[test]' installs it)")
+
+
+def test_parse_mesh():
+  assert compile_layer.parse_mesh("fsdp=8,tensor=-1") == {"fsdp": 8, "tensor": -1}
+  with pytest.raises(ValueError, match="axis=size"):
+    compile_layer.parse_mesh("fsdp:8")
+
+
+@needs_libtpu
+@pytest.mark.parametrize("block", ["linear_attention", "full_attention"])
+def test_compiles_one_block_of_a_tiny_hybrid_model(block):
+  from sao.train import mesh as mesh_lib, tpu_topology  # pylint: disable=g-import-not-at-top
+  _, devices = tpu_topology.topology_devices("v5p:2x2x1")
+  mesh = mesh_lib.make_mesh({"fsdp": 2, "tensor": -1}, devices)
+  cfg = compile_layer.model_config("tiny:qwen3_5_moe_text", "bfloat16", "full")
+  row = compile_layer.compile_block(cfg, block, mesh, batch=2, length=40)
+  assert row.fits and row.error == ""
+  assert row.argument_bytes > 0 and row.temp_bytes > 0 and row.xla_flops > 0 and row.xla_bytes_accessed > 0
+  assert row.program_flops > 0 and row.largest
+  assert "does not fit" not in compile_layer.format_row(row).lower()
