@@ -152,8 +152,8 @@ def toy_batch() -> None:
         f"shape (compiled): {sum(compiling_cpu_s):.1f} CPU-s; traced programs {dict(steps.TRACE_COUNTS)}")
   if not cpu_ms:
     return
-  print(f"update without compiling: median {np.median(cpu_ms):.0f} CPU ms (mean {np.mean(cpu_ms):.0f}, min {np.min(cpu_ms):.0f}) over "
-        f"{len(cpu_ms)}; wall median {np.median(wall_ms):.0f} ms")
+  print(f"update without compiling: median {np.median(cpu_ms):.0f} CPU ms (mean {np.mean(cpu_ms):.0f}, "
+        f"min {np.min(cpu_ms):.0f}) over {len(cpu_ms)}; wall median {np.median(wall_ms):.0f} ms")
   print(f"tokens per update: padded [B, T] {np.mean(padded):.0f}, trained (groups) {np.mean(grouped):.0f}, "
         f"real {np.mean(real):.0f}")
 

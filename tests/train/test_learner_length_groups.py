@@ -46,7 +46,7 @@ def test_length_groups_plan():
     batching.length_groups(mask, 0, 1, _BUCKETS)
 
 
-@pytest.mark.parametrize("algorithm", ["sao", "gspo", "grpo"])
+@pytest.mark.parametrize("algorithm", ["sao", "gspo"])  # token-mean and sequence-mean denominators
 def test_grouped_update_equals_one_batch(algorithm):
   trajs = helpers.trajectories(seed=7, n=8, min_len=3, max_len=32)
   results = []
@@ -77,7 +77,7 @@ def test_grouped_steps_compile_once_per_group_length():
   learner = helpers.make_learner(_config(**{"batching.length_groups": 2}))
   traces0 = dict(steps.TRACE_COUNTS)
   shapes = set()
-  for update in range(5):
+  for update in range(3):
     batch, _ = learner.make_batch(helpers.trajectories(seed=20 + update, n=8, min_len=3, max_len=32))
     shapes |= {(len(g.rows), g.length) for g in batching.length_groups(batch["attention_mask"], 2, 1, _BUCKETS)}
     learner.update(batch)
