@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from sao.train import batching
+from sao.train import mesh as mesh_lib
 from sao.train import steps
 from tests.train import helpers
 
@@ -85,3 +86,23 @@ def test_grouped_steps_compile_once_per_group_length():
   # One accumulate program per group shape and step kind, at most one per bucket; no retrace across updates.
   assert 1 < len(shapes) <= len(_BUCKETS)
   assert traced == {"value": len(shapes), "dis": len(shapes)}, (traced, shapes)
+
+
+def test_grouped_update_on_a_sharded_mesh_equals_one_batch_on_one_device():
+  """Groups of a multiple of the batch shards (data × fsdp = 4 here) on an 8-device mesh: the same update."""
+  trajs = helpers.trajectories(seed=9, n=8, min_len=4, max_len=32)
+  results = []
+  for groups, shape in ((0, {"data": 1, "fsdp": 1, "expert": 1, "tensor": 1}),
+                        (2, {"data": 2, "fsdp": 2, "expert": 1, "tensor": 2})):
+    config = _config(**{"batching.length_groups": groups})
+    config.mesh.update(shape)
+    mesh = mesh_lib.make_mesh(shape, jax.devices()[:int(np.prod(list(shape.values())))])
+    learner = helpers.make_learner(config, mesh=mesh)
+    metrics = learner.update(trajs)
+    results.append((metrics, jax.device_get(learner.actor.state), jax.device_get(learner.critic.state)))
+  (m0, a0, c0), (m1, a1, c1) = results
+  assert m1["batch/grouped_padded_tokens"] < m0["batch/padded_rows"] * m0["batch/padded_length"]
+  for key in ("actor/loss", "actor/grad_norm", "critic/loss_epoch0", "critic/loss_epoch1", "advantages/std"):
+    np.testing.assert_allclose(m1[key], m0[key], rtol=1e-5, atol=1e-5, err_msg=key)
+  _assert_states_close(a0, a1)
+  _assert_states_close(c0, c1)
