@@ -6,6 +6,15 @@ One update = critic forward, K critic steps, critic forward, advantages, one DIS
 `[n, n] @ [n, n]` float32 matmul timed in the same run, and their ratio is the MFU-like figure.
 
   python experiments/bench_train.py --batch=8 --seq_len=256 --steps=3
+
+`--mode=toy_batch`: the README main job's learner update instead (the `sao_openswe.py:toy` learner config and model,
+64 trajectories of the toy's lengths: replayed from a run's trajectory log with `--lengths_from=<workdir>/trajectories`,
+else drawn from that log's length quantiles), reporting the update's CPU ms (this process's user + system time, which
+other jobs on a shared machine move far less than wall time), the first updates' (compiling) CPU seconds and the
+padded / grouped / real token counts; `--length_groups` overrides the config's `batching.length_groups`
+(−1: keep it), `--bucket_lengths` (`+`-separated) its buckets:
+
+  python experiments/bench_train.py --mode=toy_batch --length_groups=0 --steps=8
 """
 from __future__ import annotations
 
@@ -16,11 +25,15 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from experiments.configs import sao_openswe
+
 from sao.models.config import ModelConfig
 from sao.models.transformer import init_params
 from sao.train import config as config_lib
 from sao.train.learner import Learner
 from sao.train.mesh import make_mesh
+from sao.train import batching, steps
+from sao.transport import log as log_lib
 from sao.transport.trajectory import Trajectory
 
 _BATCH = flags.DEFINE_integer("batch", 8, "trajectories per update")
@@ -30,6 +43,16 @@ _HIDDEN = flags.DEFINE_integer("hidden", 256, "hidden size of the Qwen3 config")
 _LAYERS = flags.DEFINE_integer("layers", 4, "decoder layers")
 _VOCAB = flags.DEFINE_integer("vocab", 4096, "vocabulary size")
 _MATMUL = flags.DEFINE_integer("matmul", 2048, "side of the peak-FLOP/s matmul")
+_MODE = flags.DEFINE_enum("mode", "synthetic", ["synthetic", "toy_batch"], "see the module docstring")
+_LENGTH_GROUPS = flags.DEFINE_integer("length_groups", -1, "toy_batch: batching.length_groups (-1: the config's)")
+_BUCKETS = flags.DEFINE_string("bucket_lengths", "", "toy_batch: batching.bucket_lengths, '+'-separated ('': config)")
+_LENGTHS_FROM = flags.DEFINE_string("lengths_from", "", "toy_batch: a trajectory log directory to replay")
+_WARMUP = flags.DEFINE_integer("warmup", 6, "toy_batch: untimed (compiling) updates before the timed ones")
+_TOY_VOCAB = flags.DEFINE_integer("toy_vocab", 643, "toy_batch: vocabulary of the toy tokenizer (its base_model's)")
+
+# Token counts of the README main job's trajectories at the 0, 5, …, 100th percentiles (16 128 trajectories of one
+# 160-step run's log): turns of ≈ 20 tokens, mean 86, median 97, max 164.
+_TOY_LENGTH_QUANTILES = (37, 37, 57, 57, 57, 77, 77, 77, 77, 77, 97, 97, 97, 97, 101, 101, 101, 102, 118, 121, 164)
 
 
 def _param_count(params) -> int:
@@ -61,8 +84,85 @@ def _trajectories(rng: np.random.Generator, batch: int, seq_len: int, vocab: int
   return out
 
 
+def _cpu_s() -> float:
+  return time.process_time()  # user + system CPU of this process, all threads
+
+
+def _toy_trajectories(rng: np.random.Generator, batch: int, vocab: int, replay: list[Trajectory]) -> list[Trajectory]:
+  if replay:
+    return [replay[i] for i in rng.integers(0, len(replay), batch)]
+  quantiles = np.asarray(_TOY_LENGTH_QUANTILES, np.float64)
+  out = []
+  for i in range(batch):
+    n = int(np.interp(rng.uniform(0, len(quantiles) - 1), np.arange(len(quantiles)), quantiles))
+    mask = np.zeros(n, bool)
+    for start in range(20, n, 20):  # a prompt, then ≈ 20-token turns: 6 action tokens, then the observation
+      mask[start:start + 6] = True
+    out.append(Trajectory(task_id=str(i), token_ids=rng.integers(0, vocab, n), action_mask=mask,
+                          rollout_logprobs=np.where(mask, -2.0, 0.0).astype(np.float32),
+                          reward=float(rng.integers(0, 2))))
+  return out
+
+
+def toy_batch() -> None:
+  """The main job's learner update on its batch shapes (see the module docstring)."""
+  config = sao_openswe.get_config("toy")
+  learner_config = config.learner
+  learner_config.unlock()
+  learner_config.sao.critic_warmup_steps = 0  # every update has the actor step, as after the main job's warmup
+  if _LENGTH_GROUPS.value >= 0:
+    learner_config.batching.length_groups = _LENGTH_GROUPS.value
+  if _BUCKETS.value:
+    learner_config.batching.bucket_lengths = tuple(int(b) for b in _BUCKETS.value.split("+"))
+  learner_config.mesh.update(data=1, fsdp=1, tensor=1)
+  toy = dict(config.model.toy)
+  model_config = ModelConfig.tiny(toy.pop("model_type"), vocab_size=_TOY_VOCAB.value, **toy)
+  mesh = make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
+  learner = Learner(learner_config, model_config, init_params(model_config, jax.random.PRNGKey(0)), mesh=mesh)
+  replay = []
+  if _LENGTHS_FROM.value:
+    replay = [t for t in log_lib.read_trajectories(_LENGTHS_FROM.value)
+              if t.is_trainable and t.num_action_tokens and max(t.token_ids) < _TOY_VOCAB.value]
+  rng = np.random.default_rng(0)
+  batch_size = config.rollout.batch_size
+  c = learner_config.batching
+  cpu = _cpu_s()
+  for _ in range(_WARMUP.value):
+    learner.update(_toy_trajectories(rng, batch_size, _TOY_VOCAB.value, replay))
+  warmup_cpu = _cpu_s() - cpu
+  cpu_ms, wall_ms, padded, grouped, real, compiling_cpu_s = [], [], [], [], [], []
+  for _ in range(_STEPS.value):
+    batch, _ = learner.make_batch(_toy_trajectories(rng, batch_size, _TOY_VOCAB.value, replay))
+    traces = dict(steps.TRACE_COUNTS)
+    cpu, wall = _cpu_s(), time.perf_counter()
+    learner.update(batch)  # returns host floats: the update has finished
+    if dict(steps.TRACE_COUNTS) != traces:  # a new shape: this update compiled
+      compiling_cpu_s.append(_cpu_s() - cpu)
+      continue
+    cpu_ms.append(1e3 * (_cpu_s() - cpu))
+    wall_ms.append(1e3 * (time.perf_counter() - wall))
+    padded.append(batch["input_ids"].size)
+    real.append(int(batch["attention_mask"].sum()))
+    groups = batching.length_groups(batch["attention_mask"], c.length_groups or 1, learner.batcher.batch_multiple,
+                                    learner.batcher.bucket_lengths)
+    grouped.append(sum(len(g.rows) * g.length for g in groups))
+  print(f"toy learner update: B = {batch_size}, length_groups = {c.length_groups}, buckets {tuple(c.bucket_lengths)}, "
+        f"lengths {'replayed from ' + _LENGTHS_FROM.value if replay else 'drawn from the toy quantiles'}")
+  print(f"first {_WARMUP.value} updates: {warmup_cpu:.1f} CPU-s; {len(compiling_cpu_s)} later updates met a new "
+        f"shape (compiled): {sum(compiling_cpu_s):.1f} CPU-s; traced programs {dict(steps.TRACE_COUNTS)}")
+  if not cpu_ms:
+    return
+  print(f"update without compiling: median {np.median(cpu_ms):.0f} CPU ms (mean {np.mean(cpu_ms):.0f}, "
+        f"min {np.min(cpu_ms):.0f}) over {len(cpu_ms)}; wall median {np.median(wall_ms):.0f} ms")
+  print(f"tokens per update: padded [B, T] {np.mean(padded):.0f}, trained (groups) {np.mean(grouped):.0f}, "
+        f"real {np.mean(real):.0f}")
+
+
 def main(argv):
   del argv
+  if _MODE.value == "toy_batch":
+    toy_batch()
+    return
   hidden = _HIDDEN.value
   model_config = ModelConfig.tiny("qwen3", vocab_size=_VOCAB.value, hidden_size=hidden,
                                   intermediate_size=3 * hidden, num_layers=_LAYERS.value, num_heads=hidden // 64,

@@ -145,7 +145,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.critic.optimizer.learning_rate = 1e-3
   c.critic.optimizer.warmup_steps = 10
   c.critic.frozen_params = (".*self_attn.*", ".*linear_attn.*", ".*visual.*")  # every token mixer (hybrids too)
-  c.batching.bucket_lengths = (64, 128, 160, 192, 256, 512)
+  # The learner sorts each batch's rows by length into 16 groups, each padded to its own bucket (the same update on
+  # ≈ 40 % fewer tokens; docs/performance.md "Learner padding"). The buckets fit the toy's lengths (37, 57, 77,
+  # 97–103, 116–121 tokens: ≈ 20-token turns) with few shapes: each bucket a batch reaches compiles the steps once.
+  c.batching.bucket_lengths = (64, 80, 104, 128, 176, 256, 512)
+  c.batching.length_groups = 16  # 4 rows each: 317 CPU ms per update (8 groups: 392, 4: 646, one batch: 1288)
   return config
 
 
@@ -229,6 +233,7 @@ def full_scale(config: ml_collections.ConfigDict) -> None:
   c.actor.optimizer.learning_rate = 1e-6
   c.actor.optimizer.schedule = "constant"  # 10 warmup steps (the base's), then constant (the toy decays)
   c.batching.bucket_lengths = (32768, 65536, 131072)
+  c.batching.length_groups = 0  # one [B, T] program per bucket: the shapes compile_tpu.py compiles ahead of time
   full_precision(config)
   full_mesh(config)
   config.rollout.max_new_tokens = 8192

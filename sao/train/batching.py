@@ -118,6 +118,39 @@ class Batcher:
     return batch, stats
 
 
+@dataclasses.dataclass(frozen=True)
+class LengthGroup:
+  """Rows of a padded batch trained together at a shorter padded length: `batch[k][rows, :length]`."""
+  rows: np.ndarray  # [b] int64 row indices into the batch, by increasing length
+  length: int  # T_g: the bucket of the group's longest row (never above the batch's T)
+
+
+def length_groups(attention_mask: np.ndarray, num_groups: int, rows_multiple: int,
+                  buckets: Sequence[int]) -> list[LengthGroup]:
+  """Rows sorted by length (stable) and cut into `num_groups` groups of `b` rows (`b` = ⌈B / num_groups⌉ rounded up
+  to a multiple of `rows_multiple`; the last group takes the rest), each padded to the bucket of its longest row.
+
+  Right padding and causal attention make a row's outputs independent of how far it is padded, so training the
+  groups is the same update as training the batch; only the padded FLOPs go. The group shapes `[b, T_g]` come from
+  `buckets`, so the steps compile for at most `len(buckets)` lengths (× 2 row counts when B is not a multiple of
+  b). `attention_mask`: `[B, T]`, B a multiple of `rows_multiple`.
+  """
+  mask = np.asarray(attention_mask)
+  rows, num_tokens = mask.shape
+  if num_groups < 1 or rows_multiple < 1:
+    raise ValueError(f"length_groups: num_groups ({num_groups}) and rows_multiple ({rows_multiple}) must be >= 1")
+  if rows % rows_multiple:
+    raise ValueError(f"length_groups: {rows} rows is not a multiple of rows_multiple = {rows_multiple}")
+  lengths = mask.astype(bool).sum(axis=1)
+  order = np.argsort(lengths, kind="stable")
+  size = -(-rows // (num_groups * rows_multiple)) * rows_multiple
+  groups = []
+  for start in range(0, rows, size):
+    members = order[start:start + size]
+    groups.append(LengthGroup(members, min(bucket_length(int(lengths[members].max()), buckets), num_tokens)))
+  return groups
+
+
 def check_batch(batch: dict[str, np.ndarray]) -> None:
   """Raises ValueError naming the field when a batch has a missing field or inconsistent shapes/dtypes."""
   for name in FIELDS:

@@ -77,6 +77,9 @@ def default_learner_config() -> ml_collections.ConfigDict:
           micro_batch_size=0,  # rows per gradient-accumulation micro-batch (global); 0 = the whole batch at once
           bucket_lengths=(32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768),
           pad_batch_to=0,  # pad B up to this many rows (a fixed shape despite dropped trajectories); 0 = off
+          # >0: each step sorts the rows by length into this many groups, each padded only to its own bucket (the
+          # same update, less padding; `batching.length_groups`); 0 = one [B, T] batch
+          length_groups=0,
       ),
       mesh=dict(data=1, fsdp=-1, expert=1, tensor=1),  # sao.models.mesh_axes.MESH_AXES; −1 = the remaining devices
       logprob_chunk_size=128,  # time chunk of the fused unembedding + log-softmax
@@ -187,6 +190,7 @@ def validate_learner_config(config: ml_collections.ConfigDict) -> ml_collections
   positive("critic.value_clip", c.critic.value_clip, allow_zero=True)
   positive("batching.micro_batch_size", c.batching.micro_batch_size, allow_zero=True)
   positive("batching.pad_batch_to", c.batching.pad_batch_to, allow_zero=True)
+  positive("batching.length_groups", c.batching.length_groups, allow_zero=True)
   buckets = tuple(c.batching.bucket_lengths)
   if not buckets or any(not isinstance(b, int) or b < 2 for b in buckets) or list(buckets) != sorted(set(buckets)):
     raise ValueError(f"learner config: batching.bucket_lengths must be strictly increasing ints >= 2, got {buckets}")

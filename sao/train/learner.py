@@ -8,6 +8,9 @@ SAO (`_update_sao`, docs/algorithm.md's stabilized recipe):
   4. one actor step with the DIS loss — skipped while `num_updates < critic_warmup_steps`.
 GSPO / GRPO (`_update_group`): Â_i = group-normalised rewards, one actor step with the GSPO / PPO-clip loss.
 The actor loss is `config.actor_loss` (a name in `sao.train.actor_losses`), by default the algorithm's own.
+With `batching.length_groups` every critic forward and step runs over the batch's rows sorted by length in groups,
+each padded only to its own bucket (`batching.length_groups`, `steps.GroupedStep`): the same update on fewer padded
+tokens; GAE, whitening and group advantages still see the whole `[B, T]` batch.
 
 Multi-process (one process per host, `sao.train.distributed`): every process calls the same methods in the same order
 with the same host batch; each feeds only its addressable shards (`_device`), and whatever comes back to the host
@@ -119,6 +122,12 @@ class Learner:
                                          temperature=c.temperature, logprob_chunk_size=c.logprob_chunk_size,
                                          hparams=loss.hparams(c))
         for loss in (self.actor_loss, actor_losses.get("sft"))}
+    # `batching.length_groups`: the update's steps over length-sorted row groups (None: one [B, T] call).
+    self._grouped_actor_step = steps.make_grouped_actor_step(
+        self.actor_loss.name, model_config, self.actor.tx, self.actor.trainable, self.actor.shardings, self.mesh,
+        micro_batch_size=mbs, temperature=c.temperature, logprob_chunk_size=c.logprob_chunk_size,
+        hparams=self.actor_loss.hparams(c)) if c.batching.length_groups else None
+    self._grouped_critic_step = None
     self.actor_logprobs = steps.make_actor_logprobs(model_config, self.actor.param_shardings, self.mesh, mbs,
                                                     c.temperature, c.logprob_chunk_size)
     self.critic: _Role | None = None
@@ -138,6 +147,10 @@ class Learner:
                                                  self.critic.shardings, self.mesh, micro_batch_size=mbs,
                                                  value_clip=c.critic.value_clip)
       self._critic_values = steps.make_critic_values(model_config, self.critic.param_shardings, self.mesh, mbs)
+      if c.batching.length_groups:
+        self._grouped_critic_step = steps.make_grouped_critic_step(
+            model_config, self.critic.tx, self.critic.trainable, self.critic.shardings, self.mesh,
+            micro_batch_size=mbs, value_clip=c.critic.value_clip)
     self._batch_sharding = mesh_lib.batch_sharding(self.mesh)
 
   # ---------------------------------------------------------------------------------------------- public API
@@ -184,10 +197,15 @@ class Learner:
     batching.check_batch(batch)
     self._check_rows(batch)
     batch_metrics = self._batch_metrics(batch)  # staleness against the version that is about to be trained
+    groups = None
+    if self.config.batching.length_groups:
+      groups = batching.length_groups(batch["attention_mask"], self.config.batching.length_groups,
+                                      self.batcher.batch_multiple, self.batcher.bucket_lengths)
+      batch_metrics["batch/grouped_padded_tokens"] = float(sum(len(g.rows) * g.length for g in groups))
     if self.config.algorithm == "sao":
-      metrics, per_token = self._update_sao(self._device(batch, batching.FIELDS))
+      metrics, per_token = self._update_sao(self._device(batch, batching.FIELDS), groups)
     else:
-      metrics, per_token = self._update_group(self._device(batch, batching.FIELDS)), {}
+      metrics, per_token = self._update_group(self._device(batch, batching.FIELDS), groups), {}
     rows = np.asarray(rows, np.int64)
     # `fetch`: per-token arrays are sharded over the batch (across processes on a pod); metrics are replicated.
     traces = {k: np.asarray(v, np.float32)[rows] for k, v in distributed.fetch(per_token).items()} if rows.size else {}
@@ -275,41 +293,72 @@ class Learner:
     return meta["extra"]
 
   # ---------------------------------------------------------------------------------------------- the algorithms
-  def _update_sao(self, batch: dict) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+  def _update_sao(self, batch: dict, groups: list[batching.LengthGroup] | None
+                  ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
     """Returns (metrics, per-token `[B, T]` arrays: pre-update values, returns, advantages)."""
     c = self.config.sao
     metrics: dict[str, jax.Array] = {}
-    values = self._critic_values(self.critic.state.params, batch)
+    values = self._values(batch, groups)
     values_before = values
     returns, critic_diag = _critic_targets(batch, values, c.gamma, c.lambda_critic)  # before any whitening
     metrics.update(critic_diag)
     critic_batch = dict(steps.select(batch, ("input_ids", "attention_mask", "action_mask"), "critic"),
                         returns=returns, old_values=values)
     for epoch in range(c.critic_epochs):
-      self.critic.state, m = self._critic_step(self.critic.state, critic_batch, self._next_rng())
+      self.critic.state, m = self._train(self._critic_step, self._grouped_critic_step, self.critic.state,
+                                         critic_batch, groups)
       metrics.update({f"critic/{k}": v for k, v in m.items()})
       metrics[f"critic/loss_epoch{epoch}"] = m["loss"]
       metrics[f"critic/skipped_epoch{epoch}"] = m["skipped"]
-    values = self._critic_values(self.critic.state.params, batch)
+    values = self._values(batch, groups)
     advantages, adv_diag = _policy_advantages(batch, values, returns, c.gamma, c.lambda_policy_alpha,
                                               c.whiten_advantages, c.lambda_policy)
     metrics.update(adv_diag)
     if self.num_updates >= c.critic_warmup_steps:
-      metrics.update(self._actor_update(dict(batch, advantages=advantages)))
+      metrics.update(self._actor_update(dict(batch, advantages=advantages), groups))
     metrics["actor/warmup"] = jnp.asarray(self.num_updates < c.critic_warmup_steps, jnp.float32)
     return metrics, {"values": values_before, "returns": returns, "advantages": advantages}
 
-  def _update_group(self, batch: dict) -> dict[str, jax.Array]:
+  def _update_group(self, batch: dict, groups: list[batching.LengthGroup] | None) -> dict[str, jax.Array]:
     seq_advantages, metrics = _group_advantages(batch, self.config.group.normalize_std)
-    metrics.update(self._actor_update(dict(batch, seq_advantages=seq_advantages)))
+    metrics.update(self._actor_update(dict(batch, seq_advantages=seq_advantages), groups))
     return metrics
 
-  def _actor_update(self, batch: dict) -> dict[str, jax.Array]:
+  def _actor_update(self, batch: dict, groups: list[batching.LengthGroup] | None) -> dict[str, jax.Array]:
     """One step of the configured actor loss on the batch fields it reads."""
     loss = self.actor_loss
     actor_batch = steps.select(batch, loss.batch_keys, f"actor loss {loss.name!r}")
-    self.actor.state, m = self._actor_steps[loss.name](self.actor.state, actor_batch, self._next_rng())
+    self.actor.state, m = self._train(self._actor_steps[loss.name], self._grouped_actor_step, self.actor.state,
+                                      actor_batch, groups)
     return {f"actor/{k}": v for k, v in m.items()}
+
+  # ---------------------------------------------------------------------------------------------- length groups
+  def _values(self, batch: dict, groups: list[batching.LengthGroup] | None) -> jax.Array:
+    """Critic values `[B, T]` of the device batch; with `groups`, computed group by group at each group's length
+    (0 beyond it: padding, which no GAE, loss or statistic reads)."""
+    params = self.critic.state.params
+    if groups is None:
+      return self._critic_values(params, batch)
+    parts = [self._critic_values(params, part) for part in self._split(batch, ("input_ids", "attention_mask"),
+                                                                       groups)]
+    values = np.zeros(np.shape(batch["input_ids"]), np.float32)
+    for group, part in zip(groups, distributed.fetch(parts)):
+      values[group.rows, :group.length] = part
+    return self._device({"values": values}, ("values",))["values"]
+
+  def _train(self, step, grouped_step: steps.GroupedStep | None, state: steps.TrainState, batch: dict,
+             groups: list[batching.LengthGroup] | None) -> tuple[steps.TrainState, dict]:
+    """One step of `step` on the device batch, or of `grouped_step` on its length groups (the same update)."""
+    if groups is None:
+      return step(state, batch, self._next_rng())
+    mask = np.asarray(distributed.fetch(batch["action_mask"]))
+    return grouped_step(state, self._split(batch, tuple(batch), groups), self._next_rng(), mask)
+
+  def _split(self, batch: dict, keys: Sequence[str], groups: list[batching.LengthGroup]) -> list[dict]:
+    """The device batch's `keys` cut into the groups' device batches `[b_g, T_g]` (`[b_g]` for per-row fields)."""
+    host = distributed.fetch({k: batch[k] for k in keys})
+    return [self._device({k: np.asarray(v)[g.rows, :g.length] if np.ndim(v) == 2 else np.asarray(v)[g.rows]
+                          for k, v in host.items()}, keys) for g in groups]
 
   # ---------------------------------------------------------------------------------------------- helpers
   def _next_rng(self) -> jax.Array:

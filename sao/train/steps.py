@@ -27,6 +27,7 @@ from typing import Any, Callable
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from clu import metrics as clu_metrics
 from jax.sharding import Mesh
@@ -159,6 +160,72 @@ def _merge_metrics(a: dict, b: dict) -> dict:
   return jax.tree.map(lambda x, y: x.merge(y), a, b, is_leaf=_is_metric)
 
 
+def _check_metric_names(micro_loss: Callable, kind: str, params: Any, micro_batch: dict) -> Any:
+  """The micro-batch loss's metric shapes (clu metrics of scalars); a name clashing with `STEP_METRICS` is an
+  error."""
+  _, metrics_shape = jax.eval_shape(micro_loss, params, micro_batch)
+  reserved = set(metrics_shape) & set(STEP_METRICS)
+  if reserved:
+    raise ValueError(f"{kind} loss: metric names {sorted(reserved)} are the step's own ({STEP_METRICS})")
+  return metrics_shape
+
+
+def _zero_carry(metrics_shape: Any, train_params: Any) -> tuple[Any, jax.Array, Any]:
+  """The accumulator `(grad_sum, loss_sum, metrics)` before any micro-batch: zeros. Gradients accumulate in float32
+  whatever the param dtype (bf16 sums over micro-batches would lose bits)."""
+  return (jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), train_params), jnp.zeros((), jnp.float32),
+          jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metrics_shape))
+
+
+def _accumulate(micro_loss: Callable, trainable: Any, micro_batch_size: int, mesh: Mesh, params: Any, batch: dict,
+                carry: tuple[Any, jax.Array, Any]) -> tuple[Any, jax.Array, Any]:
+  """Adds the batch's `(Σ_m ∇loss_sum_m, Σ_m loss_sum_m, merged metrics)` to `carry`, one micro-batch at a time."""
+  num_micro = num_micro_batches(batch["input_ids"].shape[0], micro_batch_size)
+  train_params, frozen_params = _partition(params, trainable)
+
+  def body(carry, mb):
+    grad_acc, loss_acc, metrics_acc = carry
+    mb = _constrain(mb, mesh)
+    loss_fn = lambda tp: micro_loss(_merge(tp, frozen_params), mb)
+    (loss_sum, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(train_params)
+    grad_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_acc, grads)
+    return (grad_acc, loss_acc + loss_sum, _merge_metrics(metrics_acc, metrics)), None
+
+  carry, _ = jax.lax.scan(body, carry, split_micro(batch, num_micro))
+  return carry
+
+
+def _apply(tx: optax.GradientTransformation, trainable: Any, state: TrainState, carry: tuple[Any, jax.Array, Any],
+           denominator: jax.Array, tokens: jax.Array) -> tuple[TrainState, dict]:
+  """`∇L = grad_sum / N` → clip/AdamW → NaN guard → metrics (`tokens`: the batch's action tokens)."""
+  grad_sum, loss_sum, micro_metrics = carry
+  _, frozen_params = _partition(state.params, trainable)
+  grads = jax.tree.map(lambda g: g / denominator, grad_sum)
+  loss = loss_sum / denominator
+  grad_norm = optax.global_norm(grads)
+  full_grads = _merge(grads, jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), frozen_params))
+  updates, opt_state = tx.update(full_grads, state.opt_state, state.params)
+  params = optim.apply_updates(state.params, updates, opt_state)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  new_state = TrainState(
+      step=state.step + finite.astype(jnp.int32),
+      params=_where_tree(finite, params, state.params),
+      opt_state=_where_tree(finite, opt_state, state.opt_state),
+      skipped=state.skipped + (~finite).astype(jnp.int32))
+  applied = jax.tree.map(lambda a, b: a.astype(jnp.float32) - b.astype(jnp.float32), new_state.params, state.params)
+  metrics = {
+      "loss": loss,
+      "grad_norm": grad_norm,
+      "l2_params": optax.global_norm(new_state.params),
+      "l2_updates": optax.global_norm(applied),
+      "skipped": (~finite).astype(jnp.int32),
+      "step": new_state.step,
+      "tokens": tokens,
+      **{name: m.compute() for name, m in micro_metrics.items()},
+  }
+  return new_state, metrics
+
+
 def _make_step(micro_loss: Callable, kind: str, denominator_fn: Callable[[jax.Array], jax.Array],
                tx: optax.GradientTransformation, trainable: Any, micro_batch_size: int, mesh: Mesh):
   """The shared step body: micro-batch scan → exact mean gradient → clip/AdamW → NaN guard → metrics."""
@@ -166,53 +233,13 @@ def _make_step(micro_loss: Callable, kind: str, denominator_fn: Callable[[jax.Ar
   def step(state: TrainState, batch: dict, rng: jax.Array) -> tuple[TrainState, dict]:
     del rng  # no stochastic layers yet; kept so every step has the same signature
     TRACE_COUNTS[kind] += 1
-    batch_size = batch["input_ids"].shape[0]
-    num_micro = num_micro_batches(batch_size, micro_batch_size)
-    denominator = denominator_fn(batch["action_mask"])
-    train_params, frozen_params = _partition(state.params, trainable)
-    micro = split_micro(batch, num_micro)
-
-    def body(carry, mb):
-      grad_acc, loss_acc, metrics_acc = carry
-      mb = _constrain(mb, mesh)
-      loss_fn = lambda tp: micro_loss(_merge(tp, frozen_params), mb)
-      (loss_sum, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(train_params)
-      grad_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_acc, grads)
-      return (grad_acc, loss_acc + loss_sum, _merge_metrics(metrics_acc, metrics)), None
-
-    _, metrics_shape = jax.eval_shape(micro_loss, state.params, jax.tree.map(lambda x: x[0], micro))
-    reserved = set(metrics_shape) & set(STEP_METRICS)
-    if reserved:
-      raise ValueError(f"{kind} loss: metric names {sorted(reserved)} are the step's own ({STEP_METRICS})")
-    zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metrics_shape)
-    # Gradients accumulate in float32 whatever the param dtype (bf16 sums over micro-batches would lose bits).
-    zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), train_params)
-    (grads, loss_sum, micro_metrics), _ = jax.lax.scan(
-        body, (zero_grads, jnp.zeros((), jnp.float32), zero_metrics), micro)
-    grads = jax.tree.map(lambda g: g / denominator, grads)
-    loss = loss_sum / denominator
-    grad_norm = optax.global_norm(grads)
-    full_grads = _merge(grads, jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), frozen_params))
-    updates, opt_state = tx.update(full_grads, state.opt_state, state.params)
-    params = optim.apply_updates(state.params, updates, opt_state)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    new_state = TrainState(
-        step=state.step + finite.astype(jnp.int32),
-        params=_where_tree(finite, params, state.params),
-        opt_state=_where_tree(finite, opt_state, state.opt_state),
-        skipped=state.skipped + (~finite).astype(jnp.int32))
-    applied = jax.tree.map(lambda a, b: a.astype(jnp.float32) - b.astype(jnp.float32), new_state.params, state.params)
-    metrics = {
-        "loss": loss,
-        "grad_norm": grad_norm,
-        "l2_params": optax.global_norm(new_state.params),
-        "l2_updates": optax.global_norm(applied),
-        "skipped": (~finite).astype(jnp.int32),
-        "step": new_state.step,
-        "tokens": jnp.sum(batch["action_mask"].astype(bool), dtype=jnp.float32),
-        **{name: m.compute() for name, m in micro_metrics.items()},
-    }
-    return new_state, metrics
+    num_micro = num_micro_batches(batch["input_ids"].shape[0], micro_batch_size)
+    metrics_shape = _check_metric_names(micro_loss, kind, state.params,
+                                        jax.tree.map(lambda x: x[0], split_micro(batch, num_micro)))
+    carry = _zero_carry(metrics_shape, _partition(state.params, trainable)[0])
+    carry = _accumulate(micro_loss, trainable, micro_batch_size, mesh, state.params, batch, carry)
+    tokens = jnp.sum(batch["action_mask"].astype(bool), dtype=jnp.float32)
+    return _apply(tx, trainable, state, carry, denominator_fn(batch["action_mask"]), tokens)
 
   return step
 
@@ -222,6 +249,85 @@ def _jit_step(step, state_shardings, mesh):
   rep = mesh_lib.replicated(mesh)
   return jax.jit(step, in_shardings=(state_shardings, batch_sharding, rep), out_shardings=(state_shardings, rep),
                  donate_argnums=(0,))
+
+
+class GroupedStep:
+  """One training step over several batches of different padded shapes — the same update as one step over their
+  union (the step's exact micro-batch accumulation, carried across jitted calls):
+
+      carry ← 0;  for each group g:  carry ← carry + (Σ_m ∇loss_sum_m, Σ_m loss_sum_m, metrics) of g
+      state ← AdamW(state, carry.grads / N)        (N = `denominator(action_mask)` of the whole batch)
+
+  Used for rows sorted by length, each group padded only to its own bucket (`Learner`, `batching.length_groups`):
+  the FLOPs go to real tokens. Each group `[b_g, T_g]` is split into micro-batches as the one-call step splits its
+  batch. Programs: one `accumulate` per group shape (traced under the step's `kind` in `TRACE_COUNTS`), one `apply`
+  and one `zeros`, whatever the shapes.
+  """
+
+  def __init__(self, micro_loss: Callable, kind: str, denominator_fn: Callable[[jax.Array], jax.Array],
+               tx: optax.GradientTransformation, trainable: Any, state_shardings: Any, mesh: Mesh,
+               micro_batch_size: int):
+    self.kind = kind
+    self._micro_loss = micro_loss
+    self._denominator_fn = denominator_fn
+    self._trainable = trainable
+    self._micro_batch_size = micro_batch_size
+    rep = mesh_lib.replicated(mesh)
+    self._param_shardings = state_shardings.params
+    # (grad_sum, loss_sum, metrics): grads sharded as their params (frozen leaves are None on both sides).
+    self._carry_shardings = (_partition(state_shardings.params, trainable)[0], rep, rep)
+    self._zeros = None  # built on first use: the metric shapes come from tracing the loss once
+
+    def accumulate(params, batch, carry):
+      TRACE_COUNTS[kind] += 1
+      return _accumulate(micro_loss, trainable, micro_batch_size, mesh, params, batch, carry)
+
+    self._accumulate = jax.jit(accumulate, in_shardings=(self._param_shardings, mesh_lib.batch_sharding(mesh),
+                                                         self._carry_shardings),
+                               out_shardings=self._carry_shardings, donate_argnums=(2,))
+    self._apply = jax.jit(functools.partial(_apply, tx, trainable),
+                          in_shardings=(state_shardings, self._carry_shardings, rep, rep),
+                          out_shardings=(state_shardings, rep), donate_argnums=(0,))
+
+  def __call__(self, state: TrainState, groups: list[dict], rng: jax.Array, action_mask: Any
+               ) -> tuple[TrainState, dict]:
+    """`groups`: the batch's rows as device batches `[b_g, T_g]` (each holding the step's batch keys);
+    `action_mask`: the whole batch's `[B, T]` host mask (the denominator and the `tokens` metric)."""
+    del rng  # as in the one-call step
+    if not groups:
+      raise ValueError(f"{self.kind} step: no groups")
+    if self._zeros is None:
+      num_micro = num_micro_batches(groups[0]["input_ids"].shape[0], self._micro_batch_size)
+      example = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
+                             jax.eval_shape(lambda b: split_micro(b, num_micro), groups[0]))
+      metrics_shape = _check_metric_names(self._micro_loss, self.kind, state.params, example)
+      self._zeros = jax.jit(lambda params: _zero_carry(metrics_shape, _partition(params, self._trainable)[0]),
+                            in_shardings=(self._param_shardings,), out_shardings=self._carry_shardings)
+    carry = self._zeros(state.params)
+    for batch in groups:
+      carry = self._accumulate(state.params, batch, carry)
+    mask = np.asarray(action_mask).astype(bool)
+    denominator = np.float32(np.asarray(self._denominator_fn(mask)))
+    return self._apply(state, carry, denominator, np.float32(mask.sum()))
+
+
+def make_grouped_actor_step(kind: str, model_config: ModelConfig, tx: optax.GradientTransformation, trainable: Any,
+                            state_shardings: Any, mesh: Mesh, *, micro_batch_size: int = 0, temperature: float = 1.0,
+                            logprob_chunk_size: int = 128, hparams: dict[str, Any] | None = None) -> GroupedStep:
+  """`make_actor_step`'s update as a `GroupedStep` (same arguments)."""
+  loss = actor_losses.get(kind)
+  if hparams is None:
+    hparams = loss.hparams(config_lib.default_learner_config())
+  micro_loss = _actor_micro_loss(loss, dict(hparams), model_config, temperature, logprob_chunk_size)
+  return GroupedStep(micro_loss, kind, loss.denominator, tx, trainable, state_shardings, mesh, micro_batch_size)
+
+
+def make_grouped_critic_step(model_config: ModelConfig, tx: optax.GradientTransformation, trainable: Any,
+                             state_shardings: Any, mesh: Mesh, *, micro_batch_size: int = 0,
+                             value_clip: float = 0.0) -> GroupedStep:
+  """`make_critic_step`'s update as a `GroupedStep` (same arguments)."""
+  return GroupedStep(_critic_micro_loss(model_config, value_clip), "value", actor_losses.token_count, tx, trainable,
+                     state_shardings, mesh, micro_batch_size)
 
 
 def make_actor_step(kind: str, model_config: ModelConfig, tx: optax.GradientTransformation, trainable: Any,
