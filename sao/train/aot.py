@@ -5,7 +5,7 @@ The programs are the trainer's own. `compile_update` builds an abstract `Learner
 `ShapeDtypeStruct`s with the learner's shardings, nothing is allocated or loaded) on a mesh over the given devices,
 then runs the learner's update code (`Learner._update_sao` / `_update_group`) on an abstract batch with every
 jitted program of the learner — its attributes (`_critic_values`, `_critic_step`, `_actor_steps[...]`, …) and the
-jitted functions of `sao.train.learner` (`_critic_targets`, …) — replaced by a recorder. The recorder keeps each
+jitted functions of `sao.train.targets` (`critic_targets`, …) — replaced by a recorder. The recorder keeps each
 call's abstract arguments and answers with the program's abstract outputs, so the update runs to its end, in the
 trainer's order, with the trainer's micro-batching; then each recorded program is lowered and compiled once per
 bucket length. `actor_logprobs` (the learner's forward log-prob program, which an update of DIS / GSPO with
@@ -25,10 +25,11 @@ from typing import Any, Callable, Sequence
 import jax
 import ml_collections
 import numpy as np
+from absl import logging
 
 from sao.models.config import ModelConfig
 from sao.train import batching, compile_stats
-from sao.train import learner as learner_lib
+from sao.train import targets as targets_lib
 from sao.train import mesh as mesh_lib
 from sao.train.learner import Learner
 from sao.train.tpu_topology import Chip
@@ -93,9 +94,17 @@ def _is_jitted(value: Any) -> bool:
 
 def abstract_learner(config: ml_collections.ConfigDict, model_config: ModelConfig,
                      devices: Sequence[jax.Device]) -> Learner:
-  """The learner of `config.learner` on a mesh over `devices`, with abstract states."""
+  """The learner of `config.learner` on a mesh over `devices`, with abstract states. With `batching.length_groups`
+  (the toy configs) the learner runs smaller per-group programs; the report compiles the one-call programs of the
+  padded `[B, T]` batch instead, their upper bound, and says so."""
   mesh = mesh_lib.make_mesh(dict(config.learner.mesh), devices)
-  return Learner(config.learner, model_config, None, mesh=mesh)
+  learner_config = config.learner
+  if learner_config.batching.length_groups:
+    logging.warning("aot: batching.length_groups = %d ignored: compiling the one-call programs of the padded batch "
+                    "(the per-group programs are no larger)", learner_config.batching.length_groups)
+    learner_config = ml_collections.ConfigDict(learner_config.to_dict())
+    learner_config.batching.length_groups = 0
+  return Learner(learner_config, model_config, None, mesh=mesh)
 
 
 def _abstract_batch(learner: Learner, batch_size: int, length: int) -> dict[str, jax.ShapeDtypeStruct]:
@@ -116,6 +125,9 @@ def record_update(learner: Learner, batch: dict[str, jax.ShapeDtypeStruct]) -> d
 
   Returns `{program name: [jitted, abstract args, calls]}` in call order, plus `FORWARD_PROGRAMS` (calls 0).
   """
+  if learner.config.batching.length_groups:
+    raise ValueError(f"aot: batching.length_groups = {learner.config.batching.length_groups}: the compile report "
+                     "covers the one-call programs of a padded [B, T] batch; set batching.length_groups=0")
   recorder = _Recorder()
   saved_attrs, saved_globals = {}, {}
   for attr, value in list(vars(learner).items()):
@@ -126,19 +138,19 @@ def record_update(learner: Learner, batch: dict[str, jax.ShapeDtypeStruct]) -> d
     elif isinstance(value, dict) and value and all(_is_jitted(v) for v in value.values()):
       saved_attrs[attr] = value
       setattr(learner, attr, {k: recorder.wrap(f"{name.rstrip('s')}_{k}", v) for k, v in value.items()})
-  for attr, value in list(vars(learner_lib).items()):
+  for attr, value in list(vars(targets_lib).items()):
     if _is_jitted(value):
       saved_globals[attr] = value
-      setattr(learner_lib, attr, recorder.wrap(attr.strip("_"), value))
+      setattr(targets_lib, attr, recorder.wrap(attr.strip("_"), value))
   saved_state = {role.name: role.state for role in (learner.actor, learner.critic) if role is not None}
   saved_updates = learner.num_updates
   try:
     # Past the critic warmup, so that the SAO update also runs its actor step.
     learner.num_updates = learner.config.sao.critic_warmup_steps
     if learner.config.algorithm == "sao":
-      learner._update_sao(batch)  # pylint: disable=protected-access
+      learner._update_sao(batch, None)  # pylint: disable=protected-access
     else:
-      learner._update_group(batch)  # pylint: disable=protected-access
+      learner._update_group(batch, None)  # pylint: disable=protected-access
     for name in FORWARD_PROGRAMS:
       getattr(learner, name)(saved_state["actor"].params, {k: batch[k] for k in ("input_ids", "attention_mask")})
       recorder.calls[name][2] = 0
@@ -146,7 +158,7 @@ def record_update(learner: Learner, batch: dict[str, jax.ShapeDtypeStruct]) -> d
     for attr, value in saved_attrs.items():
       setattr(learner, attr, value)
     for attr, value in saved_globals.items():
-      setattr(learner_lib, attr, value)
+      setattr(targets_lib, attr, value)
     for role in (learner.actor, learner.critic):
       if role is not None:
         role.state = saved_state[role.name]

@@ -22,7 +22,6 @@ per role and `NonFiniteError` is raised after `nan_guard_limit` in a row.
 """
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any, Sequence
 
@@ -35,13 +34,12 @@ from absl import logging
 from clu import parameter_overview
 from jax.sharding import Mesh
 
-from sao.core import advantages as adv_lib
-from sao.core import metrics as metrics_lib
 from sao.models.config import ModelConfig
 from sao.models.transformer import abstract_params, init_critic_from_policy
 from sao.train import actor_losses, batching, optim, state as state_lib, steps
 from sao.train import checkpoint as ckpt_lib
 from sao.train import distributed
+from sao.train import targets
 from sao.train import mesh as mesh_lib
 from sao.train.config import config_to_json, validate_learner_config
 from sao.transport.trajectory import Trajectory
@@ -97,7 +95,7 @@ class Learner:
     self.mesh = mesh if mesh is not None else mesh_lib.make_mesh(dict(config.mesh))
     c = config
     self.actor_loss = actor_losses.get(c.actor_loss or actor_losses.DEFAULT_FOR_ALGORITHM[c.algorithm])
-    _check_loss_fits_algorithm(self.actor_loss, c.algorithm)
+    targets.check_loss_fits_algorithm(self.actor_loss, c.algorithm)
     shards = mesh_lib.batch_parallel_size(self.mesh)
     mbs = c.batching.micro_batch_size
     if mbs and mbs % shards:
@@ -300,7 +298,7 @@ class Learner:
     metrics: dict[str, jax.Array] = {}
     values = self._values(batch, groups)
     values_before = values
-    returns, critic_diag = _critic_targets(batch, values, c.gamma, c.lambda_critic)  # before any whitening
+    returns, critic_diag = targets.critic_targets(batch, values, c.gamma, c.lambda_critic)  # before any whitening
     metrics.update(critic_diag)
     critic_batch = dict(steps.select(batch, ("input_ids", "attention_mask", "action_mask"), "critic"),
                         returns=returns, old_values=values)
@@ -311,7 +309,7 @@ class Learner:
       metrics[f"critic/loss_epoch{epoch}"] = m["loss"]
       metrics[f"critic/skipped_epoch{epoch}"] = m["skipped"]
     values = self._values(batch, groups)
-    advantages, adv_diag = _policy_advantages(batch, values, returns, c.gamma, c.lambda_policy_alpha,
+    advantages, adv_diag = targets.policy_advantages(batch, values, returns, c.gamma, c.lambda_policy_alpha,
                                               c.whiten_advantages, c.lambda_policy)
     metrics.update(adv_diag)
     if self.num_updates >= c.critic_warmup_steps:
@@ -320,7 +318,7 @@ class Learner:
     return metrics, {"values": values_before, "returns": returns, "advantages": advantages}
 
   def _update_group(self, batch: dict, groups: list[batching.LengthGroup] | None) -> dict[str, jax.Array]:
-    seq_advantages, metrics = _group_advantages(batch, self.config.group.normalize_std)
+    seq_advantages, metrics = targets.group_advantages(batch, self.config.group.normalize_std)
     metrics.update(self._actor_update(dict(batch, seq_advantages=seq_advantages), groups))
     return metrics
 
@@ -412,59 +410,3 @@ class Learner:
         "batch/padded_rows": float(len(valid)),
         "batch/padded_length": float(np.shape(batch["input_ids"])[1]),
     }
-
-
-# What each algorithm's update hands the actor loss besides `batching.FIELDS`.
-_ADVANTAGES_FOR_ALGORITHM = {"sao": "advantages", "gspo": "seq_advantages", "grpo": "seq_advantages"}
-
-
-def _check_loss_fits_algorithm(loss: actor_losses.ActorLoss, algorithm: str) -> None:
-  available = set(batching.FIELDS) | {_ADVANTAGES_FOR_ALGORITHM[algorithm]}
-  missing = [k for k in loss.batch_keys if k not in available]
-  if missing:
-    raise ValueError(f"learner config: actor_loss {loss.name!r} reads {missing}, which algorithm {algorithm!r} does "
-                     f"not provide (it provides {sorted(available)})")
-
-
-@functools.partial(jax.jit, static_argnums=(2, 3))
-def _critic_targets(batch, values, gamma: float, lam: float):
-  """Returns `R = A + V` with γ, λ_critic (before any whitening) and critic diagnostics on the pre-update values."""
-  mask = batch["action_mask"]
-  _, returns = adv_lib.gae(batch["token_rewards"], values, mask, gamma, lam)
-  diag = {"critic/explained_variance": metrics_lib.explained_variance(values, returns, mask),
-          **metrics_lib.masked_summary("critic/values", values, mask),
-          **metrics_lib.masked_summary("critic/returns", returns, mask)}
-  return returns, diag
-
-
-@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6))
-def _policy_advantages(batch, values, returns, gamma: float, alpha: float, whiten: bool, fixed_lambda: float = 0.0):
-  """`A = GAE(r, V, γ, λ_b = 1 − 1/(α·l_b))` (or λ_b = `fixed_lambda` when > 0), whitened over the batch's action
-  tokens when `whiten`."""
-  mask = batch["action_mask"]
-  if fixed_lambda > 0.0:
-    lam = jnp.full(mask.shape[:1], fixed_lambda, jnp.float32)  # [B]: the ablation of the length-adaptive λ
-  else:
-    lam = adv_lib.length_adaptive_lambda(mask, alpha)
-  advantages, _ = adv_lib.gae(batch["token_rewards"], values, mask, gamma, lam)
-  diag = {"critic/explained_variance_after": metrics_lib.explained_variance(values, returns, mask),
-          "advantages/mean_before_whiten": adv_lib.masked_mean(advantages, mask),
-          "advantages/std_before_whiten": jnp.sqrt(adv_lib.masked_var(advantages, mask)),
-          "advantages/lambda_mean": jnp.sum(jnp.where(jnp.any(mask, -1), lam, 0.0)) /
-                                    jnp.maximum(jnp.sum(jnp.any(mask, -1)), 1)}
-  if whiten:
-    advantages = adv_lib.masked_whiten(advantages, mask)
-  diag["advantages/mean"] = adv_lib.masked_mean(advantages, mask)
-  diag["advantages/std"] = jnp.sqrt(adv_lib.masked_var(advantages, mask))
-  return advantages, diag
-
-
-@functools.partial(jax.jit, static_argnums=(1,))
-def _group_advantages(batch, normalize_std: bool):
-  """`Â_i = (r_i − mean_g r)/(std_g r + 1e-6)` per group (padding rows are groups of one: Â = 0)."""
-  seq_adv = adv_lib.group_advantages(batch["rewards"], batch["group_ids"], normalize_std)
-  valid = batch["valid"]
-  n = jnp.maximum(jnp.sum(valid), 1)
-  mean = jnp.sum(jnp.where(valid, seq_adv, 0.0)) / n
-  std = jnp.sqrt(jnp.sum(jnp.where(valid, (seq_adv - mean) ** 2, 0.0)) / n)
-  return seq_adv, {"advantages/mean": mean, "advantages/std": std}

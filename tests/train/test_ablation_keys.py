@@ -9,7 +9,7 @@ import pytest
 from sao.models.transformer import abstract_params
 from sao.train import config as config_lib
 from sao.train import optim
-from sao.train import learner as learner_lib
+from sao.train import targets as targets_lib
 from tests.train import helpers
 
 
@@ -37,7 +37,7 @@ def test_fixed_policy_lambda_replaces_the_length_adaptive_one():
   lengths = mask.sum(1)
   for fixed, lam in ((0.0, 1.0 - 1.0 / (1.5 * lengths)), (0.95, np.full(3, 0.95))):
     # pylint: disable-next=protected-access
-    adv, diag = learner_lib._policy_advantages(batch, values, values, 1.0, 1.5, False, fixed)
+    adv, diag = targets_lib.policy_advantages(batch, values, values, 1.0, 1.5, False, fixed)
     np.testing.assert_allclose(np.asarray(adv), _gae_reference(rewards, values, mask, lam), rtol=1e-5, atol=1e-6)
     assert float(diag["advantages/lambda_mean"]) == pytest.approx(lam.mean(), rel=1e-6)
 

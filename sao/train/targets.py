@@ -1,0 +1,73 @@
+"""The jitted programs of an update that turn critic values and rewards into training targets (pure functions of
+the `[B, T]` batch, `sao.train.learner` calls them by module attribute so `sao.train.aot` can record them):
+
+- `critic_targets`: `R = GAE(r, V⁰, γ, λ_critic) + V⁰` and the critic's diagnostics on the pre-update values;
+- `policy_advantages`: `A = GAE(r, V¹, γ, λ_b)` with the length-adaptive `λ_b = 1 − 1/(α·l_b)` (or a fixed λ),
+  whitened over the batch's action tokens when asked;
+- `group_advantages`: GSPO / GRPO's group-normalised rewards `Â_i`.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from sao.core import advantages as adv_lib
+from sao.core import metrics as metrics_lib
+from sao.train import actor_losses, batching
+
+# What each algorithm's update hands the actor loss besides `batching.FIELDS`.
+ADVANTAGES_FOR_ALGORITHM = {"sao": "advantages", "gspo": "seq_advantages", "grpo": "seq_advantages"}
+
+
+def check_loss_fits_algorithm(loss: actor_losses.ActorLoss, algorithm: str) -> None:
+  available = set(batching.FIELDS) | {ADVANTAGES_FOR_ALGORITHM[algorithm]}
+  missing = [k for k in loss.batch_keys if k not in available]
+  if missing:
+    raise ValueError(f"learner config: actor_loss {loss.name!r} reads {missing}, which algorithm {algorithm!r} does "
+                     f"not provide (it provides {sorted(available)})")
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def critic_targets(batch, values, gamma: float, lam: float):
+  """Returns `R = A + V` with γ, λ_critic (before any whitening) and critic diagnostics on the pre-update values."""
+  mask = batch["action_mask"]
+  _, returns = adv_lib.gae(batch["token_rewards"], values, mask, gamma, lam)
+  diag = {"critic/explained_variance": metrics_lib.explained_variance(values, returns, mask),
+          **metrics_lib.masked_summary("critic/values", values, mask),
+          **metrics_lib.masked_summary("critic/returns", returns, mask)}
+  return returns, diag
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6))
+def policy_advantages(batch, values, returns, gamma: float, alpha: float, whiten: bool, fixed_lambda: float = 0.0):
+  """`A = GAE(r, V, γ, λ_b = 1 − 1/(α·l_b))` (or λ_b = `fixed_lambda` when > 0), whitened over the batch's action
+  tokens when `whiten`."""
+  mask = batch["action_mask"]
+  if fixed_lambda > 0.0:
+    lam = jnp.full(mask.shape[:1], fixed_lambda, jnp.float32)  # [B]: the ablation of the length-adaptive λ
+  else:
+    lam = adv_lib.length_adaptive_lambda(mask, alpha)
+  advantages, _ = adv_lib.gae(batch["token_rewards"], values, mask, gamma, lam)
+  diag = {"critic/explained_variance_after": metrics_lib.explained_variance(values, returns, mask),
+          "advantages/mean_before_whiten": adv_lib.masked_mean(advantages, mask),
+          "advantages/std_before_whiten": jnp.sqrt(adv_lib.masked_var(advantages, mask)),
+          "advantages/lambda_mean": jnp.sum(jnp.where(jnp.any(mask, -1), lam, 0.0)) /
+                                    jnp.maximum(jnp.sum(jnp.any(mask, -1)), 1)}
+  if whiten:
+    advantages = adv_lib.masked_whiten(advantages, mask)
+  diag["advantages/mean"] = adv_lib.masked_mean(advantages, mask)
+  diag["advantages/std"] = jnp.sqrt(adv_lib.masked_var(advantages, mask))
+  return advantages, diag
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def group_advantages(batch, normalize_std: bool):
+  """`Â_i = (r_i − mean_g r)/(std_g r + 1e-6)` per group (padding rows are groups of one: Â = 0)."""
+  seq_adv = adv_lib.group_advantages(batch["rewards"], batch["group_ids"], normalize_std)
+  valid = batch["valid"]
+  n = jnp.maximum(jnp.sum(valid), 1)
+  mean = jnp.sum(jnp.where(valid, seq_adv, 0.0)) / n
+  std = jnp.sqrt(jnp.sum(jnp.where(valid, (seq_adv - mean) ** 2, 0.0)) / n)
+  return seq_adv, {"advantages/mean": mean, "advantages/std": std}
