@@ -16,6 +16,10 @@ Cache (a plain pytree passed in and returned; `init_cache` builds it):
    'mask': [B, S] bool  slot holds a real token,
    'layers': {'layers_i': per-layer entry}}   full attention: {'k', 'v': [B, S, kv_heads, head_dim]};
                                                  linear attention: {'conv': [B, K − 1, C], 'state': [B, Hv, Dk, Dv]}.
+
+`ModelConfig.scan_layers`: calls without a cache run the layers as a `lax.scan` over periods of layer kinds, the
+per-layer params stacked at forward time (`sao.models.scan`; the tree above is unchanged).
+
 Positions are computed from masks (count of real tokens before this one), so left padding and per-row prompt lengths
 need no separate position input.
 """
@@ -152,20 +156,21 @@ def _scanned_layers(cfg: ModelConfig, layer_params: list[dict], x: Array, positi
   layer as `cfg.remat` says). x: [B, T, E] → [B, T, E]; the same function of the params as the unrolled loop."""
   policy = None if cfg.remat == "none" else getattr(jax.checkpoint_policies, REMAT_POLICIES[cfg.remat])
 
-  def layer_fn(i: int):
+  def layer_fn(i: int, in_scan: bool):
     module = DecoderLayer(cfg, i, parent=None)  # unbound: applied to the params it is given
 
     def apply(params: dict, h: Array) -> Array:
       return module.apply({"params": params}, h, positions, mask, token_mask, None, None)[0]
-    # Inside a scan body XLA cannot CSE the recomputation into the forward pass, so `prevent_cse` is not needed.
-    return apply if policy is None else jax.checkpoint(apply, policy=policy, prevent_cse=False)
+    # Inside a scan body XLA cannot CSE the recomputation into the forward pass, so `prevent_cse` is only needed
+    # for the layers after the scan.
+    return apply if policy is None else jax.checkpoint(apply, policy=policy, prevent_cse=not in_scan)
 
   period = scan.layer_period(cfg)
   num_scanned = cfg.num_layers // period * period
-  x = scan.scan_periods([layer_fn(j) for j in range(period)],
+  x = scan.scan_periods([layer_fn(j, True) for j in range(period)],
                         scan.stack_periods(layer_params[:num_scanned], period), x)
   for i in range(num_scanned, cfg.num_layers):
-    x = layer_fn(i)(layer_params[i], x)
+    x = layer_fn(i, False)(layer_params[i], x)
   return x
 
 
