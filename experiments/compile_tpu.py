@@ -53,7 +53,8 @@ def model_config_of(config, dtype: str = ""):
   from sao.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
   from sao.models.tokenizer import toy_tokenizer  # pylint: disable=g-import-not-at-top
   m = config.model
-  precision = dict(dtype=dtype or m.compute_dtype, param_dtype=dtype or m.param_dtype, remat=m.remat)
+  precision = dict(dtype=dtype or m.compute_dtype, param_dtype=dtype or m.param_dtype, remat=m.remat,
+                   scan_layers=m.get("scan_layers", False))
   if m.init == "hf":
     return ModelConfig.from_hf(known_configs.hf_config(m.hf_path), **precision)
   toy = {k: v for k, v in m.toy.items() if k != "model_type"}
@@ -124,13 +125,15 @@ def main(argv):
   if _NUM_LAYERS.value:
     model_config = truncated(model_config, _NUM_LAYERS.value)
   print(f"{config.name}: {config.learner.algorithm}, {model_config.model_type} (params {model_config.param_dtype}, "
-        f"compute {model_config.dtype}, remat {model_config.remat}, master weights "
+        f"compute {model_config.dtype}, remat {model_config.remat}, scan_layers {model_config.scan_layers}, "
+        f"master weights "
         f"{config.learner.actor.optimizer.master_weights}, {model_config.num_layers} layers), "
         f"{_TOPOLOGY.value} = {len(devices)} chips, mesh {dict(config.learner.mesh)}, "
         f"micro_batch_size {config.learner.batching.micro_batch_size}", flush=True)
   meta = {"topology": _TOPOLOGY.value, "config": config.name, "command": " ".join(sys.argv), "chips": len(devices),
           "peak_bf16_flops_per_chip": chip.peak_bf16_flops, "model_dtype": model_config.dtype,
           "param_dtype": model_config.param_dtype, "remat": model_config.remat,
+          "scan_layers": model_config.scan_layers,
           "master_weights": bool(config.learner.actor.optimizer.master_weights), "mesh": dict(config.learner.mesh),
           "num_layers": model_config.num_layers}
   done = []

@@ -82,6 +82,9 @@ def base_config() -> ml_collections.ConfigDict:
           param_dtype="float32",
           compute_dtype="float32",
           remat="none",  # per-decoder-layer rematerialisation (`sao.models.config.REMAT_POLICIES`)
+          # Training and scoring run the decoder layers as one `lax.scan` over periods of layer kinds (same param
+          # tree; `sao.models.scan`): compile time stays that of one period whatever the depth (docs/models.md).
+          scan_layers=False,
           toy=dict(model_type="qwen3", hidden_size=64, intermediate_size=192, num_layers=2, num_heads=4,
                    num_kv_heads=2, head_dim=16, max_position_embeddings=1024,
                    # Untied: with tied embeddings an RL step on a guess's output logit also moves that number's input
@@ -252,10 +255,12 @@ def full_precision(config: ml_collections.ConfigDict) -> None:
   and float32 master weights (the update is applied to the master copy and the bf16 params are its cast: at the
   actor's lr 1e-6 an update is ~1e-6 relative, far below bf16's 2^-8 spacing, so applied to bf16 directly most would
   round away). Per-layer remat: the backward pass recomputes each decoder layer from its input instead of keeping
-  its activations (one layer's [rows, T, hidden] input per layer is all that is kept)."""
+  its activations (one layer's [rows, T, hidden] input per layer is all that is kept). Scan over layers: the
+  ahead-of-time compile of the full depth takes about one period of layers' time (docs/tpu.md)."""
   config.model.param_dtype = "bfloat16"
   config.model.compute_dtype = "bfloat16"
   config.model.remat = "full"
+  config.model.scan_layers = True
   for role in (config.learner.actor, config.learner.critic):
     role.optimizer.master_weights = True
 

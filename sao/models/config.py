@@ -96,6 +96,9 @@ class ModelConfig:
   dtype: str = "float32"  # compute dtype of activations
   param_dtype: str = "float32"  # storage dtype of parameters
   remat: str = "none"  # key of REMAT_POLICIES, applied per decoder layer
+  # ours: run the decoder layers of cache-free calls (training, scoring) as a `lax.scan` over periods of layer kinds
+  # (sao.models.scan); the param tree stays per layer. Compile time then stays that of one period, whatever the depth.
+  scan_layers: bool = False
   attention_impl: str = "auto"  # ours: one of ATTENTION_IMPLS (sao.models.attention.resolve_impl)
 
   def __post_init__(self):
@@ -163,6 +166,8 @@ class ModelConfig:
       raise ValueError(f"param_dtype: unsupported {self.param_dtype!r}; expected one of {DTYPES}")
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"remat: unsupported {self.remat!r}; expected one of {tuple(REMAT_POLICIES)}")
+    if not isinstance(self.scan_layers, bool):
+      raise ValueError(f"scan_layers: must be a bool, got {self.scan_layers!r}")
     if self.attention_impl not in ATTENTION_IMPLS:
       raise ValueError(f"attention_impl: unsupported {self.attention_impl!r}; expected one of {ATTENTION_IMPLS}")
 

@@ -16,6 +16,10 @@ Cache (a plain pytree passed in and returned; `init_cache` builds it):
    'mask': [B, S] bool  slot holds a real token,
    'layers': {'layers_i': per-layer entry}}   full attention: {'k', 'v': [B, S, kv_heads, head_dim]};
                                                  linear attention: {'conv': [B, K − 1, C], 'state': [B, Hv, Dk, Dv]}.
+
+`ModelConfig.scan_layers`: calls without a cache run the layers as a `lax.scan` over periods of layer kinds, the
+per-layer params stacked at forward time (`sao.models.scan`; the tree above is unchanged).
+
 Positions are computed from masks (count of real tokens before this one), so left padding and per-row prompt lengths
 need no separate position input.
 """
@@ -29,6 +33,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from sao.models import scan
 from sao.models.attention import AttentionMask
 from sao.models.config import REMAT_POLICIES, ModelConfig
 from sao.models.gated_deltanet import GatedDeltaNet, linear_attention_cache
@@ -120,21 +125,53 @@ class Backbone(nn.Module):
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, param_dtype=param_dtype,
                      embedding_init=kernel_init("vocab", "embed"), name="embed_tokens")
     x = embed(input_ids)
-    layer_cls = DecoderLayer
-    if cfg.remat != "none":
-      policy = getattr(jax.checkpoint_policies, REMAT_POLICIES[cfg.remat])
-      layer_cls = nn.remat(DecoderLayer, policy=policy, prevent_cse=True)
     new_layers = {}
-    for i in range(cfg.num_layers):
-      name = f"layers_{i}"
-      entry = None if cache is None else cache["layers"][name]
-      x, entry = layer_cls(cfg, i, name=name)(x, positions, mask, attention_mask, write_index, entry)
-      new_layers[name] = entry
+    if cfg.scan_layers and cache is None and not self.is_initializing():
+      # Init and cached (sampling) calls take the unrolled loop: the former creates the per-layer tree, the latter
+      # threads a per-layer cache.
+      layers = nn.meta.unbox(self.variables["params"])
+      x = _scanned_layers(cfg, [layers[f"layers_{i}"] for i in range(cfg.num_layers)], x, positions, mask,
+                          attention_mask)
+    else:
+      layer_cls = DecoderLayer
+      if cfg.remat != "none":
+        policy = getattr(jax.checkpoint_policies, REMAT_POLICIES[cfg.remat])
+        layer_cls = nn.remat(DecoderLayer, policy=policy, prevent_cse=True)
+      for i in range(cfg.num_layers):
+        name = f"layers_{i}"
+        entry = None if cache is None else cache["layers"][name]
+        x, entry = layer_cls(cfg, i, name=name)(x, positions, mask, attention_mask, write_index, entry)
+        new_layers[name] = entry
     x = norm(cfg, "norm")(x)
     new_cache = None
     if cache is not None:
       new_cache = {"index": cache["index"] + input_ids.shape[1], "mask": new_slot_mask, "layers": new_layers}
     return x, new_cache
+
+
+def _scanned_layers(cfg: ModelConfig, layer_params: list[dict], x: Array, positions: Array, mask: AttentionMask,
+                    token_mask: Array) -> Array:
+  """The decoder layers without a cache as `sao.models.scan` runs them: one `lax.scan` over the periods of layer
+  kinds, then the layers that do not fill a period, each layer applied functionally to its own params (remat per
+  layer as `cfg.remat` says). x: [B, T, E] → [B, T, E]; the same function of the params as the unrolled loop."""
+  policy = None if cfg.remat == "none" else getattr(jax.checkpoint_policies, REMAT_POLICIES[cfg.remat])
+
+  def layer_fn(i: int, in_scan: bool):
+    module = DecoderLayer(cfg, i, parent=None)  # unbound: applied to the params it is given
+
+    def apply(params: dict, h: Array) -> Array:
+      return module.apply({"params": params}, h, positions, mask, token_mask, None, None)[0]
+    # Inside a scan body XLA cannot CSE the recomputation into the forward pass, so `prevent_cse` is only needed
+    # for the layers after the scan.
+    return apply if policy is None else jax.checkpoint(apply, policy=policy, prevent_cse=not in_scan)
+
+  period = scan.layer_period(cfg)
+  num_scanned = cfg.num_layers // period * period
+  x = scan.scan_periods([layer_fn(j, True) for j in range(period)],
+                        scan.stack_periods(layer_params[:num_scanned], period), x)
+  for i in range(num_scanned, cfg.num_layers):
+    x = layer_fn(i, False)(layer_params[i], x)
+  return x
 
 
 class CausalLM(nn.Module):

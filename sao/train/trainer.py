@@ -144,7 +144,7 @@ class Trainer:
     # The run config's precision and remat as ModelConfig fields (docs/models.md "Precision"); the loader stores the
     # params in `param_dtype` (its `dtype` argument is the compute dtype, `param_dtype` overrides the storage).
     precision = {"dtype": c.model.get("compute_dtype", "float32"), "param_dtype": c.model.get("param_dtype", "float32"),
-                 "remat": c.model.get("remat", "none")}
+                 "remat": c.model.get("remat", "none"), "scan_layers": c.model.get("scan_layers", False)}
     if c.model.init == "hf":
       # Streamed tensor by tensor into the learner's param shardings: the host never holds the whole model.
       model_config, params = streaming.load_pretrained_sharded(

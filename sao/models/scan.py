@@ -1,0 +1,71 @@
+"""Scan over decoder layers as a forward-time transformation of the per-layer parameter tree.
+
+The parameter tree keeps one dict per layer (`layers_0`, `layers_1`, ...: HF name mapping, streaming loads, exports,
+checkpoints and frozen-parameter regexes see no difference). When `ModelConfig.scan_layers` is set, the forward pass
+groups the layers by the repeating period P of their kinds (block type and MLP kind: P = 4 for Qwen3.5's
+[3 × Gated DeltaNet, 1 × attention], P = 1 for Qwen3), stacks the params of layers `j, j + P, j + 2P, ...` along a
+new leading axis for each period position j, and runs `jax.lax.scan` over the N = ⌊L / P⌋ periods, the body applying
+P layers in order. XLA then compiles one period's layers (and their backward) once, whatever the depth. The
+L − N·P layers that do not fill a period run unrolled after the scan. Gradients reach the per-layer tree through the
+stack (its transpose slices the stacked cotangent back into layers).
+
+Cost: the stacked copy of the layer params (one extra copy in the param dtype, made each step) and, in the backward
+pass, the stacked gradient before it is sliced back.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from sao.models.config import ModelConfig
+
+Array = jax.Array
+# (layer params, hidden [B, T, E]) → hidden [B, T, E]: one decoder layer applied functionally.
+LayerFn = Callable[[Any, Array], Array]
+
+
+def layer_kind(config: ModelConfig, i: int) -> tuple[str, bool]:
+  """What fixes layer i's computation and param tree: (block type, is MoE)."""
+  return config.layer_types[i], config.is_moe_layer(i)
+
+
+def layer_period(config: ModelConfig) -> int:
+  """The smallest P with `kind(i) == kind(i mod P)` for every layer i < L (L itself when the kinds never repeat)."""
+  kinds = [layer_kind(config, i) for i in range(config.num_layers)]
+  for period in range(1, config.num_layers + 1):
+    if all(kinds[i] == kinds[i % period] for i in range(config.num_layers)):
+      return period
+  raise AssertionError("unreachable: P = L always satisfies the condition")
+
+
+def stack_periods(layer_params: Sequence[Any], period: int) -> tuple[Any, ...]:
+  """Per period position j < P: the params of layers j, j + P, ..., j + (N − 1)·P stacked leaf by leaf along a new
+  leading axis of size N = ⌊len(layer_params) / P⌋ (a leaf [d...] becomes [N, d...])."""
+  num_periods = len(layer_params) // period
+  if num_periods < 1:
+    raise ValueError(f"period: {period} exceeds the {len(layer_params)} layers")
+  return tuple(jax.tree.map(lambda *leaves: jnp.stack(leaves), *layer_params[j::period][:num_periods])
+               for j in range(period))
+
+
+def scan_periods(layer_fns: Sequence[LayerFn], stacked: tuple[Any, ...], x: Array) -> Array:
+  """`x ← f_{P−1}(θ_{P−1}[n], ... f_0(θ_0[n], x))` for n = 0..N−1, as one `lax.scan` over n.
+
+  layer_fns: f_j for each period position j; stacked: `stack_periods`' output; x: [B, T, E]. The carry must keep
+  its dtype and shape through a period (a decoder layer maps [B, T, E] in the compute dtype to the same)."""
+  if len(layer_fns) != len(stacked):
+    raise ValueError(f"layer_fns: {len(layer_fns)} functions for a period of {len(stacked)} stacked layers")
+
+  def period(carry: Array, params: tuple[Any, ...]) -> tuple[Array, None]:
+    for fn, layer_params in zip(layer_fns, params):
+      out = fn(layer_params, carry)
+      if out.shape != carry.shape or out.dtype != carry.dtype:
+        raise ValueError(f"scan_layers: a decoder layer maps {carry.shape} {carry.dtype} to {out.shape} "
+                         f"{out.dtype}; the scan carry needs them equal")
+      carry = out
+    return carry, None
+
+  x, _ = jax.lax.scan(period, x, stacked)
+  return x

@@ -1,0 +1,29 @@
+"""`model.scan_layers`: on in every shipped `full` variant (through `common.full_precision`), off in the toys (the
+README's main job unchanged), and carried into the ModelConfig the trainer and the compile report build."""
+from __future__ import annotations
+
+import importlib
+import pathlib
+
+import pytest
+
+from experiments.compile_tpu import model_config_of
+from experiments.configs import sao_openswe
+
+CONFIG_DIR = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "configs"
+MODULES = sorted(p.stem for p in CONFIG_DIR.glob("*.py") if p.stem not in ("__init__", "common"))
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_full_variants_scan_and_toys_do_not(name):
+  module = importlib.import_module(f"experiments.configs.{name}")
+  for variant in module.VARIANTS:
+    config = module.get_config(variant)
+    assert config.model.scan_layers == (config.model.param_dtype == "bfloat16"), (name, variant)
+  if "toy" in module.VARIANTS:
+    assert module.get_config("toy").model.scan_layers is False
+
+
+def test_model_config_carries_the_switch():
+  assert model_config_of(sao_openswe.get_config("full")).scan_layers is True
+  assert model_config_of(sao_openswe.get_config("toy")).scan_layers is False
