@@ -93,7 +93,7 @@ def row_line(r, chip) -> str:
   return (
         f"{r.program:<18}{r.bucket:>7}{r.batch:>5}{r.calls:>6} {r.argument_bytes / GIB:>8.2f}{r.temp_bytes / GIB:>9.2f}"
         f"{r.output_bytes / GIB:>8.2f}{r.hbm_bytes_per_chip / GIB:>9.2f}{chip.hbm_bytes / GIB:>5.0f}  "
-        f"{'yes' if r.fits else 'NO':<5}{_fmt(r.xla_flops / 1e12 if r.fits else None, '.3e'):>11}"
+        f"{'yes' if r.fits else 'NO':<5}{_fmt(r.xla_flops / 1e12 if r.xla_flops else None, '.3e'):>11}"
         f"{r.flops / 1e12:>11.3e}{r.analytic_flops / 1e12:>11.3e}{_fmt(r.estimated_seconds, '.3e'):>10}"
         f"{_fmt(None if r.estimated_mfu is None else 100 * r.estimated_mfu, '.1f'):>6}%"
         f"{'' if r.estimate_source != 'roofline_of_xla_counts' else ' r'}")

@@ -61,7 +61,7 @@ class ProgramRow:
   estimated_seconds: float | None
   estimated_mfu: float | None  # analytic_flops / (estimated_seconds · chips · peak bf16 FLOP/s)
   compile_seconds: float
-  error: str = ""  # XLA's message when it does not fit
+  error: str = ""  # why it does not fit: XLA's message, or the compiled program's total over the capacity
   largest_buffers: list[dict[str, Any]] = dataclasses.field(default_factory=list)
   estimate_source: str = ""  # xla_optimal_seconds | roofline_of_xla_counts (when XLA's own time is not positive)
 
@@ -217,8 +217,13 @@ def compile_program(name: str, jitted: Any, args: tuple, calls: int, learner: Le
       source = "roofline_of_xla_counts"
     est = est * scale or None
     mfu = analytic / (est * chips * chip.peak_bf16_flops) if est and analytic else None
-    return ProgramRow(name, bucket, batch, calls, role, train, True, arguments, outputs, temps, total,
-                      chip.hbm_bytes, flops, xla_flops, analytic, est, mfu, seconds, "", largest, source)
+    # XLA may compile a program whose buffers exceed the chip (seen with libtpu 0.0.42.1 on scanned train steps): the
+    # memory analysis, not the absence of an error, decides.
+    fits = total <= chip.hbm_bytes
+    error = "" if fits else (f"compiled, but needs {total / 2**30:.2f} GiB per chip, more than the chip's "
+                             f"{chip.hbm_bytes / 2**30:.2f} GiB")
+    return ProgramRow(name, bucket, batch, calls, role, train, fits, arguments, outputs, temps, total,
+                      chip.hbm_bytes, flops, xla_flops, analytic, est, mfu, seconds, error, largest, source)
   if report is not None:
     arguments, outputs, temps = report.argument_bytes, report.output_bytes, report.temp_bytes
     total = arguments + outputs + temps

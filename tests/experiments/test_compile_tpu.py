@@ -111,6 +111,17 @@ def test_topology_names_are_checked():
     parse_topology("v7x:2x2x1")
 
 
+def test_a_compiled_program_larger_than_the_chip_does_not_fit():
+  """XLA may compile a program whose buffers exceed the chip: the report goes by the memory analysis."""
+  config = _config(sao_openswe, "qwen3_moe", 32)
+  model_config = model_config_of(config, "float32")
+  tiny_chip = Chip("cpu", "cpu", 1 << 16, 1e12, 1e11, "")
+  rows = aot.compile_update(config, model_config, jax.devices("cpu")[:1], tiny_chip, programs=("critic_values",))
+  assert [r.program for r in rows] == ["critic_values"]
+  (row,) = rows
+  assert not row.fits and row.hbm_bytes_per_chip > tiny_chip.hbm_bytes and "compiled, but needs" in row.error
+
+
 @pytest.mark.slow
 def test_update_programs_compile_on_cpu_devices():
   """The recorder and the report on the host's CPU devices (no libtpu): every SAO program, FLOPs in bounds."""
