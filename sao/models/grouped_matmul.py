@@ -16,7 +16,7 @@ compile from a CPU host gets the TPU choice):
               are batched matmuls over tiles with one gathered weight per tile, d_rhs the per-tile outer products
               `lhs_tileᵀ d_out_tile` [T, K, N] summed into their groups (a scatter-add, nothing dense in G).
   "xla"       (TPU under GSPMD, GPU) forward and d_lhs `jax.lax.ragged_dot` (ragged rows: XLA lowers them as grouped
-              matmuls), d_rhs the tiled tgmm with tile = ⌈M / G⌉ (no cap: at most 2·G tiles, so the per-tile
+              matmuls), d_rhs the tiled tgmm with tile = M // G (no cap: at most 2·G tiles, so the per-tile
               products [T, K, N] are at most 2× rhs and the padded rows at most M). Plain XLA ops, which GSPMD shards.
   "megablox"  (TPU) the Pallas kernels `gmm` / `tgmm` of `jax.experimental.pallas.ops.tpu.megablox` (what MaxText's
               MoE uses), tiles (512, 1024, 1024) clipped to the shape, M padded to a multiple of the row tile.
@@ -123,8 +123,8 @@ def _tpu_impl() -> str:
 def _tile_layout(group_sizes: Array, m: int, max_tile: int | None):
   """Tiles of `tile` rows, each inside one group: tile t holds rows `src[t]` (masked by `valid[t]`) of group
   `group_of_tile[t]`. tile = clip(M // G, 1, max_tile), so at most T = (M + G·(tile−1)) // tile tiles exist and the
-  padding is at most G·(tile−1) ≤ M rows. → (tile, group_of_tile [T], src [T, tile], valid [T, tile], row_end [G],
-  row_start [G], tile_start [G])."""
+  padding is at most G·(tile−1) ≤ M rows (max_tile None: no cap, at most 2·G tiles).
+  → (tile, group_of_tile [T], src [T, tile], valid [T, tile], row_end [G], row_start [G], tile_start [G])."""
   n_groups = group_sizes.shape[0]
   tile = max(1, m // n_groups) if max_tile is None else max(1, min(max_tile, m // n_groups))
   n_tiles = max(1, (m + n_groups * (tile - 1)) // tile)
