@@ -67,8 +67,8 @@ def main() -> None:
     return jnp.sum(block.apply({"params": p}, x).astype(jnp.float32) ** 2)
 
   print(f"MoE block of {args.hf_path}: hidden {cfg.hidden_size}, {cfg.num_experts} experts, "
-        f"top-{cfg.num_experts_per_tok}, expert width {cfg.moe_intermediate_size}; x {x_shape} sharded {x_sharding.spec}, mesh {dict(mesh.shape)}, "
-        f"{args.topology}, grouped matmul impl={args.impl}", flush=True)
+        f"top-{cfg.num_experts_per_tok}, expert width {cfg.moe_intermediate_size}; x {x_shape} sharded "
+        f"{x_sharding.spec}, mesh {dict(mesh.shape)}, {args.topology}, grouped matmul impl={args.impl}", flush=True)
   start = time.perf_counter()
   lowered = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(params, x).lower()
   with tempfile.TemporaryDirectory(prefix="moe_layer_") as dump_dir:
