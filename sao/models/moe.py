@@ -11,11 +11,10 @@ of tokens may pick one expert):
 `dense_experts` runs every expert on every token and weights the unselected ones by 0: the test oracle
 (`ModelConfig.moe_impl = "dense"`).
 
-Grouped matmul: `jax.lax.ragged_dot` on TPU / GPU (XLA's grouped-matmul path). On CPU jax lowers ragged_dot to a
-masked dense dot over all groups (G × the FLOPs, measured with `cost_analysis()`), so CPU uses `_tiled_matmul`:
-each group padded to tiles of `tile` rows, one gathered expert weight per tile, a batched matmul; at most
-`M + G·(tile−1)` rows computed. The choice is `lax.platform_dependent`, resolved at lowering, so an ahead-of-time
-TPU compile from a CPU host gets ragged_dot.
+Grouped matmul: `sao.models.grouped_matmul` (a custom VJP whose weight gradient is a transposed grouped matmul, not
+ragged_dot's transpose, which XLA's TPU compiler makes dense over the experts): Pallas megablox kernels on TPU where
+every mesh axis is manual, ragged_dot + a tiled weight gradient under GSPMD, tiles of one expert each on CPU; chosen
+when lowering, so an ahead-of-time TPU compile from a CPU host gets the TPU kernels.
 
 Expert parallelism (mesh axis `expert`, size E > 1, in the context mesh of `jax.set_mesh`): a `shard_map` manual
 over `expert` only (other axes stay with GSPMD). Each shard receives all N tokens of its expert group (an all-gather
@@ -35,9 +34,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from sao.models.grouped_matmul import grouped_matmul
+
 Array = jax.Array
 EXPERT_AXIS = "expert"
-_MAX_TILE = 128
 
 
 def route(router_logits: Array, k: int, norm_topk_prob: bool) -> tuple[Array, Array]:
@@ -101,59 +101,3 @@ def _local_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up
   ys = jnp.where(here[order][:, None], ys, 0)
   unsorted = ys[jnp.argsort(order)].reshape(n_tok, k, -1)  # inverse permutation: back to [N, k, D]
   return jnp.einsum("nkd,nk->nd", unsorted, weights.astype(x.dtype))
-
-
-def grouped_matmul(lhs: Array, rhs: Array, group_sizes: Array, impl: str = "auto") -> Array:
-  """`out[m] = lhs[m] @ rhs[g(m)]` where rows are grouped consecutively, `group_sizes[g]` rows for group g.
-
-  lhs [M, K], rhs [G, K, N], group_sizes [G] int32 with Σ ≤ M → [M, N]; rows past Σ group_sizes are 0.
-  impl: "ragged_dot" (`jax.lax.ragged_dot`), "tiled" (`_tiled_matmul`), "auto" (tiled on CPU, ragged_dot
-  elsewhere, chosen when lowering).
-  """
-  if impl == "ragged_dot":
-    return jax.lax.ragged_dot(lhs, rhs, group_sizes)
-  if impl == "tiled":
-    return _tiled_matmul(lhs, rhs, group_sizes)
-  if impl != "auto":
-    raise ValueError(f"impl: unsupported {impl!r}; expected 'auto', 'ragged_dot' or 'tiled'")
-  return jax.lax.platform_dependent(lhs, rhs, group_sizes, cpu=_tiled_matmul, default=jax.lax.ragged_dot)
-
-
-def _tiled_matmul(lhs: Array, rhs: Array, group_sizes: Array) -> Array:
-  """Grouped matmul as a batched matmul over tiles of `tile` rows, each tile inside one group (zero-padded).
-
-  `tile = clip(M // G, 1, 128)` (static), so at most `T = (M + G·(tile−1)) // tile` tiles exist and the padding is at
-  most G·(tile−1) ≤ M rows: FLOPs ≤ 2·(2·M·K·N), and the gathered weights `[T, K, N]` are at most ~2× rhs.
-  """
-  m, n_groups = lhs.shape[0], rhs.shape[0]
-  tile = max(1, min(_MAX_TILE, m // n_groups))
-  n_tiles = max(1, (m + n_groups * (tile - 1)) // tile)
-  group_sizes = group_sizes.astype(jnp.int32)
-  tiles_per_group = -(-group_sizes // tile)
-  tile_end = jnp.cumsum(tiles_per_group)
-  tile_start = tile_end - tiles_per_group
-  row_end = jnp.cumsum(group_sizes)
-  row_start = row_end - group_sizes
-
-  # Tile t holds rows row_start[g] + (t − tile_start[g])·tile + r, r < tile, of group g = group_of_tile[t].
-  t = jnp.arange(n_tiles, dtype=jnp.int32)
-  group_of_tile = jnp.minimum(_count_at_most(tile_end, n_tiles), n_groups - 1)
-  offset = (t - tile_start[group_of_tile])[:, None] * tile + jnp.arange(tile, dtype=jnp.int32)[None, :]  # [T, tile]
-  valid = (t < tile_end[-1])[:, None] & (offset < group_sizes[group_of_tile][:, None])
-  src = jnp.where(valid, row_start[group_of_tile][:, None] + offset, 0)
-  lhs_tiles = jnp.where(valid[..., None], lhs[src], 0)  # [T, tile, K]
-  out_tiles = jnp.einsum("tmk,tkn->tmn", lhs_tiles, rhs[group_of_tile])  # [T, tile, N]
-
-  # Row m of the result: its group, tile and position in the tile (a gather, so the backward pass is a scatter-add).
-  rows = jnp.arange(m, dtype=jnp.int32)
-  group_of_row = jnp.minimum(_count_at_most(row_end, m), n_groups - 1)
-  within = rows - row_start[group_of_row]
-  tile_of_row = jnp.minimum(tile_start[group_of_row] + within // tile, n_tiles - 1)  # rows past Σ: masked below
-  out = out_tiles[tile_of_row, within % tile]
-  return jnp.where((rows < row_end[-1])[:, None], out, 0).astype(out_tiles.dtype)
-
-
-def _count_at_most(ends: Array, n: int) -> Array:
-  """`[#{g : ends[g] ≤ i} for i < n]` for non-decreasing ends [G] (= searchsorted(ends, arange(n), "right")) → [n]
-  int32, as a histogram and a cumulative sum: O(n + G), and unlike jnp.searchsorted it traces inside shard_map."""
-  return jnp.cumsum(jnp.zeros(n, jnp.int32).at[ends].add(1, mode="drop"), dtype=jnp.int32)
