@@ -137,14 +137,16 @@ class Trainer:
     initialised toy model warm-started on demonstrations (cached in `<workdir>/base_model`)."""
     c = self.config
     base_dir = os.path.join(self.workdir, "base_model")
-    if self._decide("base_policy", lambda: os.path.isfile(os.path.join(base_dir, "config.json"))):
-      model_config, params = hf.load_pretrained(base_dir)
-      logging.info("base policy: reusing %s", base_dir)
-      return model_config, params, base_dir
     # The run config's precision and remat as ModelConfig fields (docs/models.md "Precision"); the loader stores the
     # params in `param_dtype` (its `dtype` argument is the compute dtype, `param_dtype` overrides the storage).
     precision = {"dtype": c.model.get("compute_dtype", "float32"), "param_dtype": c.model.get("param_dtype", "float32"),
                  "remat": c.model.get("remat", "none"), "scan_layers": c.model.get("scan_layers", False)}
+    if self._decide("base_policy", lambda: os.path.isfile(os.path.join(base_dir, "config.json"))):
+      # A cached base policy's config.json holds the architecture only: the run's precision applies as when it was
+      # made (a resumed or re-run job must not train the RL phase without its remat / scan / dtypes).
+      model_config, params = hf.load_pretrained(base_dir, **precision)
+      logging.info("base policy: reusing %s", base_dir)
+      return model_config, params, base_dir
     if c.model.init == "hf":
       # Streamed tensor by tensor into the learner's param shardings: the host never holds the whole model.
       model_config, params = streaming.load_pretrained_sharded(

@@ -304,3 +304,26 @@ def test_loads_bit_for_bit_with_special_values(tmp_path, stored, loaded, mesh_ax
   for (path, g), w in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want)):
     assert g.dtype == w.dtype, path
     assert np.asarray(g).tobytes() == np.asarray(w).tobytes(), jax.tree_util.keystr(path)
+
+
+def test_a_cached_base_policy_is_reused_in_the_configured_precision(tmp_path):
+  """`<workdir>/base_model` (the toy's warm-started policy, cached) holds the architecture only: reusing it applies
+  the run's precision, remat and layer scan as when it was made."""
+  import shutil
+  import ml_collections
+  from sao.train.trainer import Trainer
+  directory = _write(tmp_path, "qwen3_moe", False, True)
+  workdir = tmp_path / "work"
+  shutil.copytree(directory, workdir / "base_model")
+  config = ml_collections.ConfigDict(dict(
+      model=dict(init="toy", param_dtype="bfloat16", compute_dtype="bfloat16", remat="full", scan_layers=True),
+      learner=dict(mesh=dict(data=1, fsdp=1, tensor=1))))
+  trainer = Trainer(config, str(workdir), tokenizer=None, train_tasks=[], validation_tasks=[])
+  try:
+    model_config, params, base_dir = trainer.base_policy(None)
+  finally:
+    trainer.writer.close()
+  assert base_dir == str(workdir / "base_model")
+  assert (model_config.param_dtype, model_config.dtype, model_config.remat, model_config.scan_layers) == (
+      "bfloat16", "bfloat16", "full", True)
+  assert {x.dtype for x in jax.tree.leaves(params)} == {jax.numpy.dtype(jax.numpy.bfloat16)}
