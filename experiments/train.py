@@ -27,6 +27,10 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # `experiments`, `launch` imports
 
+from sao.engines import host_platform  # noqa: E402  (imports no JAX)
+
+host_platform.pin_cpu_without_accelerator()  # before JAX is imported: no libtpu probing on a CPU-only host
+
 from launch import run as run_lib  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (get_config(arg)).", lock_config=True)

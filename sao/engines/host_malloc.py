@@ -24,14 +24,14 @@ trajectory batches) should go back to the system; `keep` forces the settings, `s
 from __future__ import annotations
 
 import ctypes
-import glob
 import os
 import platform
 import sys
 
+from sao.engines import host_platform
+
 ENV = "SAO_HOST_MALLOC"
 AUTO, KEEP, SYSTEM = "auto", "keep", "system"
-ACCELERATOR_DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*")
 
 # glibc's malloc.h
 M_TRIM_THRESHOLD = -1
@@ -49,9 +49,9 @@ def mode(env: dict[str, str] | None = None) -> str:
   return value
 
 
-def has_accelerator(device_globs: tuple[str, ...] = ACCELERATOR_DEVICE_GLOBS) -> bool:
-  """Whether this host exposes TPU or GPU device files (checked without starting JAX)."""
-  return any(glob.glob(pattern) for pattern in device_globs)
+def has_accelerator() -> bool:
+  """Whether this host exposes TPU or GPU device files (checked without starting JAX; `sao.engines.host_platform`)."""
+  return host_platform.has_accelerator()
 
 
 def supported() -> bool:

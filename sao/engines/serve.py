@@ -14,7 +14,12 @@ import asyncio
 import logging
 import signal
 
-from absl import app, flags
+from sao.engines import host_platform
+
+if __name__ == "__main__":
+  host_platform.pin_cpu_without_accelerator()  # before JAX is imported (below): no libtpu probing on a CPU host
+
+from absl import app, flags  # noqa: E402
 from aiohttp import web
 
 from sao.engines import auth, host_malloc, lifetime, local_server

@@ -67,8 +67,18 @@ def test_mode_comes_from_the_environment_and_bad_values_name_the_variable():
 
 
 def test_auto_mode_keeps_glibc_defaults_on_accelerator_hosts(tmp_path, monkeypatch):
-  (tmp_path / "accel0").touch()
-  assert host_malloc.has_accelerator((str(tmp_path / "accel*"),))
-  assert not host_malloc.has_accelerator((str(tmp_path / "nvidia[0-9]*"),))
   monkeypatch.setattr(host_malloc, "has_accelerator", lambda: True)
   assert host_malloc.keep_freed_memory({host_malloc.ENV: "auto"}) is False
+
+
+def test_cpu_is_pinned_only_without_an_accelerator_and_never_over_the_users_choice(tmp_path):
+  from sao.engines import host_platform  # pylint: disable=g-import-not-at-top
+  (tmp_path / "accel0").touch()
+  tpu, none = (str(tmp_path / "accel*"),), (str(tmp_path / "nvidia[0-9]*"),)
+  assert host_platform.has_accelerator(tpu) and not host_platform.has_accelerator(none)
+  env = {}
+  assert host_platform.pin_cpu_without_accelerator(env, none) and env == {"JAX_PLATFORMS": "cpu"}
+  env = {}
+  assert not host_platform.pin_cpu_without_accelerator(env, tpu) and env == {}
+  env = {"JAX_PLATFORMS": "tpu,cpu"}
+  assert not host_platform.pin_cpu_without_accelerator(env, none) and env == {"JAX_PLATFORMS": "tpu,cpu"}
