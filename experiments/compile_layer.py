@@ -25,17 +25,23 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-_MODEL = flags.DEFINE_string("model", "Qwen/Qwen3.5-35B-A3B",
-                             "A hub id `sao.models.known_configs` knows, or tiny:<model_type> (ModelConfig.tiny).")
-_TOPOLOGY = flags.DEFINE_string("topology", "v5p:4x4x8", "TPU topology, <chip>:<shape>.")
-_MESH = flags.DEFINE_string("mesh", "fsdp=8,tensor=-1", "Mesh axis sizes, axis=size,… (one may be -1).")
-_BLOCK = flags.DEFINE_enum("block", "linear_attention", ["linear_attention", "full_attention"], "Token mixer.")
-_BATCH = flags.DEFINE_integer("batch", 8, "Rows B of the micro-batch.")
-_LENGTHS = flags.DEFINE_list("lengths", ["32768"], "Sequence lengths T to compile.")
-_DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "Param and compute dtype.")
-_REMAT = flags.DEFINE_string("remat", "full", "Per-layer remat policy (sao.models.config.REMAT_POLICIES key).")
-_TOP = flags.DEFINE_integer("top", 5, "How many of the largest buffers to list.")
-_OUT = flags.DEFINE_string("out", "", "Write the rows as JSON here.")
+
+def define_flags() -> None:
+  """The command's flags, defined when it runs (not on import: tests import this module beside other commands
+  whose flags share names, e.g. `--topology`, `--batch`)."""
+  global _MODEL, _TOPOLOGY, _MESH, _BLOCK, _BATCH, _LENGTHS, _DTYPE, _REMAT, _TOP, _OUT  # pylint: disable=global-statement
+  _MODEL = flags.DEFINE_string("model", "Qwen/Qwen3.5-35B-A3B",
+                               "A hub id `sao.models.known_configs` knows, or tiny:<model_type> (ModelConfig.tiny).")
+  _TOPOLOGY = flags.DEFINE_string("topology", "v5p:4x4x8", "TPU topology, <chip>:<shape>.")
+  _MESH = flags.DEFINE_string("mesh", "fsdp=8,tensor=-1", "Mesh axis sizes, axis=size,… (one may be -1).")
+  _BLOCK = flags.DEFINE_enum("block", "linear_attention", ["linear_attention", "full_attention"], "Token mixer.")
+  _BATCH = flags.DEFINE_integer("batch", 8, "Rows B of the micro-batch.")
+  _LENGTHS = flags.DEFINE_list("lengths", ["32768"], "Sequence lengths T to compile.")
+  _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "Param and compute dtype.")
+  _REMAT = flags.DEFINE_string("remat", "full", "Per-layer remat policy (sao.models.config.REMAT_POLICIES key).")
+  _TOP = flags.DEFINE_integer("top", 5, "How many of the largest buffers to list.")
+  _OUT = flags.DEFINE_string("out", "", "Write the rows as JSON here.")
+
 
 GIB = float(1 << 30)
 
@@ -189,4 +195,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
