@@ -167,6 +167,11 @@ def _scores(q, k, d):
 def _forward(qb, kb, vb, slots_b, valid_b):
   """Returns (out [nq, B, K, G, bq, D] in v's dtype, lse [nq, B, K, G, bq] float32; 0 where nothing is visible)."""
   d, bk = qb.shape[-1], kb.shape[3]
+  # The tile masks depend only on the mask, which is loop-invariant when this runs inside a scan over layers
+  # (`model.scan_layers`): differentiating that scan, JAX hoists loop-invariant work out of it and would materialise
+  # every tile's mask and bias at once, [nq, nk, B, K, G, bq, bk] — T² memory (64 GiB per chip at 131k tokens). Tying
+  # the mask to the queries behind a barrier keeps it per tile.
+  qb, slots_b, valid_b = jax.lax.optimization_barrier((qb, slots_b, valid_b))
 
   def q_block(_, xs):
     q, slots = xs

@@ -102,6 +102,38 @@ def test_blockwise_backward_memory_far_below_reference():
   assert blockwise * 20 < ref, (blockwise, ref)
 
 
+def test_blockwise_inside_a_scan_keeps_no_tile_of_every_block_pair():
+  """Differentiated inside a `lax.scan` over layers (`model.scan_layers`), with the mask loop-invariant: no array of
+  one tile per (query block, key block) pair, [nq, nk, ..., bq, bk], appears (JAX would hoist the invariant tile masks
+  out of the scan: T² memory); the gradient is the one of the unscanned layers."""
+  t, block = 1024, 256
+  q = _qkv(0, 1, t, t, 2, 1, 16)[0]
+  mask = attn.AttentionMask(jnp.asarray(_padding(["left"], t)))
+
+  def layer(x):
+    return attn.blockwise_attention(x, x[:, :, :1], x[:, :, :1], mask, block_q=block, block_k=block)
+
+  def scanned(x):
+    y, _ = jax.lax.scan(lambda c, _: (layer(c), None), x, None, length=2)
+    return jnp.sum(y * y)
+
+  jaxpr = jax.make_jaxpr(jax.grad(scanned))(q)
+  n = t // block
+  shapes = set()
+
+  def walk(j):
+    for eqn in j.eqns:
+      shapes.update(tuple(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape"))
+      for param in eqn.params.values():
+        inner = getattr(param, "jaxpr", param)
+        if hasattr(inner, "eqns"):
+          walk(inner)
+  walk(jaxpr.jaxpr)
+  assert not [s for s in shapes if len(s) >= 4 and s[:2] == (n, n) and s[-2:] == (block, block)], shapes
+  unrolled = jax.grad(lambda x: jnp.sum(layer(layer(x)) ** 2))(q)
+  np.testing.assert_allclose(np.asarray(jax.grad(scanned)(q)), np.asarray(unrolled), rtol=1e-5, atol=1e-5)
+
+
 def test_resolve_impl_rule():
   tpu = dict(backend="tpu", num_devices=1)
   assert attn.resolve_impl("auto", 4096, 4096, cached=False, **tpu) == "splash"
