@@ -151,7 +151,9 @@ class _BufferOf:
   holds this object, which holds the jax array, so the buffer lives as long as any view of it."""
 
   def __init__(self, x: jax.Array):
-    self.owner = x
+    # The pointer is taken at once, the computation that writes the buffer may still be running (async dispatch):
+    # wait for it, or the view reads whatever the memory held (a freshly initialised policy exported as garbage).
+    self.owner = x.block_until_ready()
     self.__array_interface__ = {"shape": (x.size * x.dtype.itemsize,), "typestr": "|u1", "version": 3,
                                 "data": (x.unsafe_buffer_pointer(), True)}
 

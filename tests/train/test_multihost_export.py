@@ -143,3 +143,19 @@ def test_tokenizer_files_are_serialised_once_per_tokenizer(tmp_path, monkeypatch
   assert len(calls) == 1  # the second version reuses the first one's bytes
   export_policy(config, params, toy_tokenizer(), str(tmp_path / "other"))  # another tokenizer object: serialised
   assert len(calls) == 2
+
+
+def test_params_still_being_computed_are_exported_as_computed(tmp_path):
+  """The export reads a CPU param's buffer in place: it must wait for the computation writing it (async dispatch).
+  Exported right after a jitted init, without the wait, a policy was written as whatever the memory held."""
+  from sao.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  from sao.models.transformer import init_params  # pylint: disable=g-import-not-at-top
+  config = ModelConfig.tiny("qwen3", vocab_size=4096, hidden_size=256, intermediate_size=768, num_layers=4,
+                            num_heads=4, num_kv_heads=2, head_dim=64)
+  for seed in range(2):
+    params = init_params(config, jax.random.PRNGKey(seed))  # dispatched, not waited for
+    out = str(tmp_path / f"v{seed}")
+    export_policy(config, params, None, out)
+    _, loaded = hf.load_pretrained(out)
+    for want, got in zip(jax.tree.leaves(params), jax.tree.leaves(loaded)):
+      np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
