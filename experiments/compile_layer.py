@@ -18,7 +18,6 @@ import dataclasses
 import json
 import os
 import sys
-import tempfile
 import time
 
 from absl import app, flags
@@ -132,21 +131,12 @@ def block_program(cfg, block: str, mesh, batch: int, length: int):
 
 def compile_block(cfg, block: str, mesh, batch: int, length: int, top: int = 5) -> LayerRow:
   """Lowers and compiles `block_program`; a program too big for the chip gives `fits=False` and XLA's dump."""
-  import jax  # pylint: disable=g-import-not-at-top
   from sao.train import compile_stats  # pylint: disable=g-import-not-at-top
   jitted, args = block_program(cfg, block, mesh, batch, length)
   traced = jitted.trace(*args)
   program_flops = compile_stats.jaxpr_flops(traced.jaxpr)
   lowered = traced.lower()
-  with tempfile.TemporaryDirectory(prefix="sao_layer_") as dump_dir:
-    error, compiled = "", None
-    try:
-      compiled = lowered.compile(compiler_options={"xla_dump_to": dump_dir})
-    except jax.errors.JaxRuntimeError as e:
-      if "RESOURCE_EXHAUSTED" not in str(e):
-        raise
-      error = str(e).splitlines()[0]
-    report = compile_stats.buffer_report(dump_dir, top)
+  compiled, error, report = compile_stats.compile_with_report(lowered, top, prefix="sao_layer_")
   largest = [dataclasses.asdict(b) for b in report.largest] if report else []
   if compiled is None:
     return LayerRow(block, length, batch, False, report.argument_bytes if report else 0,

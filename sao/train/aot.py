@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import tempfile
 import time
 from typing import Any, Callable, Sequence
 
@@ -190,15 +189,7 @@ def compile_program(name: str, jitted: Any, args: tuple, calls: int, learner: Le
   flops = compile_stats.jaxpr_flops(traced.jaxpr)
   lowered = traced.lower()
   analytic = compile_stats.analytic_flops(model_config, n_active[role], batch, bucket, train) if role else 0.0
-  with tempfile.TemporaryDirectory(prefix="sao_aot_") as dump_dir:
-    error, compiled = "", None
-    try:
-      compiled = lowered.compile(compiler_options={"xla_dump_to": dump_dir})
-    except jax.errors.JaxRuntimeError as e:
-      if "RESOURCE_EXHAUSTED" not in str(e):
-        raise
-      error = str(e).splitlines()[0]
-    report = compile_stats.buffer_report(dump_dir)
+  compiled, error, report = compile_stats.compile_with_report(lowered, prefix="sao_aot_")
   seconds = time.perf_counter() - start
   largest = [dataclasses.asdict(b) for b in report.largest] if report else []
   if compiled is not None:

@@ -172,3 +172,20 @@ def oom_required_bytes(message: str) -> tuple[int, int] | None:
     return None
   unit = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
   return (int(float(match.group(1)) * unit[match.group(2)]), int(float(match.group(3)) * unit[match.group(4)]))
+
+
+def compile_with_report(lowered: Any, top: int = 3,
+                        prefix: str = "sao_compile_") -> tuple[Any | None, str, BufferReport | None]:
+  """Compiles `lowered` with XLA's dumps in a temporary directory. Returns (the compiled program, or None when XLA
+  refused it for memory; XLA's RESOURCE_EXHAUSTED line or ""; the buffer report of the dump, None if there is
+  none). Any other compile error propagates."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory(prefix=prefix) as dump_dir:
+    error, compiled = "", None
+    try:
+      compiled = lowered.compile(compiler_options={"xla_dump_to": dump_dir})
+    except jax.errors.JaxRuntimeError as e:
+      if "RESOURCE_EXHAUSTED" not in str(e):
+        raise
+      error = str(e).splitlines()[0]
+    return compiled, error, buffer_report(dump_dir, top)
