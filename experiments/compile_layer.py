@@ -129,8 +129,10 @@ def block_program(cfg, block: str, mesh, batch: int, length: int):
   return jax.jit(fwd_bwd), args
 
 
-def compile_block(cfg, block: str, mesh, batch: int, length: int, top: int = 5) -> LayerRow:
-  """Lowers and compiles `block_program`; a program too big for the chip gives `fits=False` and XLA's dump."""
+def compile_block(cfg, block: str, mesh, batch: int, length: int, top: int = 5,
+                  capacity_bytes: int | None = None) -> LayerRow:
+  """Lowers and compiles `block_program`; a program XLA refuses, or whose arguments + temporaries + outputs exceed
+  `capacity_bytes` (the chip's HBM; libtpu may compile such a program), gives `fits=False`."""
   from sao.train import compile_stats  # pylint: disable=g-import-not-at-top
   jitted, args = block_program(cfg, block, mesh, batch, length)
   traced = jitted.trace(*args)
@@ -145,9 +147,12 @@ def compile_block(cfg, block: str, mesh, batch: int, length: int, top: int = 5) 
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  return LayerRow(block, length, batch, True, memory.argument_size_in_bytes, memory.temp_size_in_bytes,
+  total = memory.argument_size_in_bytes + memory.temp_size_in_bytes + memory.output_size_in_bytes
+  fits = capacity_bytes is None or total <= capacity_bytes
+  error = "" if fits else f"compiled, but needs {total / GIB:.2f} GiB per chip, more than {capacity_bytes / GIB:.2f}"
+  return LayerRow(block, length, batch, fits, memory.argument_size_in_bytes, memory.temp_size_in_bytes,
                   memory.output_size_in_bytes, float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)),
-                  program_flops, largest)
+                  program_flops, largest, error)
 
 
 def format_row(row: LayerRow) -> str:
@@ -166,14 +171,14 @@ def main(argv):
   del argv
   from sao.train import mesh as mesh_lib, tpu_topology  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
-  _, devices = tpu_topology.topology_devices(_TOPOLOGY.value)
+  chip, devices = tpu_topology.topology_devices(_TOPOLOGY.value)
   mesh = mesh_lib.make_mesh(parse_mesh(_MESH.value), devices)
   cfg = model_config(_MODEL.value, _DTYPE.value, _REMAT.value)
   print(f"{_MODEL.value} {_BLOCK.value} on {_TOPOLOGY.value}, mesh {dict(mesh.shape)}, {_DTYPE.value}, "
         f"remat {_REMAT.value}", flush=True)
   rows = []
   for length in (int(t) for t in _LENGTHS.value):
-    rows.append(compile_block(cfg, _BLOCK.value, mesh, _BATCH.value, length, _TOP.value))
+    rows.append(compile_block(cfg, _BLOCK.value, mesh, _BATCH.value, length, _TOP.value, chip.hbm_bytes))
     print(format_row(rows[-1]), flush=True)
     if _OUT.value:
       with open(_OUT.value, "w") as f:
