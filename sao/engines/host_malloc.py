@@ -49,11 +49,6 @@ def mode(env: dict[str, str] | None = None) -> str:
   return value
 
 
-def has_accelerator() -> bool:
-  """Whether this host exposes TPU or GPU device files (checked without starting JAX; `sao.engines.host_platform`)."""
-  return host_platform.has_accelerator()
-
-
 def supported() -> bool:
   """Whether this process's C library is glibc on Linux (the only one whose `mallopt` this module speaks)."""
   return sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
@@ -63,7 +58,7 @@ def keep_freed_memory(env: dict[str, str] | None = None) -> bool:
   """Applies the settings of the module docstring as `SAO_HOST_MALLOC` says; returns whether it did.
   OSError naming the option if glibc refuses one."""
   chosen = mode(env)
-  if chosen == SYSTEM or not supported() or (chosen == AUTO and has_accelerator()):
+  if chosen == SYSTEM or not supported() or (chosen == AUTO and host_platform.has_accelerator()):
     return False
   mallopt = ctypes.CDLL(None).mallopt
   mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
