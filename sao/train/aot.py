@@ -26,6 +26,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from sao import run_config
 from sao.models.config import ModelConfig
 from sao.train import batching, compile_stats
 from sao.train import targets as targets_lib
@@ -101,8 +102,8 @@ def abstract_learner(config: ml_collections.ConfigDict, model_config: ModelConfi
   if learner_config.batching.length_groups:
     logging.warning("aot: batching.length_groups = %d ignored: compiling the one-call programs of the padded batch "
                     "(the per-group programs are no larger)", learner_config.batching.length_groups)
-    learner_config = ml_collections.ConfigDict(learner_config.to_dict())
-    learner_config.batching.length_groups = 0
+    learner_config = run_config.set_all(ml_collections.ConfigDict(learner_config.to_dict()),
+                                        {"batching.length_groups": 0})
   return Learner(learner_config, model_config, None, mesh=mesh)
 
 
