@@ -32,6 +32,10 @@ WAIT_KEY = "trainer/wait_s"  # seconds the trainer waited for the step's batch (
 ANALYSIS_KEYS = (
     "validation", EVAL_RECORD_KEY, "validation/policy_version", "batch/num_trajectories", "dropped", "reward",
     "turns", "response_length", runs_lib.EV_KEY, "staleness", WAIT_KEY)
+# What `sao.analysis.tables.paper_tables` and `figures` read beyond the sweep tables (the recorded test runs).
+PAPER_TABLE_KEYS = ANALYSIS_KEYS + (
+    "actor/grad_norm", "critic/grad_norm", "advantages/mean_before_whiten")
+CRITIC_TRACES_FILE = "critic_traces.jsonl"
 
 
 def _round(key: str, value: Any) -> Any:
@@ -40,14 +44,14 @@ def _round(key: str, value: Any) -> Any:
   return value
 
 
-def trim_records(records: list[dict]) -> list[dict]:
-  """Each record reduced to `step`, `time`, `phase/*` and `ANALYSIS_KEYS` (module docstring). When the log marks
-  its evaluation records (`EVAL_RECORD_KEY`), the progress rows' repeated `validation` is dropped too."""
+def trim_records(records: list[dict], keys: tuple[str, ...] = ANALYSIS_KEYS) -> list[dict]:
+  """Each record reduced to `step`, `time`, `phase/*` and `keys` (module docstring). When the log marks its
+  evaluation records (`EVAL_RECORD_KEY`), the progress rows' repeated `validation` is dropped too."""
   marked = any(EVAL_RECORD_KEY in r for r in records)
   out = []
   for r in records:
     keep = {k: _round(k, v) for k, v in r.items()
-            if (k in ("step", "time") or k.startswith("phase/") or k in ANALYSIS_KEYS)
+            if (k in ("step", "time") or k.startswith("phase/") or k in keys)
             and not (marked and k == "validation" and EVAL_RECORD_KEY not in r)}
     out.append(keep)
   return out
@@ -117,3 +121,23 @@ def write_trimmed_run(src_workdir: str, dst_dir: str, info: Mapping[str, Any], f
   with open(os.path.join(dst_dir, RUN_FILE), "w", encoding="utf-8") as f:
     json.dump(meta, f, indent=1, sort_keys=True, default=list)
   return meta
+
+
+def write_recorded_run(src_workdir: str, dst_dir: str) -> int:
+  """A run kept as test data for the paper tables (`tests/analysis/data/<run>/`): its metrics trimmed to
+  `PAPER_TABLE_KEYS` (abandoned attempts dropped) and its critic traces as logged; returns the records written."""
+  path = os.path.join(src_workdir, runs_lib.METRICS_FILE)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{src_workdir!r} has no {runs_lib.METRICS_FILE}")
+  records, _ = drop_abandoned(trim_records(read_metrics(path), PAPER_TABLE_KEYS))
+  os.makedirs(dst_dir, exist_ok=True)
+  with open(os.path.join(dst_dir, runs_lib.METRICS_FILE), "w", encoding="utf-8") as f:
+    for r in records:
+      f.write(json.dumps(r) + "\n")
+  traces = os.path.join(src_workdir, CRITIC_TRACES_FILE)
+  stale = os.path.join(dst_dir, CRITIC_TRACES_FILE)
+  if os.path.isfile(traces):
+    shutil.copyfile(traces, stale)
+  elif os.path.isfile(stale):
+    os.remove(stale)  # a GSPO run has none: do not leave an older run's traces beside its metrics
+  return len(records)
