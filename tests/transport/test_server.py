@@ -347,3 +347,30 @@ def test_tls_with_token(tmp_path):
       with pytest.raises(grpc.RpcError) as e:
         plaintext.status()
       assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_submission_sent_at_the_end_of_its_budget_is_not_timed_out_after_the_server_stored_it(tmp_path,
+                                                                                                 monkeypatch):
+  # The server takes 0.2 s per submission (a loaded machine); the call's budget is 0.05 s. The RPC's deadline used
+  # to be what was left of the budget: it timed out after the server had stored the trajectory, which then stayed
+  # pending in the client and came back as a duplicate when re-sent.
+  slow_seconds = 0.2
+  original = TrajectoryServer.SubmitTrajectories
+
+  def slow_submit(self, request, context):
+    time.sleep(slow_seconds)
+    return original(self, request, context)
+
+  monkeypatch.setattr(TrajectoryServer, "SubmitTrajectories", slow_submit)
+  with running(tmp_path) as server, TrajectoryClient(f"127.0.0.1:{server.port}") as client:
+    (task,) = client.lease(1).tasks
+    (outcome,) = client.submit([make_traj(task)], budget_s=0.05)
+    assert outcome.accepted and not outcome.pending and not outcome.duplicate
+    assert client.num_pending == 0 and client.flush() == []
+    assert server.stats()["duplicates"] == 0
+    assert client.min_rpc_timeout_s >= 5 * slow_seconds  # the margin this test relies on
+
+
+def test_min_rpc_timeout_must_lie_within_the_rpc_timeout():
+  with pytest.raises(ValueError, match="min_rpc_timeout_s must lie in"):
+    TrajectoryClient("127.0.0.1:1", rpc_timeout_s=1.0, min_rpc_timeout_s=2.0)
