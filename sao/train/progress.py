@@ -1,8 +1,8 @@
 """What the trainer reports per step: the progress row (the metrics `sao.analysis` reads back and the progress line
 prints), the per-harness reward breakdown, and the validation summary of a finished run.
 
-Pure functions of the step's trajectories and numbers the trainer hands in; the trainer (`sao.train.trainer`) owns
-the writers and the clock.
+Pure functions of the step's trajectories and numbers the trainer hands in (the trainer, `sao.train.trainer`, owns
+the writers and the clock), and `NoWriter`, the metric writer of the processes other than 0.
 """
 from __future__ import annotations
 
