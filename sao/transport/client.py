@@ -72,7 +72,7 @@ class TrajectoryClient:
 
   def __init__(self, address: str, token: str | None = None, tls_root_cert: bytes | str | None = None, *,
                worker_id: str | None = None, rpc_timeout_s: float = 30.0, retry_budget_s: float = 60.0,
-               min_rpc_timeout_s: float = 1.0, initial_backoff_s: float = 0.05, max_backoff_s: float = 2.0,
+               min_rpc_timeout_s: float = 5.0, initial_backoff_s: float = 0.05, max_backoff_s: float = 2.0,
                max_batch: int = 64, max_message_bytes: int = 64 << 20):
     if not 0 < min_rpc_timeout_s <= rpc_timeout_s:
       raise ValueError(f"min_rpc_timeout_s must lie in (0, rpc_timeout_s={rpc_timeout_s}], got {min_rpc_timeout_s}")

@@ -202,7 +202,9 @@ def test_token_is_required_when_configured(tmp_path):
   with running(tmp_path, token="s3cret") as server:
     address = f"127.0.0.1:{server.port}"
     for token in (None, "wrong"):
-      with TrajectoryClient(address, token=token, retry_budget_s=1) as client:
+      # UNAUTHENTICATED is not retried, so a long budget costs nothing; a 1 s one cut the RPC's deadline on a
+      # loaded machine (DEADLINE_EXCEEDED instead of the refusal).
+      with TrajectoryClient(address, token=token, retry_budget_s=30) as client:
         with pytest.raises(grpc.RpcError) as e:
           client.status()
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -289,7 +291,8 @@ def test_load_many_clients_fill_the_buffer_several_times(tmp_path):
 
     def worker(i):
       try:
-        with TrajectoryClient(address, worker_id=f"w{i}", retry_budget_s=300) as client:
+        # Deadlines only a hang reaches: an RPC timed out after the server stored it would be re-sent, a duplicate.
+        with TrajectoryClient(address, worker_id=f"w{i}", retry_budget_s=300, rpc_timeout_s=300) as client:
           leased = client.lease(per_client).tasks
           for j in range(0, len(leased), 4):
             outcomes = client.submit([make_traj(t) for t in leased[j:j + 4]])
