@@ -23,12 +23,17 @@ import time
 from absl import app, flags
 import numpy as np
 
-_LAYERS = flags.DEFINE_integer("layers", 4, "Decoder layers of the random model.")
-_HIDDEN = flags.DEFINE_integer("hidden", 1024, "Hidden size.")
-_VOCAB = flags.DEFINE_integer("vocab", 16384, "Vocabulary size.")
-_SHARD_MB = flags.DEFINE_integer("shard_mb", 100, "Safetensors shard size of the written checkpoint (MB).")
-_CHILD = flags.DEFINE_enum("child", "", ["", "old", "new"], "Internal: load --dir one way and print JSON.")
-_DIR = flags.DEFINE_string("dir", "", "Internal: the checkpoint directory a child loads.")
+
+def define_flags() -> None:
+  """The command's flags, defined when it runs (not on import: tests import every command in one process, and
+  commands share flag names, e.g. `--config`, `--out`, `--batch`)."""
+  global _LAYERS, _HIDDEN, _VOCAB, _SHARD_MB, _CHILD, _DIR  # pylint: disable=global-statement
+  _LAYERS = flags.DEFINE_integer("layers", 4, "Decoder layers of the random model.")
+  _HIDDEN = flags.DEFINE_integer("hidden", 1024, "Hidden size.")
+  _VOCAB = flags.DEFINE_integer("vocab", 16384, "Vocabulary size.")
+  _SHARD_MB = flags.DEFINE_integer("shard_mb", 100, "Safetensors shard size of the written checkpoint (MB).")
+  _CHILD = flags.DEFINE_enum("child", "", ["", "old", "new"], "Internal: load --dir one way and print JSON.")
+  _DIR = flags.DEFINE_string("dir", "", "Internal: the checkpoint directory a child loads.")
 
 
 def _status(key: str) -> int:
@@ -99,4 +104,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -32,15 +32,21 @@ from sao.models.config import ModelConfig
 from sao.models.sampling import Sampler, SamplingParams
 from sao.models.transformer import CausalLM, init_params
 
-_BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["1", "32"], "Batch sizes to time.")
-_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 32, "Prompt length (tokens).")
-_NEW_TOKENS = flags.DEFINE_integer("new_tokens", 64, "Generated tokens per row.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repetitions (median reported).")
-_HIDDEN = flags.DEFINE_integer("hidden", 256, "Hidden size.")
-_LAYERS = flags.DEFINE_integer("layers", 4, "Decoder layers.")
-_VOCAB = flags.DEFINE_integer("vocab", 8192, "Vocabulary size.")
-_BENCHMARKS = flags.DEFINE_list("benchmarks", ["decode", "hybrid_prefill"], "Which benchmarks to run.")
-_HYBRID_LENGTHS = flags.DEFINE_list("hybrid_lengths", ["512", "2048", "8192"], "Prefill lengths (hybrid_prefill).")
+
+def define_flags() -> None:
+  """The command's flags, defined when it runs (not on import: tests import every command in one process, and
+  commands share flag names, e.g. `--config`, `--out`, `--batch`)."""
+  global _BATCH_SIZES, _PROMPT_LEN, _NEW_TOKENS, _REPEATS, _HIDDEN, _LAYERS  # pylint: disable=global-statement
+  global _VOCAB, _BENCHMARKS, _HYBRID_LENGTHS  # pylint: disable=global-statement
+  _BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["1", "32"], "Batch sizes to time.")
+  _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 32, "Prompt length (tokens).")
+  _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 64, "Generated tokens per row.")
+  _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repetitions (median reported).")
+  _HIDDEN = flags.DEFINE_integer("hidden", 256, "Hidden size.")
+  _LAYERS = flags.DEFINE_integer("layers", 4, "Decoder layers.")
+  _VOCAB = flags.DEFINE_integer("vocab", 8192, "Vocabulary size.")
+  _BENCHMARKS = flags.DEFINE_list("benchmarks", ["decode", "hybrid_prefill"], "Which benchmarks to run.")
+  _HYBRID_LENGTHS = flags.DEFINE_list("hybrid_lengths", ["512", "2048", "8192"], "Prefill lengths (hybrid_prefill).")
 
 
 def _median_time(fn, repeats):
@@ -136,4 +142,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -40,19 +40,25 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # `experiments.configs` imports
 
-_WORKDIR = flags.DEFINE_string("workdir", "/tmp/sao_bench_pipeline", "Scratch directory (wiped per mode).")
-_MODES = flags.DEFINE_list("modes", ["async", "sync"], "Modes to run, in order.")
-_STEPS = flags.DEFINE_integer("steps", 6, "Measured learner steps per mode.")
-_WARMUP = flags.DEFINE_integer("warmup_steps", 2, "Unmeasured learner steps first (JIT compilation).")
-_BATCH = flags.DEFINE_integer("batch_size", 16, "Trajectories per learner step.")
-_CONCURRENCY = flags.DEFINE_integer("concurrency", 16, "Agent loops in the rollout worker.")
-_ALPHA = flags.DEFINE_float("delay_pareto_alpha", 1.2, "Tail index of the per-episode delay (smaller: heavier).")
-_SCALE = flags.DEFINE_float("delay_scale_s", 0.5, "Minimum (and scale) of the per-episode delay, seconds.")
-_MAX_DELAY = flags.DEFINE_float("delay_max_s", 30.0, "Cap on the per-episode delay, seconds.")
-_N = flags.DEFINE_integer("n", 16, "number_search range 1..n (n=16: 6-turn budget).")
-_SFT_STEPS = flags.DEFINE_integer("sft_steps", 5, "Supervised warm-start steps of the toy base policy.")
-_CACHE = flags.DEFINE_string("jax_cache_dir", "", "Persistent compilation cache ('' = <workdir>/jax_cache).")
-_OUT = flags.DEFINE_string("out", "", "Write every mode's measurements (distributions included) to this JSON file.")
+
+def define_flags() -> None:
+  """The command's flags, defined when it runs (not on import: tests import every command in one process, and
+  commands share flag names, e.g. `--config`, `--out`, `--batch`)."""
+  global _WORKDIR, _MODES, _STEPS, _WARMUP, _BATCH, _CONCURRENCY, _ALPHA, _SCALE  # pylint: disable=global-statement
+  global _MAX_DELAY, _N, _SFT_STEPS, _CACHE, _OUT  # pylint: disable=global-statement
+  _WORKDIR = flags.DEFINE_string("workdir", "/tmp/sao_bench_pipeline", "Scratch directory (wiped per mode).")
+  _MODES = flags.DEFINE_list("modes", ["async", "sync"], "Modes to run, in order.")
+  _STEPS = flags.DEFINE_integer("steps", 6, "Measured learner steps per mode.")
+  _WARMUP = flags.DEFINE_integer("warmup_steps", 2, "Unmeasured learner steps first (JIT compilation).")
+  _BATCH = flags.DEFINE_integer("batch_size", 16, "Trajectories per learner step.")
+  _CONCURRENCY = flags.DEFINE_integer("concurrency", 16, "Agent loops in the rollout worker.")
+  _ALPHA = flags.DEFINE_float("delay_pareto_alpha", 1.2, "Tail index of the per-episode delay (smaller: heavier).")
+  _SCALE = flags.DEFINE_float("delay_scale_s", 0.5, "Minimum (and scale) of the per-episode delay, seconds.")
+  _MAX_DELAY = flags.DEFINE_float("delay_max_s", 30.0, "Cap on the per-episode delay, seconds.")
+  _N = flags.DEFINE_integer("n", 16, "number_search range 1..n (n=16: 6-turn budget).")
+  _SFT_STEPS = flags.DEFINE_integer("sft_steps", 5, "Supervised warm-start steps of the toy base policy.")
+  _CACHE = flags.DEFINE_string("jax_cache_dir", "", "Persistent compilation cache ('' = <workdir>/jax_cache).")
+  _OUT = flags.DEFINE_string("out", "", "Write every mode's measurements (distributions included) to this JSON file.")
 
 
 _CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "sao_openswe.py")
@@ -405,4 +411,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -32,17 +32,24 @@ from sao.models.sampling import SamplingParams
 from sao.rollout import envs
 from sao.rollout.agent import EpisodeLimits, run_episodes
 
-_CONCURRENCY = flags.DEFINE_list("concurrency", ["8", "32", "128"], "Concurrent agent loops to measure.")
-_MODES = flags.DEFINE_list("modes", ["batch+cache", "batch", "cache", "none"],
-                           "Engine modes: 'batch' = dynamic batching on, 'cache' = prefix cache on.")
-_REPEATS = flags.DEFINE_integer("repeats", 2, "Interleaved rounds per concurrency.")
-_MIN_EPISODES = flags.DEFINE_integer("min_episodes", 16, "Episodes per measurement at least.")
-_MAX_TURNS = flags.DEFINE_integer("max_turns", 4, "Model turns per episode.")
-_MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 16, "Tokens per model turn.")
-_BATCH_WINDOW_MS = flags.DEFINE_float("batch_window_ms", 5.0, "Engine batching window.")
-_OUTPUT = flags.DEFINE_string("output", None, "Optional JSON file for the results.")
-_SAMPLER_ONLY = flags.DEFINE_bool("sampler_only", False, "Instead: time one Sampler call in this process, a turn "
-                                  "with vs without its cached prefix (no HTTP, no agent loop).")
+
+def define_flags() -> None:
+  """The command's flags, defined when it runs (not on import: tests import every command in one process, and
+  commands share flag names, e.g. `--config`, `--out`, `--batch`)."""
+  global _CONCURRENCY, _MODES, _REPEATS, _MIN_EPISODES, _MAX_TURNS  # pylint: disable=global-statement
+  global _MAX_NEW_TOKENS, _BATCH_WINDOW_MS, _OUTPUT, _SAMPLER_ONLY  # pylint: disable=global-statement
+  _CONCURRENCY = flags.DEFINE_list("concurrency", ["8", "32", "128"], "Concurrent agent loops to measure.")
+  _MODES = flags.DEFINE_list("modes", ["batch+cache", "batch", "cache", "none"],
+                             "Engine modes: 'batch' = dynamic batching on, 'cache' = prefix cache on.")
+  _REPEATS = flags.DEFINE_integer("repeats", 2, "Interleaved rounds per concurrency.")
+  _MIN_EPISODES = flags.DEFINE_integer("min_episodes", 16, "Episodes per measurement at least.")
+  _MAX_TURNS = flags.DEFINE_integer("max_turns", 4, "Model turns per episode.")
+  _MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 16, "Tokens per model turn.")
+  _BATCH_WINDOW_MS = flags.DEFINE_float("batch_window_ms", 5.0, "Engine batching window.")
+  _OUTPUT = flags.DEFINE_string("output", None, "Optional JSON file for the results.")
+  _SAMPLER_ONLY = flags.DEFINE_bool("sampler_only", False, "Instead: time one Sampler call in this process, a turn "
+                                    "with vs without its cached prefix (no HTTP, no agent loop).")
+
 
 PROMPT_BUCKETS = (256, 512)
 SUFFIX_BUCKETS = (64, 256, 512)  # a later turn prefills only its new tokens (an observation: tens of tokens)
@@ -202,4 +209,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

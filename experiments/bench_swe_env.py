@@ -21,10 +21,15 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-_CONCURRENCY = flags.DEFINE_list("concurrency", ["8", "32"], "Concurrent sandboxes, one measurement each.")
-_EPISODES = flags.DEFINE_integer("episodes", 64, "Episodes per measurement (tasks cycle through the split).")
-_SPLIT = flags.DEFINE_string("split", "train", "Split whose tasks are played.")
-_NUM_REPOS = flags.DEFINE_integer("num_repos", 240, "Generated repositories in the dataset.")
+
+def define_flags() -> None:
+  """The command's flags, defined when it runs (not on import: tests import every command in one process, and
+  commands share flag names, e.g. `--config`, `--out`, `--batch`)."""
+  global _CONCURRENCY, _EPISODES, _SPLIT, _NUM_REPOS  # pylint: disable=global-statement
+  _CONCURRENCY = flags.DEFINE_list("concurrency", ["8", "32"], "Concurrent sandboxes, one measurement each.")
+  _EPISODES = flags.DEFINE_integer("episodes", 64, "Episodes per measurement (tasks cycle through the split).")
+  _SPLIT = flags.DEFINE_string("split", "train", "Split whose tasks are played.")
+  _NUM_REPOS = flags.DEFINE_integer("num_repos", 240, "Generated repositories in the dataset.")
 
 
 def main(argv):
@@ -55,4 +60,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

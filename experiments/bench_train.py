@@ -36,19 +36,26 @@ from sao.train import batching, steps
 from sao.transport import log as log_lib
 from sao.transport.trajectory import Trajectory
 
-_BATCH = flags.DEFINE_integer("batch", 8, "trajectories per update")
-_SEQ_LEN = flags.DEFINE_integer("seq_len", 256, "tokens per trajectory")
-_STEPS = flags.DEFINE_integer("steps", 3, "timed updates (after one compile/warm-up update)")
-_HIDDEN = flags.DEFINE_integer("hidden", 256, "hidden size of the Qwen3 config")
-_LAYERS = flags.DEFINE_integer("layers", 4, "decoder layers")
-_VOCAB = flags.DEFINE_integer("vocab", 4096, "vocabulary size")
-_MATMUL = flags.DEFINE_integer("matmul", 2048, "side of the peak-FLOP/s matmul")
-_MODE = flags.DEFINE_enum("mode", "synthetic", ["synthetic", "toy_batch"], "see the module docstring")
-_LENGTH_GROUPS = flags.DEFINE_integer("length_groups", -1, "toy_batch: batching.length_groups (-1: the config's)")
-_BUCKETS = flags.DEFINE_string("bucket_lengths", "", "toy_batch: batching.bucket_lengths, '+'-separated ('': config)")
-_LENGTHS_FROM = flags.DEFINE_string("lengths_from", "", "toy_batch: a trajectory log directory to replay")
-_WARMUP = flags.DEFINE_integer("warmup", 6, "toy_batch: untimed (compiling) updates before the timed ones")
-_TOY_VOCAB = flags.DEFINE_integer("toy_vocab", 643, "toy_batch: vocabulary of the toy tokenizer (its base_model's)")
+
+def define_flags() -> None:
+  """The command's flags, defined when it runs (not on import: tests import every command in one process, and
+  commands share flag names, e.g. `--config`, `--out`, `--batch`)."""
+  global _BATCH, _SEQ_LEN, _STEPS, _HIDDEN, _LAYERS, _VOCAB, _MATMUL, _MODE  # pylint: disable=global-statement
+  global _LENGTH_GROUPS, _BUCKETS, _LENGTHS_FROM, _WARMUP, _TOY_VOCAB  # pylint: disable=global-statement
+  _BATCH = flags.DEFINE_integer("batch", 8, "trajectories per update")
+  _SEQ_LEN = flags.DEFINE_integer("seq_len", 256, "tokens per trajectory")
+  _STEPS = flags.DEFINE_integer("steps", 3, "timed updates (after one compile/warm-up update)")
+  _HIDDEN = flags.DEFINE_integer("hidden", 256, "hidden size of the Qwen3 config")
+  _LAYERS = flags.DEFINE_integer("layers", 4, "decoder layers")
+  _VOCAB = flags.DEFINE_integer("vocab", 4096, "vocabulary size")
+  _MATMUL = flags.DEFINE_integer("matmul", 2048, "side of the peak-FLOP/s matmul")
+  _MODE = flags.DEFINE_enum("mode", "synthetic", ["synthetic", "toy_batch"], "see the module docstring")
+  _LENGTH_GROUPS = flags.DEFINE_integer("length_groups", -1, "toy_batch: batching.length_groups (-1: the config's)")
+  _BUCKETS = flags.DEFINE_string("bucket_lengths", "", "toy_batch: batching.bucket_lengths, '+'-separated ('': config)")
+  _LENGTHS_FROM = flags.DEFINE_string("lengths_from", "", "toy_batch: a trajectory log directory to replay")
+  _WARMUP = flags.DEFINE_integer("warmup", 6, "toy_batch: untimed (compiling) updates before the timed ones")
+  _TOY_VOCAB = flags.DEFINE_integer("toy_vocab", 643, "toy_batch: vocabulary of the toy tokenizer (its base_model's)")
+
 
 # Token counts of the README main job's trajectories at the 0, 5, …, 100th percentiles (16 128 trajectories of one
 # 160-step run's log): turns of ≈ 20 tokens, mean 86, median 97, max 164.
@@ -202,4 +209,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

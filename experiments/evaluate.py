@@ -27,18 +27,25 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # `experiments.configs` imports
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (get_config(arg)).", lock_config=True)
-_POLICY = flags.DEFINE_string("policy", None, "An exported policy directory (HF layout: `<workdir>/policy/vN`, "
-                              "`<workdir>/base_model`).")
-_WORKDIR = flags.DEFINE_string("workdir", None, "A run directory: evaluate its final policy (the highest policy/vN) "
-                               "unless --policy is given.")
-_SAMPLES = flags.DEFINE_integer("samples", 12, "Episodes per task.")
-_SPLITS = flags.DEFINE_list("splits", ["train", "validation", "test"], "Splits to evaluate.")
-_TEMPERATURE = flags.DEFINE_float("temperature", None, "Sampling temperature (default: rollout.eval_temperature).")
-_CONCURRENCY = flags.DEFINE_integer("concurrency", 64, "Concurrent episodes.")
-_OUTPUT = flags.DEFINE_string("output", "", "Write the results as JSON here (default: <run dir>/evaluation/<policy "
-                              "name>.json when the policy lies in a run directory).")
-flags.mark_flags_as_required(["config"])
+
+def define_flags() -> None:
+  """The command's flags, defined when it runs (not on import: tests import every command in one process, and
+  commands share flag names, e.g. `--config`, `--out`, `--batch`)."""
+  global _CONFIG, _POLICY, _WORKDIR, _SAMPLES, _SPLITS, _TEMPERATURE  # pylint: disable=global-statement
+  global _CONCURRENCY, _OUTPUT  # pylint: disable=global-statement
+  _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (get_config(arg)).",
+                                            lock_config=True)
+  _POLICY = flags.DEFINE_string("policy", None, "An exported policy directory (HF layout: `<workdir>/policy/vN`, "
+                                "`<workdir>/base_model`).")
+  _WORKDIR = flags.DEFINE_string("workdir", None, "A run directory: evaluate its final policy (the highest policy/vN) "
+                                 "unless --policy is given.")
+  _SAMPLES = flags.DEFINE_integer("samples", 12, "Episodes per task.")
+  _SPLITS = flags.DEFINE_list("splits", ["train", "validation", "test"], "Splits to evaluate.")
+  _TEMPERATURE = flags.DEFINE_float("temperature", None, "Sampling temperature (default: rollout.eval_temperature).")
+  _CONCURRENCY = flags.DEFINE_integer("concurrency", 64, "Concurrent episodes.")
+  _OUTPUT = flags.DEFINE_string("output", "", "Write the results as JSON here (default: <run dir>/evaluation/<policy "
+                                "name>.json when the policy lies in a run directory).")
+  flags.mark_flags_as_required(["config"])
 
 
 def main(argv):
@@ -85,4 +92,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -41,15 +41,21 @@ from sao.train.learner import Learner
 from sao.train.mesh import make_mesh
 from sao.transport.trajectory import Trajectory
 
-_BATCH = flags.DEFINE_integer("batch", 8, "trajectories per update")
-_SEQ_LEN = flags.DEFINE_integer("seq_len", 256, "tokens per trajectory")
-_UPDATES = flags.DEFINE_integer("updates", 2, "traced updates (after one compile/warm-up update)")
-_HIDDEN = flags.DEFINE_integer("hidden", 256, "hidden size of the Qwen3 config")
-_LAYERS = flags.DEFINE_integer("layers", 4, "decoder layers")
-_VOCAB = flags.DEFINE_integer("vocab", 4096, "vocabulary size")
-_MATMUL = flags.DEFINE_integer("matmul", 2048, "side of the peak-FLOP/s matmul")
-_REPEATS = flags.DEFINE_integer("repeats", 7, "timed calls per matmul shape (best kept, as bench_train's peak)")
-_TOP = flags.DEFINE_integer("top", 15, "slowest ops listed")
+
+def define_flags() -> None:
+  """The command's flags, defined when it runs (not on import: tests import every command in one process, and
+  commands share flag names, e.g. `--config`, `--out`, `--batch`)."""
+  global _BATCH, _SEQ_LEN, _UPDATES, _HIDDEN, _LAYERS, _VOCAB, _MATMUL, _REPEATS  # pylint: disable=global-statement
+  global _TOP  # pylint: disable=global-statement
+  _BATCH = flags.DEFINE_integer("batch", 8, "trajectories per update")
+  _SEQ_LEN = flags.DEFINE_integer("seq_len", 256, "tokens per trajectory")
+  _UPDATES = flags.DEFINE_integer("updates", 2, "traced updates (after one compile/warm-up update)")
+  _HIDDEN = flags.DEFINE_integer("hidden", 256, "hidden size of the Qwen3 config")
+  _LAYERS = flags.DEFINE_integer("layers", 4, "decoder layers")
+  _VOCAB = flags.DEFINE_integer("vocab", 4096, "vocabulary size")
+  _MATMUL = flags.DEFINE_integer("matmul", 2048, "side of the peak-FLOP/s matmul")
+  _REPEATS = flags.DEFINE_integer("repeats", 7, "timed calls per matmul shape (best kept, as bench_train's peak)")
+  _TOP = flags.DEFINE_integer("top", 15, "slowest ops listed")
 
 
 def _param_count(params) -> int:
@@ -365,4 +371,5 @@ def _profile(dump_dir: str):
 
 
 if __name__ == "__main__":
+  define_flags()
   sys.exit(app.run(main))

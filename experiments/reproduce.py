@@ -31,18 +31,24 @@ from experiments.paper import sweeps  # noqa: E402
 from sao.analysis import figures, tables  # noqa: E402
 from sao.analysis import runs as runs_lib  # noqa: E402
 
-_RUNS = flags.DEFINE_list("runs", None, "name=workdir pairs.")
-_SWEEP = flags.DEFINE_string("sweep", "", "A sweep's name (launch/sweeps/<name>.py): its committed runs' tables.")
-_RUNS_DIR = flags.DEFINE_string("runs_dir", "", "The sweep's trimmed runs (default experiments/paper/runs/<sweep>).")
-_BY_VERSION = flags.DEFINE_bool("by_version", False, "With --sweep: one set of tables per code version instead of "
-                                "refusing runs of different versions.")
-_OUT_DIR = flags.DEFINE_string("out_dir", "", "Where to write tables.md and the figures ('' = print only).")
-_TABLE = flags.DEFINE_list("table", [], "Table numbers to print (1 validation, 2 sampling cost, 3 behaviour, "
-                           "4 applications + recipe, 5 critic); empty = all.")
-_THRESHOLD = flags.DEFINE_float("threshold", None, "Validation threshold in % (default: the write-up's 68).")
-_WINDOW = flags.DEFINE_integer("window", 20, "First/last steps averaged in the behaviour table.")
-_EV_STEPS = flags.DEFINE_list("ev_steps", [], "lo,hi RL steps for the critic EV mean (default 40,100).")
-_TURNS_STEPS = flags.DEFINE_list("turns_steps", [], "lo,hi RL steps for the mean turns (default 120,139).")
+
+def define_flags() -> None:
+  """The command's flags, defined when it runs (not on import: tests import every command in one process, and
+  commands share flag names, e.g. `--config`, `--out`, `--batch`)."""
+  global _RUNS, _SWEEP, _RUNS_DIR, _BY_VERSION, _OUT_DIR, _TABLE, _THRESHOLD  # pylint: disable=global-statement
+  global _WINDOW, _EV_STEPS, _TURNS_STEPS  # pylint: disable=global-statement
+  _RUNS = flags.DEFINE_list("runs", None, "name=workdir pairs.")
+  _SWEEP = flags.DEFINE_string("sweep", "", "A sweep's name (launch/sweeps/<name>.py): its committed runs' tables.")
+  _RUNS_DIR = flags.DEFINE_string("runs_dir", "", "The sweep's trimmed runs (default experiments/paper/runs/<sweep>).")
+  _BY_VERSION = flags.DEFINE_bool("by_version", False, "With --sweep: one set of tables per code version instead of "
+                                  "refusing runs of different versions.")
+  _OUT_DIR = flags.DEFINE_string("out_dir", "", "Where to write tables.md and the figures ('' = print only).")
+  _TABLE = flags.DEFINE_list("table", [], "Table numbers to print (1 validation, 2 sampling cost, 3 behaviour, "
+                             "4 applications + recipe, 5 critic); empty = all.")
+  _THRESHOLD = flags.DEFINE_float("threshold", None, "Validation threshold in % (default: the write-up's 68).")
+  _WINDOW = flags.DEFINE_integer("window", 20, "First/last steps averaged in the behaviour table.")
+  _EV_STEPS = flags.DEFINE_list("ev_steps", [], "lo,hi RL steps for the critic EV mean (default 40,100).")
+  _TURNS_STEPS = flags.DEFINE_list("turns_steps", [], "lo,hi RL steps for the mean turns (default 120,139).")
 
 
 def parse_runs(items: list[str]) -> list[tuple[str, str]]:
@@ -95,4 +101,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

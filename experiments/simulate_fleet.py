@@ -31,13 +31,18 @@ from sao.simulation import distributions, figures, validation  # pylint: disable
 from sao.simulation.fleet import simulate  # pylint: disable=g-import-not-at-top
 from sao.simulation.model import EpisodeModel, FleetConfig  # pylint: disable=g-import-not-at-top
 
-_CONFIG = config_flags.DEFINE_config_file("config", os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                                 "configs", "simulation", "fleet_sim.py:full"),
-                                          "Fleet simulation config (get_config(arg)).", lock_config=True)
-_OUT_DIR = flags.DEFINE_string("out_dir", "", "Write fleet.json and fleet.png here ('' = print only).")
-_VALIDATE = flags.DEFINE_list("validate", [], "bench_pipeline.py --out JSON files: compare instead of simulating.")
-_TOLERANCE = flags.DEFINE_float("tolerance", 0.2, "Largest relative error --validate accepts.")
-_SEEDS = flags.DEFINE_integer("validation_seeds", 20, "Simulated runs averaged per bench measurement.")
+
+def define_flags() -> None:
+  """The command's flags, defined when it runs (not on import: tests import every command in one process, and
+  commands share flag names, e.g. `--config`, `--out`, `--batch`)."""
+  global _CONFIG, _OUT_DIR, _VALIDATE, _TOLERANCE, _SEEDS  # pylint: disable=global-statement
+  _CONFIG = config_flags.DEFINE_config_file("config", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                   "configs", "simulation", "fleet_sim.py:full"),
+                                            "Fleet simulation config (get_config(arg)).", lock_config=True)
+  _OUT_DIR = flags.DEFINE_string("out_dir", "", "Write fleet.json and fleet.png here ('' = print only).")
+  _VALIDATE = flags.DEFINE_list("validate", [], "bench_pipeline.py --out JSON files: compare instead of simulating.")
+  _TOLERANCE = flags.DEFINE_float("tolerance", 0.2, "Largest relative error --validate accepts.")
+  _SEEDS = flags.DEFINE_integer("validation_seeds", 20, "Simulated runs averaged per bench measurement.")
 
 
 def fleet_config(config, algorithm: str, loops: int, flow_control: str) -> FleetConfig:
@@ -128,4 +133,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -33,11 +33,17 @@ host_platform.pin_cpu_without_accelerator()  # before JAX is imported: no libtpu
 
 from launch import run as run_lib  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (get_config(arg)).", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, logs, exported policies).")
-_TRAINER = flags.DEFINE_string("trainer", "", "worker role: the trainer's gRPC address.")
-_WORKER_INDEX = flags.DEFINE_integer("worker_index", None, "worker role: this worker's index (names it).")
-flags.mark_flags_as_required(["config", "workdir"])
+
+def define_flags() -> None:
+  """The command's flags, defined when it runs (not on import: tests import every command in one process, and
+  commands share flag names, e.g. `--config`, `--out`, `--batch`)."""
+  global _CONFIG, _WORKDIR, _TRAINER, _WORKER_INDEX  # pylint: disable=global-statement
+  _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (get_config(arg)).",
+                                            lock_config=True)
+  _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, logs, exported policies).")
+  _TRAINER = flags.DEFINE_string("trainer", "", "worker role: the trainer's gRPC address.")
+  _WORKER_INDEX = flags.DEFINE_integer("worker_index", None, "worker role: this worker's index (names it).")
+  flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
@@ -48,5 +54,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   logging.set_verbosity(logging.WARNING)
   app.run(main)

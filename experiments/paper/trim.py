@@ -22,13 +22,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from experiments.paper import sweeps  # noqa: E402
 
-_SWEEP = flags.DEFINE_string("sweep", None, "Sweep name (launch/sweeps/<name>.py) or a sweep file path.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "The sweep's workdir (launch.local --workdir): <workdir>/<run>.")
-_OUT = flags.DEFINE_string("out", "", "Where the trimmed runs go (default experiments/paper/runs/<sweep name>).")
-_ONLY = flags.DEFINE_list("only", [], "Trim only these run names.")
-_EVALUATE = flags.DEFINE_bool("evaluate", False, "First re-measure every finished run's final policy that has no "
-                              "evaluation/vN.json yet (experiments/evaluate.py, one run at a time).")
-_SAMPLES = flags.DEFINE_integer("samples", 12, "With --evaluate: episodes per task (evaluate.py --samples).")
+
+def define_flags() -> None:
+  """The command's flags, defined when it runs (not on import: tests import every command in one process, and
+  commands share flag names, e.g. `--config`, `--out`, `--batch`)."""
+  global _SWEEP, _WORKDIR, _OUT, _ONLY, _EVALUATE, _SAMPLES  # pylint: disable=global-statement
+  _SWEEP = flags.DEFINE_string("sweep", None, "Sweep name (launch/sweeps/<name>.py) or a sweep file path.")
+  _WORKDIR = flags.DEFINE_string("workdir", None, "The sweep's workdir (launch.local --workdir): <workdir>/<run>.")
+  _OUT = flags.DEFINE_string("out", "", "Where the trimmed runs go (default experiments/paper/runs/<sweep name>).")
+  _ONLY = flags.DEFINE_list("only", [], "Trim only these run names.")
+  _EVALUATE = flags.DEFINE_bool("evaluate", False, "First re-measure every finished run's final policy that has no "
+                                "evaluation/vN.json yet (experiments/evaluate.py, one run at a time).")
+  _SAMPLES = flags.DEFINE_integer("samples", 12, "With --evaluate: episodes per task (evaluate.py --samples).")
 
 
 def main(argv):
@@ -41,5 +46,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   flags.mark_flags_as_required(["sweep", "workdir"])
   app.run(main)

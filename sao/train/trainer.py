@@ -45,6 +45,7 @@ from sao.train import checkpoint as ckpt_lib
 from sao.train import coordination
 from sao.train import distributed
 from sao.train import mesh as mesh_lib
+from sao.train import progress
 from sao.train import writers as writers_lib
 from sao.train.export import export_policy
 from sao.train.learner import Learner
@@ -52,9 +53,6 @@ from sao.transport import flow
 from sao.transport.dispenser import DispenserConfig, TaskDispenser
 from sao.transport.server import ServerConfig, TrajectoryServer
 from sao.transport.trajectory import Trajectory
-
-PROGRESS_KEYS = ("reward", "validation", "turns", "response_length", "critic_ev", "staleness", "traj_per_s")
-
 
 @dataclasses.dataclass
 class Launcher:
@@ -76,28 +74,6 @@ async def _publish(urls: Sequence[str], model_path: str, version: int,
   return (await (fleet or fleet_lib.Fleet(urls)).publish(model_path, version)).metrics()
 
 
-def _per_harness_rewards(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-  """`reward/harness/<name>`: the batch's mean reward per harness (the mixed-harness experiment's breakdown)."""
-  by_harness: dict[str, list[float]] = {}
-  for t in trajectories:
-    if t.harness:
-      by_harness.setdefault(t.harness, []).append(t.reward)
-  return {f"reward/harness/{h}": float(np.mean(r)) for h, r in sorted(by_harness.items())}
-
-
-class _NoWriter:
-  """Metric writers of the processes other than 0 (which writes the job's metrics once)."""
-
-  def write_scalars(self, step: int, scalars: Any) -> None:
-    del step, scalars
-
-  def flush(self) -> None:
-    pass
-
-  def close(self) -> None:
-    pass
-
-
 class Trainer:
   """Runs the recipe in `config` (see `experiments/configs/common.py`) in `workdir`.
 
@@ -116,7 +92,7 @@ class Trainer:
     self.channel = channel or coordination.LocalChannel()
     self.is_coordinator = self.channel.is_coordinator
     os.makedirs(self.workdir, exist_ok=True)
-    self.writer = writers_lib.create_default_writer(self.workdir) if self.is_coordinator else _NoWriter()
+    self.writer = writers_lib.create_default_writer(self.workdir) if self.is_coordinator else progress.NoWriter()
     self.trace_writer = critic_traces.TraceWriter(self.workdir) if self.is_coordinator else None
     self.history: list[dict[str, float]] = []
     self.validations: list[tuple[int, float]] = []  # (policy version, success rate)
@@ -279,14 +255,8 @@ class Trainer:
                                                "validations": [list(v) for v in self.validations]})
 
   def validation_summary(self) -> tuple[float, float, float]:
-    """(base policy's validation (version 0), mean of the last three trained versions' validations, best trained
-    validation); NaN when not measured. The last-three mean is the honest "after" number: the best of many noisy
-    evaluations is biased upwards."""
-    base = [v for version, v in self.validations if version == 0]
-    trained = [v for version, v in self.validations if version > 0]
-    nan = float("nan")
-    return ((base[0] if base else nan), (float(np.mean(trained[-3:])) if trained else nan),
-            (max(trained) if trained else nan))
+    """`progress.validation_summary` of this run's validations: (base, mean of the last three, best trained)."""
+    return progress.validation_summary(self.validations)
 
   def _end_step(self) -> int:
     c = self.config
@@ -408,24 +378,10 @@ class Trainer:
                                        "validation/num_tasks": result.num_tasks,
                                        **{f"validation/harness/{h}": v for h, v in result.by_harness.items() if h}})
     now = time.time()
-    row = {
-        "reward": float(np.mean([t.reward for t in trajectories])),
-        "validation": self._validation,
-        "turns": float(np.mean([t.num_turns for t in trajectories])),
-        "response_length": float(np.mean([t.num_action_tokens for t in trajectories])),
-        "critic_ev": metrics.get("critic/explained_variance", float("nan")),
-        "staleness": metrics.get("batch/staleness_mean", float("nan")),
-        "traj_per_s": len(trajectories) / max(now - self._last_time, 1e-9),
-        "dropped": float(len(trajectories) - len(trainable)),
-        "dropped_stale": float(stale),
-        "quarantined": float(len(unusable)),
-        "trainer/wait_s": self._wait_s,
-        "policy_version": float(learner.version),
-    }
+    row = progress.progress_row(trajectories, len(trainable), stale, len(unusable), metrics, self._validation,
+                                now - self._last_time, self._wait_s, learner.version)
     self._last_time = now
-    scalars = {**{k: v for k, v in metrics.items()}, **{k: v for k, v in row.items() if np.isfinite(v)},
-               **_per_harness_rewards(trajectories)}
-    self.writer.write_scalars(step, {**scalars, "phase/" + phase: 1.0})
+    self.writer.write_scalars(step, progress.step_scalars(metrics, row, trajectories, phase))
     self.history.append({"step": step, **row})
     if step % c.log_every == 0 or step == end_step - 1:
-      print(f"[{phase}] step {step:4d}  " + "  ".join(f"{k} {row[k]:.3f}" for k in PROGRESS_KEYS), flush=True)
+      print(progress.progress_line(phase, step, row), flush=True)

@@ -63,17 +63,23 @@ class TrajectoryClient:
     worker_id: reported to the server (default: a random id).
     rpc_timeout_s: deadline of one RPC.
     retry_budget_s: how long one call keeps retrying transient failures.
+    min_rpc_timeout_s: the shortest deadline an RPC gets when less of its call's budget is left (an RPC sent with a
+      budget's last milliseconds times out on a loaded machine after the server stored its trajectories, and their
+      re-send comes back as duplicates).
     initial_backoff_s, max_backoff_s: reconnect backoff (doubling, jittered).
     max_batch: trajectories per SubmitTrajectories request.
   """
 
   def __init__(self, address: str, token: str | None = None, tls_root_cert: bytes | str | None = None, *,
                worker_id: str | None = None, rpc_timeout_s: float = 30.0, retry_budget_s: float = 60.0,
-               initial_backoff_s: float = 0.05, max_backoff_s: float = 2.0, max_batch: int = 64,
-               max_message_bytes: int = 64 << 20):
+               min_rpc_timeout_s: float = 5.0, initial_backoff_s: float = 0.05, max_backoff_s: float = 2.0,
+               max_batch: int = 64, max_message_bytes: int = 64 << 20):
+    if not 0 < min_rpc_timeout_s <= rpc_timeout_s:
+      raise ValueError(f"min_rpc_timeout_s must lie in (0, rpc_timeout_s={rpc_timeout_s}], got {min_rpc_timeout_s}")
     self.address = address
     self.worker_id = worker_id or f"worker-{uuid.uuid4().hex[:8]}"
     self.rpc_timeout_s = rpc_timeout_s
+    self.min_rpc_timeout_s = min_rpc_timeout_s
     self.retry_budget_s = retry_budget_s
     self.initial_backoff_s = initial_backoff_s
     self.max_backoff_s = max_backoff_s
@@ -125,8 +131,8 @@ class TrajectoryClient:
     while True:
       remaining = deadline - time.monotonic()
       try:
-        return getattr(self._stub, method)(request, timeout=max(0.01, min(self.rpc_timeout_s, remaining)),
-                                           metadata=self._metadata)
+        timeout = min(self.rpc_timeout_s, max(self.min_rpc_timeout_s, remaining))
+        return getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
       except grpc.RpcError as e:
         if e.code() not in _TRANSIENT or time.monotonic() + backoff >= deadline or self._cancelled.is_set():
           raise
@@ -172,7 +178,8 @@ class TrajectoryClient:
     """Submits `trajs` (plus anything still pending) and returns one outcome per element of `trajs`.
 
     Accepted and permanently rejected trajectories are final; ones pushed back (BACKPRESSURE, INTERNAL) or hit by
-    a transport error are re-sent until `budget_s` (default `retry_budget_s`) runs out, then reported with
+    a transport error are re-sent until `budget_s` (default `retry_budget_s`) runs out (an RPC sent before then gets
+    at least `min_rpc_timeout_s`), then reported with
     `pending=True` and kept for the next call (an asyncio worker passes a short budget so it is never stuck here).
     Raises `grpc.RpcError` for a non-transient RPC failure (e.g. UNAUTHENTICATED); nothing is dropped then.
     """

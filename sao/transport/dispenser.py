@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import logging
 import threading
 import time
@@ -43,20 +42,13 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from sao.transport import dispenser_state
 from sao.transport.evaluation import EvalCollector, EvalResult
 from sao.transport.leases import DispenserConfig, Group, Lease, Work
+from sao.transport.task_catalog import encode_tasks, epoch_order
 from sao.transport.trajectory import ReasonCode, Trajectory, TrajectoryError
 
 logger = logging.getLogger(__name__)
-
-_STATE_FORMAT = 1
-
-
-def _task_id(task: Mapping[str, Any], id_key: str, where: str) -> str:
-  if id_key not in task:
-    raise ValueError(f"{where}: task has no {id_key!r} field: keys {sorted(task)}")
-  return str(task[id_key])
-
 
 class TaskDispenser:
   """Leases training and validation tasks to rollout workers (see the module docstring).
@@ -75,7 +67,8 @@ class TaskDispenser:
       raise ValueError("TaskDispenser needs at least one training task")
     self._clock = clock
     self._lock = threading.RLock()
-    self._splits = {False: self._encode(tasks, "tasks"), True: self._encode(validation_tasks, "validation_tasks")}
+    self._splits = {False: encode_tasks(tasks, self.config.id_key, "tasks"),
+                    True: encode_tasks(validation_tasks, self.config.id_key, "validation_tasks")}
     self._epoch = 0
     self._position = 0
     self._order = self._permutation(0)
@@ -90,23 +83,9 @@ class TaskDispenser:
     self._groups: dict[str, Group] = {}
     self._evals = EvalCollector(self.config.success_threshold)
 
-  def _encode(self, tasks: Sequence[Mapping[str, Any]], where: str) -> list[tuple[str, str]]:
-    """(task id, task JSON) per task; fails on duplicate ids or non-JSON tasks now, not at lease time."""
-    out, seen = [], set()
-    for i, task in enumerate(tasks):
-      task_id = _task_id(task, self.config.id_key, f"{where}[{i}]")
-      if task_id in seen:
-        raise ValueError(f"{where}[{i}]: duplicate task id {task_id!r}")
-      seen.add(task_id)
-      try:
-        out.append((task_id, json.dumps(task, sort_keys=True)))
-      except TypeError as e:
-        raise ValueError(f"{where}[{i}] (id {task_id!r}) is not JSON-serialisable: {e}") from e
-    return out
-
   def _permutation(self, epoch: int) -> np.ndarray:
-    """The task order of `epoch`: a function of (seed, epoch) only, so it needs no RNG state to checkpoint."""
-    return np.random.default_rng([self.config.seed, epoch]).permutation(len(self._splits[False]))
+    """The task order of `epoch` (`task_catalog.epoch_order`: no RNG state to checkpoint)."""
+    return epoch_order(self.config.seed, epoch, len(self._splits[False]))
 
   # ----------------------------------------------------------------------------------------------------------------
   # Leasing.
@@ -381,37 +360,30 @@ class TaskDispenser:
   # Checkpointing.
 
   def state_dict(self) -> dict[str, Any]:
-    """JSON-serialisable state: epoch, position, policy version, outstanding leases (with the TTL they have left),
-    open groups, pending re-leases and evaluations. The shuffle is a function of (seed, epoch), so that is its RNG.
+    """JSON-serialisable state (`sao.transport.dispenser_state`): epoch, position, policy version, outstanding leases
+    (with the TTL they have left), open groups, pending re-leases and evaluations. The shuffle is a function of
+    (seed, epoch), so that is its RNG.
     """
     with self._lock:
       now = self._clock()
-      work = dataclasses.asdict
       return {
-          "format": _STATE_FORMAT, "seed": self.config.seed, "num_tasks": len(self._splits[False]),
-          "mode": self.config.mode, "group_size": self.config.group_size,
+          **self._identity(),
           "epoch": self._epoch, "position": self._position, "policy_version": self._policy_version,
-          "retry": [work(w) for w in self._retry], "eval_queue": [work(w) for w in self._eval_queue],
-          "leases": [{"lease_id": l.lease_id, "worker_id": l.worker_id, "work": work(l.work),
-                      "pending": sorted(l.pending), "ttl_left_s": max(0.0, l.expires_at - now)}
-                     for l in self._leases.values()],
-          "groups": {gid: {"size": g.size, "accepted": sorted(g.accepted)} for gid, g in self._groups.items()},
+          "retry": [dispenser_state.work_record(w) for w in self._retry],
+          "eval_queue": [dispenser_state.work_record(w) for w in self._eval_queue],
+          "leases": [dispenser_state.lease_record(l, now) for l in self._leases.values()],
+          "groups": {gid: dispenser_state.group_record(g) for gid, g in self._groups.items()},
           **self._evals.state_dict(),
       }
 
+  def _identity(self) -> dict[str, Any]:
+    c = self.config
+    return dispenser_state.identity(c.seed, len(self._splits[False]), c.mode, c.group_size)
+
   def load_state_dict(self, state: Mapping[str, Any]) -> None:
     """Restores `state_dict()` output; the task lists and config must match the ones it was taken with."""
-    if state.get("format") != _STATE_FORMAT:
-      raise ValueError(f"dispenser state format {state.get('format')!r}, expected {_STATE_FORMAT}")
-    for key, mine in (("seed", self.config.seed), ("num_tasks", len(self._splits[False])),
-                      ("mode", self.config.mode), ("group_size", self.config.group_size)):
-      if state[key] != mine:
-        raise ValueError(f"dispenser state {key}={state[key]!r} does not match this dispenser's {mine!r}")
-
-    def work(d):
-      return Work(d["task_index"], d["is_validation"], d["group_id"], tuple(d["sample_indices"]),
-                   d["eval_version"])
-
+    dispenser_state.check_identity(state, self._identity())
+    work = dispenser_state.work_from_record
     with self._lock:
       now = self._clock()
       self._epoch, self._position = int(state["epoch"]), int(state["position"])
@@ -419,7 +391,7 @@ class TaskDispenser:
       self._policy_version = int(state["policy_version"])
       self._retry = collections.deque(work(w) for w in state["retry"])
       self._eval_queue = collections.deque(work(w) for w in state["eval_queue"])
-      self._groups = {gid: Group(g["size"], set(g["accepted"])) for gid, g in state["groups"].items()}
+      self._groups = {gid: dispenser_state.group_from_record(g) for gid, g in state["groups"].items()}
       self._leases = {}
       self._leased_by_group, self._leased_total = collections.Counter(), 0
       for l in state["leases"]:

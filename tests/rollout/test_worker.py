@@ -22,7 +22,10 @@ from sao.transport.dispenser import DispenserConfig, TaskDispenser
 from sao.transport.server import ServerConfig, TrajectoryServer
 
 CONCURRENCY = 4
-LEASE_TTL_S = 1.0
+# Heartbeats go every TTL/3, so a lease lapses only if the worker's process stalls for 2/3 of the TTL: 1 s (a 0.67 s
+# stall) lapsed every lease at once on a loaded 2-core machine, and their trajectories came back UNKNOWN_LEASE.
+LEASE_TTL_S = 2.5
+LEARNER_INTERVAL_S = 1.2 * LEASE_TTL_S  # longer than a TTL: a pushed-back sample outlives its lease's TTL unless held
 
 
 class GuessOneEngine:
@@ -55,15 +58,16 @@ def test_pushed_back_trajectories_keep_their_leases_and_stop_leasing(tmp_path):
   thread.start()
   consumed, max_leased = 0, 0
   try:
-    # A learner much slower than the rollouts: one trajectory every 2.5 lease TTLs.
-    deadline = time.monotonic() + 20
+    # A learner much slower than the rollouts: one trajectory per LEARNER_INTERVAL_S (the worker's samples wait for
+    # up to CONCURRENCY - 1 of them). The deadline is only a bound against a hang.
+    deadline = time.monotonic() + 120
     while consumed < 4 and time.monotonic() < deadline:
       batch = server.take_batch(1, timeout_s=0.1)
       max_leased = max(max_leased, dispenser.num_leased)
       if batch:
         server.mark_consumed(batch, consumed)
         consumed += 1
-        end = time.monotonic() + 2.5 * LEASE_TTL_S
+        end = time.monotonic() + LEARNER_INTERVAL_S
         while time.monotonic() < end:
           max_leased = max(max_leased, dispenser.num_leased)
           time.sleep(0.05)
