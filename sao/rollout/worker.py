@@ -218,6 +218,9 @@ class RolloutWorker:
     idle_since = time.monotonic()
     try:
       while not self._stop.is_set():
+        if heartbeat.done():  # it only ends on its own by failing: without heartbeats every lease would lapse
+          heartbeat.result()
+          raise RuntimeError("the heartbeat loop ended while the worker was running")
         # A finished sample holds its slot until the trainer acknowledges it: when the trainer pushes back
         # (BACKPRESSURE), the worker stops leasing instead of running ahead with ever more outstanding leases.
         free = self.config.concurrency - max(len(episodes), sum(self._running.values()))

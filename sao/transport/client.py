@@ -97,17 +97,52 @@ class TrajectoryClient:
     self._late: list[SubmitOutcome] = []
     self._channel: grpc.Channel | None = None
     self._stub: sao_pb2_grpc.TrajectoryServiceStub | None = None
+    # One client is shared by a worker's lease, heartbeat and submit threads. A reconnect must not cancel the other
+    # threads' calls in flight on the old channel: a replaced channel is closed when its last call returns.
+    self._lock = threading.Lock()
+    self._in_flight: dict[int, int] = {}  # id(channel) -> calls in flight on it
+    self._retired: dict[int, grpc.Channel] = {}  # replaced channels still carrying calls
     self._connect()
 
-  def _connect(self) -> None:
-    if self._channel is not None:
-      self._channel.close()
+  def _new_channel(self) -> grpc.Channel:
     if self._tls_root_cert is not None:
       creds = grpc.ssl_channel_credentials(root_certificates=self._tls_root_cert)
-      self._channel = grpc.secure_channel(self.address, creds, options=self._options)
-    else:
-      self._channel = grpc.insecure_channel(self.address, options=self._options)
-    self._stub = sao_pb2_grpc.TrajectoryServiceStub(self._channel)
+      return grpc.secure_channel(self.address, creds, options=self._options)
+    return grpc.insecure_channel(self.address, options=self._options)
+
+  def _connect(self, failed: grpc.Channel | None = None) -> None:
+    """A fresh channel. With `failed`, only when that channel is still the current one (another thread may have
+    reconnected already); the replaced channel is closed once no call is in flight on it."""
+    with self._lock:
+      old = self._channel
+      if failed is not None and old is not failed:
+        return
+      self._channel = self._new_channel()
+      self._stub = sao_pb2_grpc.TrajectoryServiceStub(self._channel)
+      if old is not None:
+        if self._in_flight.get(id(old)):
+          self._retired[id(old)] = old
+          old = None
+    if old is not None:
+      old.close()
+
+  def _acquire(self) -> tuple[grpc.Channel, sao_pb2_grpc.TrajectoryServiceStub]:
+    with self._lock:
+      if self._channel is None:
+        raise RuntimeError(f"TrajectoryClient({self.address}) is closed")
+      self._in_flight[id(self._channel)] = self._in_flight.get(id(self._channel), 0) + 1
+      return self._channel, self._stub
+
+  def _release(self, channel: grpc.Channel) -> None:
+    with self._lock:
+      left = self._in_flight[id(channel)] - 1
+      if left:
+        self._in_flight[id(channel)] = left
+        return
+      del self._in_flight[id(channel)]
+      retired = self._retired.pop(id(channel), None)
+    if retired is not None:
+      retired.close()
 
   def cancel(self) -> None:
     """Stops retrying: from now on a transient failure is raised at once, and a call waiting out its backoff raises
@@ -115,9 +150,13 @@ class TrajectoryClient:
     self._cancelled.set()
 
   def close(self) -> None:
-    if self._channel is not None:
-      self._channel.close()
-      self._channel = None
+    """Closes every channel (calls still in flight end with CANCELLED)."""
+    with self._lock:
+      channels = ([self._channel] if self._channel is not None else []) + list(self._retired.values())
+      self._channel, self._stub = None, None
+      self._retired.clear()
+    for channel in channels:
+      channel.close()
 
   def __enter__(self) -> TrajectoryClient:
     return self
@@ -130,9 +169,10 @@ class TrajectoryClient:
     backoff = self.initial_backoff_s
     while True:
       remaining = deadline - time.monotonic()
+      channel, stub = self._acquire()
       try:
         timeout = min(self.rpc_timeout_s, max(self.min_rpc_timeout_s, remaining))
-        return getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
+        return getattr(stub, method)(request, timeout=timeout, metadata=self._metadata)
       except grpc.RpcError as e:
         if e.code() not in _TRANSIENT or time.monotonic() + backoff >= deadline or self._cancelled.is_set():
           raise
@@ -141,7 +181,9 @@ class TrajectoryClient:
         if self._cancelled.wait(backoff * self._rng.uniform(0.8, 1.2)):
           raise
         backoff = min(2 * backoff, self.max_backoff_s)
-        self._connect()
+        self._connect(failed=channel)
+      finally:
+        self._release(channel)
 
   # ----------------------------------------------------------------------------------------------------------------
   # RPCs.

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 
+import grpc
 import pytest
 
 from sao.engines.sglang_client import GenerateResult
@@ -162,3 +163,43 @@ def test_worker_program_parses_config_overrides_strictly(override, message):
                            "--config=experiments/configs/sao_openswe.py:toy", override, "--trainer=127.0.0.1:1"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
   assert result.returncode != 0 and message in result.stderr + result.stdout, result.stderr[-3000:]
+
+
+class _PermissionDenied(grpc.RpcError):
+
+  def code(self):
+    return grpc.StatusCode.PERMISSION_DENIED
+
+  def details(self):
+    return "injected"
+
+
+def test_a_failed_heartbeat_loop_stops_the_worker(tmp_path):
+  """Without heartbeats every lease lapses: a heartbeat that fails for good ends the run with its error instead of
+  leaving the worker running (its exception used to sit unretrieved in the cancelled task)."""
+  tokenizer = toy_tokenizer()
+  tasks = envs.make("number_search", n=4).tasks("train", 16, seed=0)
+  dispenser = TaskDispenser(tasks, DispenserConfig(mode="sao", lease_ttl_s=0.6, id_key="task_id",
+                                                   env_name="number_search"))
+  # The learner never takes a batch: finished samples wait for acknowledgement and their leases need heartbeats.
+  server = TrajectoryServer(ServerConfig(log_dir=str(tmp_path / "log"), vocab_size=tokenizer.vocab_size,
+                                         buffer_capacity=1, backpressure_retry_ms=50, no_work_retry_ms=50),
+                            dispenser)
+  port = server.start()
+  worker = RolloutWorker(WorkerConfig(trainer_address=f"127.0.0.1:{port}", concurrency=2, max_turns=4,
+                                      max_total_tokens=512, submit_interval_s=0.05, submit_batch=2), tokenizer)
+  engine = GuessOneEngine(tokenizer)
+  worker._engine = lambda urls: engine  # pylint: disable=protected-access
+
+  def heartbeat(lease_ids):
+    del lease_ids
+    raise _PermissionDenied()
+
+  worker.client.heartbeat = heartbeat
+  try:
+    with pytest.raises(grpc.RpcError) as raised:
+      asyncio.run(asyncio.wait_for(worker.run(), timeout=60))  # the bound only catches a hang
+    assert raised.value.code() == grpc.StatusCode.PERMISSION_DENIED
+  finally:
+    worker.stop()
+    server.stop()
