@@ -17,8 +17,8 @@ The in-chunk counts `K_t` are popcounts of the chunk's mask packed into one word
 
 The batch is processed in groups of whole rows (`lax.scan` over `[rows, T]` tiles, about 2 MB per float32 array) so
 the intermediates of a group stay in cache; the advantages are the scan's stacked result, already in `[B, T]` order.
-The returns `R = m·(A + V)` are computed after the loop, one elementwise pass that XLA fuses with whatever else reads
-`A` next (whitening) and drops where nobody reads them (the learner's policy advantages).
+The returns `R = m·(A + V)` are computed after the loop, one elementwise pass over `[B, T]` that XLA drops where
+nobody reads them (the learner's policy advantages); inside the loop they cost a second zero-filled stacked output.
 `advantages_returns_and_moments` also returns the masked count, mean and centred sum of squares of `A` from the same
 pass, so that whitening (`sao.core.advantages.whitened_gae`) reads `A` once more instead of three times.
 
@@ -128,9 +128,13 @@ def _group(r, v, mb, gamma_lam, gamma):
   dtype = r.dtype
   position = jnp.arange(length)
   bit = jnp.left_shift(jnp.uint32(1), position.astype(jnp.uint32))  # [L]: 2^t
-  # K_t within the chunk, exactly: the chunk's mask as a 16-bit word, then the set bits below t. Elementwise, so it
-  # fuses into the exponential below (a [·, L] @ [L, L] matmul of the mask cost ~20 % of the kernel).
-  bits = jnp.sum(jnp.where(mb, bit, jnp.uint32(0)), axis=-1, dtype=jnp.uint32)  # [rows, C]; wraps mod 2^32 below
+  # K_t within the chunk, exactly: the chunk's mask as an L-bit word, then the set bits below t. Elementwise, so it
+  # fuses into the exponential below (a [·, L] @ [L, L] matmul of the mask cost ~20 % of the kernel). The word is
+  # packed in two levels, 4 tokens to a nibble, then the nibbles: one reduction over the 32-wide minor axis was
+  # slower on XLA:CPU (~13 % of the kernel at 256×16384; docs/performance.md). Bit t is token t on every platform.
+  quads = mb.reshape(*mb.shape[:-1], length // 4, 4).astype(jnp.uint32)
+  nibbles = jnp.sum(quads << jnp.arange(4, dtype=jnp.uint32), axis=-1, dtype=jnp.uint32)  # [rows, C, L/4]
+  bits = jnp.sum(nibbles << (4 * jnp.arange(length // 4, dtype=jnp.uint32)), axis=-1, dtype=jnp.uint32)  # [rows, C]
   # Rows without an action token have all-zero advantages whatever g, and when `fits` is false the caller discards
   # this result (under `vmap` a `lax.cond` computes both branches): g = 1 there keeps every intermediate finite
   # (log 0 would put inf and NaN into the discarded branch).
@@ -186,6 +190,6 @@ def _run(rewards, values, mask, gamma, gamma_lam, rows, chunk):
   mean = jnp.sum(counts * means) / jnp.maximum(count, 1.0)
   sum_sq = jnp.sum(sums_sq) + jnp.sum(counts * jnp.square(means - mean))
   adv = adv.reshape(batch, padded)[:, :num_tokens]
-  # Outside the loop: the stacked output would be one more zero-filled [B, T] buffer written twice, and here XLA
-  # fuses this pass with the next reader of A (whitening) or drops it when R is unused (measured, performance.md).
+  # Outside the loop: as a stacked output R was one more zero-filled [B, T] buffer written twice (measured slower,
+  # docs/performance.md), and here XLA drops the pass where R is unused.
   return adv, jnp.where(mask, adv + values, 0.0), (count, mean, sum_sq)
