@@ -10,7 +10,9 @@ of the chunked GAE pass); the chunked / scan / associative rows call `gae` then 
 the unfused pipeline: GAE alone (`method="chunked"`) and `masked_whiten` alone on precomputed advantages. All
 numbers come from this one run. `ms` is the median wall time; `cpu ms` the median process CPU time of the same runs
 (all threads), which moves less than wall time when other jobs share the cores; "cpu/copy" is the ratio of CPU
-times to the copy's.
+times to the copy's. `cpu min` is the least CPU time of the runs, and the last two columns compare those minima
+with the loop's and the copy's: on a machine loaded by other jobs the medians of both the kernel and the copy swing
+by several times between runs, the minima far less.
 """
 import os
 import time
@@ -78,7 +80,7 @@ def copy_bound(rewards, values, mask):
 
 
 def median_seconds(fn, repeats):
-  """(median wall seconds, median process CPU seconds) over `repeats` calls after a warm-up call."""
+  """(median wall seconds, median process CPU seconds, least CPU seconds) over `repeats` calls after a warm-up."""
   jax.block_until_ready(fn())  # warm up (and compile)
   wall, cpu = [], []
   for _ in range(repeats):
@@ -86,7 +88,7 @@ def median_seconds(fn, repeats):
     jax.block_until_ready(fn())
     wall.append(time.perf_counter() - start)
     cpu.append(time.process_time() - start_cpu)
-  return float(np.median(wall)), float(np.median(cpu))
+  return float(np.median(wall)), float(np.median(cpu)), float(np.min(cpu))
 
 
 def inputs(batch, num_tokens, seed=0):
@@ -109,7 +111,7 @@ def main(argv):
   print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} device(s)); median of "
         f"{_REPEATS.value} runs after warm-up; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
   header = (f"{'B x T':>12} {'implementation':>26} {'ms':>9} {'cpu ms':>9} {'Mtok/s':>9} {'vs loop':>9} "
-            f"{'vs copy':>9} {'cpu/copy':>9}")
+            f"{'vs copy':>9} {'cpu/copy':>9} {'cpu min':>9} {'min:loop':>9} {'min:copy':>9}")
   print(header)
   print("-" * len(header))
   for size in _SIZES.value:
@@ -131,10 +133,12 @@ def main(argv):
                                                       _REPEATS.value)
     timings["copy (memory bound)"] = median_seconds(lambda: copy_bound(*device_args), _REPEATS.value)
     tokens = batch * num_tokens
-    loop, (copy, copy_cpu) = timings["numpy loop over t"][0], timings["copy (memory bound)"]
-    for name, (seconds, cpu_seconds) in timings.items():
+    loop, _, loop_min = timings["numpy loop over t"]
+    copy, copy_cpu, copy_min = timings["copy (memory bound)"]
+    for name, (seconds, cpu_seconds, cpu_min) in timings.items():
       print(f"{size:>12} {name:>26} {seconds * 1e3:>9.2f} {cpu_seconds * 1e3:>9.2f} {tokens / seconds / 1e6:>9.1f} "
-            f"{loop / seconds:>8.1f}x {seconds / copy:>8.2f}x {cpu_seconds / copy_cpu:>8.2f}x")
+            f"{loop / seconds:>8.1f}x {seconds / copy:>8.2f}x {cpu_seconds / copy_cpu:>8.2f}x {cpu_min * 1e3:>9.2f} "
+            f"{loop_min / cpu_min:>8.1f}x {cpu_min / copy_min:>8.2f}x")
 
 
 if __name__ == "__main__":
