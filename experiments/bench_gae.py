@@ -2,6 +2,8 @@ r"""Benchmark: skip-observation GAE + masked whitening, jitted (fused, chunked, 
 
     python experiments/bench_gae.py                      # both sizes, median of 5 timed runs each
     python experiments/bench_gae.py --sizes=64x4096 --repeats=3
+    git show e4f743b:sao/core/gae_chunked.py > /tmp/old_gae_chunked.py
+    python experiments/bench_gae.py --baseline=/tmp/old_gae_chunked.py --sizes=256x16384 --repeats=41
 
 Prints one table of tokens/s per implementation with its ratio to the NumPy loop (the way verl's reference
 `compute_gae_advantage_return` loops over t) and to the copy bound (a jitted pass that reads the same inputs and
@@ -13,7 +15,12 @@ numbers come from this one run. `ms` is the median wall time; `cpu ms` the media
 times to the copy's. `cpu min` is the least CPU time of the runs, and the last two columns compare those minima
 with the loop's and the copy's: on a machine loaded by other jobs the medians of both the kernel and the copy swing
 by several times between runs, the minima far less.
+
+`--baseline=FILE` instead compares a `gae_chunked` module loaded from FILE (an earlier version, e.g. from `git show`)
+with the current one, interleaved call by call in this process (A B C … A B C …), both behind the same λ and whitening:
+fused GAE + whitening, GAE with its returns, the advantages alone, and the copy; CPU ms median / min.
 """
+import importlib.util
 import os
 import time
 
@@ -23,10 +30,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from sao.core import advantages as adv_lib
+from sao.core import gae_chunked
 
 _SIZES = flags.DEFINE_list("sizes", ["64x4096", "256x16384"], "BxT sizes to time.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repetitions per implementation (median reported).")
 _GAMMA = flags.DEFINE_float("gamma", 1.0, "Discount γ.")
+_BASELINE = flags.DEFINE_string("baseline", None, "A gae_chunked.py to compare with the current one, interleaved.")
 
 
 def numpy_loop(rewards, values, mask, gamma, lam):
@@ -106,8 +115,57 @@ def inputs(batch, num_tokens, seed=0):
   return rewards, values, mask
 
 
+def kernel_programs(module):
+  """Jitted `{name: fn(rewards, values, mask)}` of one gae_chunked module behind the same λ and whitening."""
+  gamma = jnp.float32(_GAMMA.value)
+
+  def fused_whiten(rewards, values, mask):
+    lam = adv_lib.length_adaptive_lambda(mask)
+    adv, ret, (count, mean, sum_sq) = module.advantages_returns_and_moments(rewards, values, mask, gamma,
+                                                                          gamma * lam)
+    var = jnp.where(count > 0, sum_sq / jnp.maximum(count, 1.0), 0.0)
+    return jnp.where(mask, (adv - mean) * jax.lax.rsqrt(var + 1e-8), 0.0), ret
+
+  def with_returns(rewards, values, mask):
+    return module.advantages_and_returns(rewards, values, mask, gamma, gamma * adv_lib.length_adaptive_lambda(mask))
+
+  return {"fused GAE+whiten": jax.jit(fused_whiten), "GAE alone (A, R)": jax.jit(with_returns),
+          "GAE, A only": jax.jit(lambda *args: with_returns(*args)[0])}
+
+
+def compare_with_baseline(path):
+  spec = importlib.util.spec_from_file_location("baseline_gae_chunked", path)
+  if spec is None:
+    raise ValueError(f"--baseline: cannot load {path!r} as a Python module")
+  baseline = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(baseline)
+  programs = {}
+  for label, module in (("old", baseline), ("new", gae_chunked)):
+    programs.update({f"{label} {name}": fn for name, fn in kernel_programs(module).items()})
+  programs["copy (memory bound)"] = copy_bound
+  for size in _SIZES.value:
+    batch, num_tokens = (int(v) for v in size.split("x"))
+    args = [jax.device_put(a) for a in inputs(batch, num_tokens)]
+    for fn in programs.values():
+      jax.block_until_ready(fn(*args))
+    cpu = {name: [] for name in programs}
+    load = os.getloadavg()[0]
+    for _ in range(_REPEATS.value):
+      for name, fn in programs.items():
+        start = time.process_time()
+        jax.block_until_ready(fn(*args))
+        cpu[name].append(time.process_time() - start)
+    print(f"{size}: {_REPEATS.value} interleaved calls each, load average {load:.1f} -> {os.getloadavg()[0]:.1f}; "
+          f"CPU ms median / min (old: {path})")
+    for name, seconds in cpu.items():
+      print(f"{name:>24}: {np.median(seconds) * 1e3:8.2f} / {np.min(seconds) * 1e3:7.2f}")
+
+
 def main(argv):
   del argv
+  if _BASELINE.value:
+    compare_with_baseline(_BASELINE.value)
+    return
   print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} device(s)); median of "
         f"{_REPEATS.value} runs after warm-up; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
   header = (f"{'B x T':>12} {'implementation':>26} {'ms':>9} {'cpu ms':>9} {'Mtok/s':>9} {'vs loop':>9} "
