@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 CHUNK = 32  # tokens per chunk; at most 32: a chunk's mask is packed into one uint32 word
-CHUNKS = (4, 8, 16, 32)  # the chunk lengths the kernel takes (even, at most 32)
+CHUNKS = (4, 8, 16, 32)  # the chunk lengths the kernel takes: multiples of 4 (the mask is packed by nibbles), ≤ 32
 # Largest |exponent| a factor takes is chunk/2; keep g^{±chunk/2} within 2^{±64} so that neither the factors nor
 # their products with rewards and values below ~2^{58} in magnitude overflow or leave the normal float32 range.
 _MAX_LOG2_SCALE = 64.0
