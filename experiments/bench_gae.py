@@ -2,6 +2,8 @@ r"""Benchmark: skip-observation GAE + masked whitening, jitted (fused, chunked, 
 
     python experiments/bench_gae.py                      # both sizes, median of 5 timed runs each
     python experiments/bench_gae.py --sizes=64x4096 --repeats=3
+    git show e4f743b:sao/core/gae_chunked.py > /tmp/old_gae_chunked.py
+    python experiments/bench_gae.py --baseline=/tmp/old_gae_chunked.py --sizes=256x16384 --repeats=41
 
 Prints one table of tokens/s per implementation with its ratio to the NumPy loop (the way verl's reference
 `compute_gae_advantage_return` loops over t) and to the copy bound (a jitted pass that reads the same inputs and
@@ -10,8 +12,15 @@ of the chunked GAE pass); the chunked / scan / associative rows call `gae` then 
 the unfused pipeline: GAE alone (`method="chunked"`) and `masked_whiten` alone on precomputed advantages. All
 numbers come from this one run. `ms` is the median wall time; `cpu ms` the median process CPU time of the same runs
 (all threads), which moves less than wall time when other jobs share the cores; "cpu/copy" is the ratio of CPU
-times to the copy's.
+times to the copy's. `cpu min` is the least CPU time of the runs, and the last two columns compare those minima
+with the loop's and the copy's: on a machine loaded by other jobs the medians of both the kernel and the copy swing
+by several times between runs, the minima far less.
+
+`--baseline=FILE` instead compares a `gae_chunked` module loaded from FILE (an earlier version, e.g. from `git show`)
+with the current one, interleaved call by call in this process (A B C … A B C …), both behind the same λ and whitening:
+fused GAE + whitening, GAE with its returns, the advantages alone, and the copy; CPU ms median / min.
 """
+import importlib.util
 import os
 import time
 
@@ -21,10 +30,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from sao.core import advantages as adv_lib
+from sao.core import gae_chunked
 
 _SIZES = flags.DEFINE_list("sizes", ["64x4096", "256x16384"], "BxT sizes to time.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repetitions per implementation (median reported).")
 _GAMMA = flags.DEFINE_float("gamma", 1.0, "Discount γ.")
+_BASELINE = flags.DEFINE_string("baseline", None, "A gae_chunked.py to compare with the current one, interleaved.")
 
 
 def numpy_loop(rewards, values, mask, gamma, lam):
@@ -78,7 +89,7 @@ def copy_bound(rewards, values, mask):
 
 
 def median_seconds(fn, repeats):
-  """(median wall seconds, median process CPU seconds) over `repeats` calls after a warm-up call."""
+  """(median wall seconds, median process CPU seconds, least CPU seconds) over `repeats` calls after a warm-up."""
   jax.block_until_ready(fn())  # warm up (and compile)
   wall, cpu = [], []
   for _ in range(repeats):
@@ -86,7 +97,7 @@ def median_seconds(fn, repeats):
     jax.block_until_ready(fn())
     wall.append(time.perf_counter() - start)
     cpu.append(time.process_time() - start_cpu)
-  return float(np.median(wall)), float(np.median(cpu))
+  return float(np.median(wall)), float(np.median(cpu)), float(np.min(cpu))
 
 
 def inputs(batch, num_tokens, seed=0):
@@ -104,12 +115,61 @@ def inputs(batch, num_tokens, seed=0):
   return rewards, values, mask
 
 
+def kernel_programs(module):
+  """Jitted `{name: fn(rewards, values, mask)}` of one gae_chunked module behind the same λ and whitening."""
+  gamma = jnp.float32(_GAMMA.value)
+
+  def fused_whiten(rewards, values, mask):
+    lam = adv_lib.length_adaptive_lambda(mask)
+    adv, ret, (count, mean, sum_sq) = module.advantages_returns_and_moments(rewards, values, mask, gamma,
+                                                                          gamma * lam)
+    var = jnp.where(count > 0, sum_sq / jnp.maximum(count, 1.0), 0.0)
+    return jnp.where(mask, (adv - mean) * jax.lax.rsqrt(var + 1e-8), 0.0), ret
+
+  def with_returns(rewards, values, mask):
+    return module.advantages_and_returns(rewards, values, mask, gamma, gamma * adv_lib.length_adaptive_lambda(mask))
+
+  return {"fused GAE+whiten": jax.jit(fused_whiten), "GAE alone (A, R)": jax.jit(with_returns),
+          "GAE, A only": jax.jit(lambda *args: with_returns(*args)[0])}
+
+
+def compare_with_baseline(path):
+  spec = importlib.util.spec_from_file_location("baseline_gae_chunked", path)
+  if spec is None:
+    raise ValueError(f"--baseline: cannot load {path!r} as a Python module")
+  baseline = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(baseline)
+  programs = {}
+  for label, module in (("old", baseline), ("new", gae_chunked)):
+    programs.update({f"{label} {name}": fn for name, fn in kernel_programs(module).items()})
+  programs["copy (memory bound)"] = copy_bound
+  for size in _SIZES.value:
+    batch, num_tokens = (int(v) for v in size.split("x"))
+    args = [jax.device_put(a) for a in inputs(batch, num_tokens)]
+    for fn in programs.values():
+      jax.block_until_ready(fn(*args))
+    cpu = {name: [] for name in programs}
+    load = os.getloadavg()[0]
+    for _ in range(_REPEATS.value):
+      for name, fn in programs.items():
+        start = time.process_time()
+        jax.block_until_ready(fn(*args))
+        cpu[name].append(time.process_time() - start)
+    print(f"{size}: {_REPEATS.value} interleaved calls each, load average {load:.1f} -> {os.getloadavg()[0]:.1f}; "
+          f"CPU ms median / min (old: {path})")
+    for name, seconds in cpu.items():
+      print(f"{name:>24}: {np.median(seconds) * 1e3:8.2f} / {np.min(seconds) * 1e3:7.2f}")
+
+
 def main(argv):
   del argv
+  if _BASELINE.value:
+    compare_with_baseline(_BASELINE.value)
+    return
   print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} device(s)); median of "
         f"{_REPEATS.value} runs after warm-up; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
   header = (f"{'B x T':>12} {'implementation':>26} {'ms':>9} {'cpu ms':>9} {'Mtok/s':>9} {'vs loop':>9} "
-            f"{'vs copy':>9} {'cpu/copy':>9}")
+            f"{'vs copy':>9} {'cpu/copy':>9} {'cpu min':>9} {'min:loop':>9} {'min:copy':>9}")
   print(header)
   print("-" * len(header))
   for size in _SIZES.value:
@@ -131,10 +191,12 @@ def main(argv):
                                                       _REPEATS.value)
     timings["copy (memory bound)"] = median_seconds(lambda: copy_bound(*device_args), _REPEATS.value)
     tokens = batch * num_tokens
-    loop, (copy, copy_cpu) = timings["numpy loop over t"][0], timings["copy (memory bound)"]
-    for name, (seconds, cpu_seconds) in timings.items():
+    loop, _, loop_min = timings["numpy loop over t"]
+    copy, copy_cpu, copy_min = timings["copy (memory bound)"]
+    for name, (seconds, cpu_seconds, cpu_min) in timings.items():
       print(f"{size:>12} {name:>26} {seconds * 1e3:>9.2f} {cpu_seconds * 1e3:>9.2f} {tokens / seconds / 1e6:>9.1f} "
-            f"{loop / seconds:>8.1f}x {seconds / copy:>8.2f}x {cpu_seconds / copy_cpu:>8.2f}x")
+            f"{loop / seconds:>8.1f}x {seconds / copy:>8.2f}x {cpu_seconds / copy_cpu:>8.2f}x {cpu_min * 1e3:>9.2f} "
+            f"{loop_min / cpu_min:>8.1f}x {cpu_min / copy_min:>8.2f}x")
 
 
 if __name__ == "__main__":

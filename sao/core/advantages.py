@@ -232,7 +232,10 @@ def length_adaptive_lambda(action_mask: jax.Array, alpha: float = 1.5) -> jax.Ar
   mask = checks.mask_array("action_mask", action_mask, ndim=2)
   if not alpha > 0:
     raise ValueError(f"alpha must be positive, got {alpha}")
-  length = jnp.sum(mask, axis=-1).astype(jnp.float32)
+  if mask.shape[-1] < 2 ** 24:  # a float32 count is exact; XLA:CPU fuses it into the reduction, while an integer sum
+    length = jnp.sum(mask, axis=-1, dtype=jnp.float32)  # first writes the mask out as int32 (docs/performance.md)
+  else:
+    length = jnp.sum(mask, axis=-1).astype(jnp.float32)
   lam = 1.0 - 1.0 / (alpha * jnp.maximum(length, 1.0))
   return jnp.where(length > 0, jnp.clip(lam, 0.0, 1.0), 0.0)
 

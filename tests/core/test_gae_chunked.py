@@ -9,15 +9,19 @@ from sao.core import gae_chunked
 from tests.core import reference as ref
 from tests.core.test_advantages import agent_mask
 
-_kernel_both = jax.jit(gae_chunked.advantages_and_returns, static_argnames="rows")
+_kernel_both = jax.jit(gae_chunked.advantages_and_returns, static_argnames=("rows", "chunk"))
 
 
-def _kernel(rewards, values, mask, gamma, gamma_lam, rows):
+def _kernel(rewards, values, mask, gamma, gamma_lam, rows, chunk=gae_chunked.CHUNK):
   """Advantages from the kernel, after checking its returns are `m·(A + V)`."""
-  adv, ret = _kernel_both(rewards, values, mask, gamma, gamma_lam, rows=rows)
+  adv, ret = _kernel_both(rewards, values, mask, gamma, gamma_lam, rows=rows, chunk=chunk)
   np.testing.assert_allclose(ret, np.where(mask, np.asarray(adv) + values, 0.0), rtol=1e-6, atol=1e-6)
   return adv
+
+
 _gae = jax.jit(adv_lib.gae, static_argnames="method")
+_kernel_moments = jax.jit(gae_chunked.advantages_returns_and_moments, static_argnames=("rows", "chunk"))
+_whitened = jax.jit(adv_lib.whitened_gae, static_argnames="method")
 
 
 def edge_rows(seed, num_tokens=75):
@@ -50,6 +54,10 @@ def test_fits_says_when_the_factored_weights_are_exact():
   assert not fits([0.0, 0.5, 0.5])  # λ = 0
   assert not fits([0.5, 0.5, g_min * 0.99])
   assert not fits([1.0 / g_min * 1.01, 0.5, 0.5])
+  # 16-token chunks (the earlier default) take γλ down to 2^-8.
+  assert gae_chunked.min_gamma_lambda(16) == 2.0 ** -8 and g_min == gae_chunked.min_gamma_lambda() == 1 / 16
+  assert bool(gae_chunked.fits(jnp.asarray([0.01, 0.0, 1.0]), mask, chunk=16))
+  assert not fits([0.01, 0.0, 1.0])
 
 
 # Per-row λ (γ = 0.9): all inside the fast range, one λ near 1, the smallest λ the fast path takes, and rows that
@@ -58,7 +66,8 @@ _G_MIN_LAM = gae_chunked.G_MIN / 0.9
 _LAMS = {
     "moderate": [0.0, 0.95, 0.7, 0.3, 0.5, 0.99, 0.8],
     "near_one": [1.0, 1.0 - 1e-6, 1.0, 1.0 - 1e-3, 0.999, 1.0, 1.0 - 1e-6],
-    "near_range_edge": [0.2, _G_MIN_LAM * 1.001, 0.01, _G_MIN_LAM * 1.5, 0.05, _G_MIN_LAM * 1.001, 0.02],
+    "near_range_edge": [0.2, _G_MIN_LAM * 1.001, _G_MIN_LAM * 1.1, _G_MIN_LAM * 1.5, _G_MIN_LAM * 3, _G_MIN_LAM * 1.001,
+                        _G_MIN_LAM * 2],
     "lambda_zero": [0.5, 0.0, 0.9, 0.0, 0.3, 0.0, 0.7],
     "below_range": [0.5, _G_MIN_LAM * 0.5, 0.9, 1e-3, 0.3, 0.6, 0.7],
 }
@@ -78,9 +87,10 @@ def test_edge_rows_match_float64_loop(lams, seed):
   _, want_returns = ref.gae(rewards, values, mask, gamma, lam)
   np.testing.assert_allclose(returns, want_returns, rtol=1e-5, atol=1e-5)
   if fast:
-    # The kernel itself, one row per group and the whole batch in one group (75 tokens: 5 chunks, the last padded).
-    for rows in (1, 7):
-      got = _kernel(rewards, values, mask, jnp.float32(gamma), gamma_lam, rows=rows)
+    # The kernel itself, one row per group and the whole batch in one group (75 tokens: the last chunk padded), with
+    # the default 32-token chunks and the earlier 16.
+    for rows, chunk in ((1, 32), (7, 32), (7, 16)):
+      got = _kernel(rewards, values, mask, jnp.float32(gamma), gamma_lam, rows=rows, chunk=chunk)
       assert_matches_reference(got, rewards, values, mask, gamma, lam)
 
 
@@ -123,6 +133,68 @@ def test_long_sequences(num_tokens):
   np.testing.assert_allclose(advantages, want, rtol=0, atol=bound)
 
 
+def random_rows(rng, num_tokens):
+  """Rows of every kind the kernel must bridge: padding (no action, zero inputs), all observations (no action, nonzero
+  inputs), all actions, one action token, single-token action runs, random densities, agent-shaped runs."""
+  masks = [np.zeros(num_tokens, bool), np.zeros(num_tokens, bool), np.ones(num_tokens, bool),
+           np.arange(num_tokens) == rng.integers(num_tokens), np.arange(num_tokens) % 2 == 1]
+  masks += [rng.random(num_tokens) < p for p in rng.uniform(0.02, 0.98, size=5)]
+  masks += list(agent_mask(rng, 2, num_tokens))
+  mask = np.stack(masks)
+  rewards = rng.normal(size=mask.shape).astype(np.float32)
+  values = rng.normal(size=mask.shape).astype(np.float32)
+  rewards[0] = values[0] = 0.0
+  return rewards, values, mask
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_masks_match_float64_loop_and_the_16_token_kernel(seed):
+  # γλ per row spans the fast range: at its lower edge, tiny-but-inside, moderate, near 1 and exactly 1. T = 203 is
+  # 7 chunks of 32 (the last padded) or 13 of 16, so the chunk boundaries fall at different tokens for the two kernels.
+  rng = np.random.default_rng(seed)
+  rewards, values, mask = random_rows(rng, 203)
+  gamma = float(rng.choice([1.0, 0.99, 0.9]))
+  g_min = gae_chunked.G_MIN
+  gamma_lam = np.asarray([0.5, 0.0, g_min * 1.0001, g_min * 1.5, 0.3, 0.7, 0.95, 1.0 - 1e-6, 1.0, g_min * 4, 0.999,
+                          gamma, 0.8], np.float32)[:len(mask)]
+  lam = gamma_lam / np.float32(gamma)
+  assert bool(gae_chunked.fits(jnp.asarray(gamma_lam), mask))  # the λ = 0 row has no action token
+  got = {}
+  for chunk in (32, 16):
+    for rows in (1, len(mask)):
+      got[chunk, rows] = _kernel(rewards, values, mask, jnp.float32(gamma), jnp.asarray(gamma_lam), rows, chunk)
+      assert_matches_reference(got[chunk, rows], rewards, values, mask, gamma, lam)
+  # The earlier kernel as a second oracle: the same float32 sums in another order.
+  np.testing.assert_allclose(got[32, 1], got[16, len(mask)], rtol=1e-5, atol=1e-5)
+  # Through gae(): the same rows with λ = 0 on three of them send the batch to the scan, still exact.
+  lam_zero = lam.copy()
+  lam_zero[[3, 5, 8]] = 0.0
+  advantages, returns = _gae(rewards, values, mask, gamma, lam_zero, method="chunked")
+  assert_matches_reference(advantages, rewards, values, mask, gamma, lam_zero)
+  np.testing.assert_allclose(returns, ref.gae(rewards, values, mask, gamma, lam_zero)[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_tokens", [1])
+def test_short_sequences(num_tokens):
+  # One token: a chunk that is all padding but one; a row of each kind.
+  rng = np.random.default_rng(num_tokens)
+  rewards, values, mask = random_rows(rng, num_tokens)
+  lam = np.linspace(0.2, 1.0, len(mask)).astype(np.float32)
+  advantages, returns = _gae(rewards, values, mask, 0.95, lam, method="chunked")
+  assert_matches_reference(advantages, rewards, values, mask, 0.95, lam)
+  np.testing.assert_allclose(returns, ref.gae(rewards, values, mask, 0.95, lam)[1], rtol=1e-5, atol=1e-5)
+  whitened, _ = _whitened(rewards, values, mask, 0.95, lam, method="chunked")
+  want = ref.masked_whiten(ref.gae(rewards, values, mask, 0.95, lam)[0], mask)
+  np.testing.assert_allclose(whitened, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("chunk", [0, 12, 64, True, 16.0])
+def test_chunk_must_be_a_supported_length(chunk):
+  x = np.zeros((2, 40), np.float32)
+  with pytest.raises(ValueError, match="chunk"):
+    gae_chunked.advantages_and_returns(x, x, x > 0, jnp.float32(1.0), jnp.ones((2,)), chunk=chunk)
+
+
 @pytest.mark.parametrize("rows", [0, 4, 2.0])
 def test_rows_must_divide_the_batch(rows):
   x = np.zeros((6, 40), np.float32)
@@ -150,8 +222,6 @@ def test_vmap_and_grad_with_lambda_zero_stay_finite():
   np.testing.assert_allclose(got, jax.grad(total)(values, "scan"), rtol=1e-6, atol=1e-6)
 
 
-_kernel_moments = jax.jit(gae_chunked.advantages_returns_and_moments, static_argnames="rows")
-_whitened = jax.jit(adv_lib.whitened_gae, static_argnames="method")
 
 
 def reference_moments(advantages, mask):
@@ -180,13 +250,14 @@ def test_moments_from_the_gae_pass_match_float64(rows):
 
 
 def test_moments_stay_accurate_when_the_mean_dwarfs_the_spread():
-  # Advantages ≈ 1000 ± 1: a sequential one-pass Σ A² − (Σ A)²/n in float32 gives M2 = 256 here instead of 626;
-  # the per-group centring and Chan's merge keep it to the rounding of the centred terms.
+  # Advantages ≈ 1067 (1000 on each row's last action token) ± 1, γλ at the fast range's lower edge: a sequential
+  # one-pass Σ A² − (Σ A)²/n in float32 gives M2 = 18112 here instead of 18316; the per-group centring and Chan's
+  # merge keep it to the rounding of the centred terms.
   rng = np.random.default_rng(7)
   mask = rng.random((4, 200)) < 0.7
   rewards = (1000.0 + rng.normal(size=mask.shape)).astype(np.float32)
   values = np.zeros(mask.shape, np.float32)
-  gamma, lam = 0.5, np.full(4, 0.01, np.float32)
+  gamma, lam = 0.5, np.full(4, gae_chunked.G_MIN / 0.5 * 1.01, np.float32)
   _, _, (count, mean, sum_sq) = _kernel_moments(rewards, values, mask, jnp.float32(gamma),
                                                 jnp.asarray(gamma * lam, jnp.float32), rows=1)
   want_count, want_mean, want_sum_sq = reference_moments(ref.gae(rewards, values, mask, gamma, lam)[0], mask)
