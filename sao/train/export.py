@@ -211,7 +211,7 @@ def _hf_views(param_path: str, value: np.ndarray) -> list[tuple[str, np.ndarray]
   """`hf.param_to_hf` without its copies: the HF tensors as (name, view of `value`), in `hf_tensor_specs` order."""
   template, kind, groups = hf._path_rule(param_path)  # pylint: disable=protected-access
   if kind == hf.EXPERT:
-    return [(template.format(expert=e, **groups), value[e].T) for e in range(value.shape[0])]
+    return [(template.format(expert=e, **groups), value[e]) for e in range(value.shape[0])]
   return [(template.format(**groups), hf._to_hf(value, kind))]  # pylint: disable=protected-access
 
 
