@@ -11,7 +11,8 @@ posts `/update_weights_from_disk` to a real local engine process (`local_server.
 `python -m sao.engines.serve`, as the embedded launcher starts it) and reads back its `weight_version`. Phases per
 version (ms):
 
-    export   device → host → HF layout → safetensors files, config, tokenizer, rename (`export_policy`)
+    export   device → host → safetensors files (each param's own bytes: our kernels are stored in HF's layout),
+             config, tokenizer, rename (`export_policy`)
     load     the engine's `load_pretrained_sharded` into its device arrays (the engine's own clock)
     swap     the engine waiting for its running batch and switching params + version (its own clock)
     http     the rest of `Fleet.publish`: discovery, the update request and the `/get_model_info` check

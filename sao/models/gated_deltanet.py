@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from sao.models.config import ModelConfig
-from sao.models.layers import dtypes, kernel_init
+from sao.models.layers import Linear, dtypes, kernel_init
 
 Array = jax.Array
 # The state is a running sum over the whole sequence: TPU's default bf16-pass matmuls would compound their error.
@@ -240,10 +240,10 @@ class GatedDeltaNet(nn.Module):
     [q | k | v] = silu(causal_conv1d(x W_qkv)),  z = x W_z,  β = sigmoid(x W_b),
     g = −exp(A_log) · softplus(x W_a + dt_bias),  o = gated_delta_rule(l2n(q)/√Dk, l2n(k), v, g, β),
     out = out_proj(GatedRMSNorm(o, z)).
-  Params (HF layout): qwen3_5: in_proj_qkv `[embed, 2·Hk·Dk + Hv·Dv]`, in_proj_z `[embed, Hv·Dv]`, in_proj_b /
-  in_proj_a `[embed, Hv]`; qwen3_next: in_proj_qkvz `[embed, Hk, 2·Dk + 2·r·Dv]` and in_proj_ba `[embed, Hk, 2·r]`
-  (grouped per key head); conv1d `[K, 2·Hk·Dk + Hv·Dv]`, A_log / dt_bias `[Hv]`, norm.scale `[Dv]`,
-  out_proj `[Hv·Dv, embed]`.
+  Params (HF layout, kernels `[out..., in]`): qwen3_5: in_proj_qkv `[2·Hk·Dk + Hv·Dv, embed]`, in_proj_z
+  `[Hv·Dv, embed]`, in_proj_b / in_proj_a `[Hv, embed]`; qwen3_next: in_proj_qkvz `[Hk, 2·Dk + 2·r·Dv, embed]` and
+  in_proj_ba `[Hk, 2·r, embed]` (grouped per key head); conv1d `[K, 2·Hk·Dk + Hv·Dv]` (HF's `[C, 1, K]`
+  transposed: a small tensor), A_log / dt_bias `[Hv]`, norm.scale `[Dv]`, out_proj `[embed, Hv·Dv]`.
   """
   config: ModelConfig
 
@@ -261,8 +261,7 @@ class GatedDeltaNet(nn.Module):
     x = jnp.where(mask[..., None], x, 0).astype(dtype)  # as HF: padded inputs are zeroed before the projections
 
     def dense(name, features, *axes):
-      return nn.DenseGeneral(features, use_bias=False, dtype=dtype, param_dtype=param_dtype,
-                             kernel_init=kernel_init("embed", *axes), name=name)(x)
+      return Linear(features, (*axes, "embed"), dtype=dtype, param_dtype=param_dtype, name=name)(x)
 
     if cfg.linear_fused_proj:
       qkvz = dense("in_proj_qkvz", (hk, 2 * dk + 2 * r * dv), "linear_heads", "linear_mix")
@@ -302,7 +301,7 @@ class GatedDeltaNet(nn.Module):
     else:
       out, state = chunked_gated_delta_rule(q, k, v, g, beta, state, cfg.linear_chunk_size)
     out = GatedRMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="norm")(out.astype(dtype), z)
-    out = nn.DenseGeneral(cfg.hidden_size, use_bias=False, dtype=dtype, param_dtype=param_dtype,
-                          kernel_init=kernel_init("linear_mix", "embed"), name="out_proj")(out.reshape(b, t, hv * dv))
+    out = Linear(cfg.hidden_size, ("embed", "linear_mix"), dtype=dtype, param_dtype=param_dtype,
+                 name="out_proj")(out.reshape(b, t, hv * dv))
     new_cache = None if cache is None else {"conv": conv_state.astype(cache["conv"].dtype), "state": state}
     return out, new_cache

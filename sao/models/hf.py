@@ -1,13 +1,14 @@
 """HF safetensors checkpoints ↔ our param trees, without torch.
 
 One table, `RULES`, maps HF tensor names to param paths. `{name}` placeholders match the regex in `_GROUPS` and are
-carried across. Transforms:
+carried across. Our linear kernels are stored in HF's layout (`sao.models.layers.PARAM_LAYOUT`), so every transform
+but CONV keeps the bytes and their order (a reshape; exports and loads copy, never transpose):
   COPY    same array (embeddings, norm scales, o_proj bias)
   FLAT    HF 1-D bias `[H·D]` ↔ ours `[H, D]`
-  LINEAR  HF `nn.Linear` weight `[out, in]` ↔ our kernel `[in, out...]` (transpose, then split the out dims)
-  LINEAR2 same with two input dims (o_proj: ours `[H, D, E]` ↔ HF `[E, H·D]`)
-  EXPERT  HF per-expert weight `experts.{e}.*.weight [out, in]` ↔ slice e of our stacked `[X, in, out]`
-  CONV    HF depthwise `conv1d.weight [C, 1, K]` ↔ ours `[K, C]`
+  LINEAR  HF `nn.Linear` weight `[out, in]` ↔ our kernel `[out..., in]` (the out dims split)
+  LINEAR2 same with two input dims (o_proj: ours `[E, H, D]` ↔ HF `[E, H·D]`)
+  EXPERT  HF per-expert weight `experts.{e}.*.weight [out, in]` ↔ slice e of our stacked `[X, out, in]`
+  CONV    HF depthwise `conv1d.weight [C, 1, K]` ↔ ours `[K, C]` (a transpose; K·C elements, K = 4)
 
 Hybrid checkpoints (qwen3_next / qwen3_5): `linear_attn.*` tensors, `mlp.shared_expert*`. Multimodal `qwen3_5` /
 `qwen3_5_moe` checkpoints keep the language model under `model.language_model.*` (read as `model.*`); their vision
@@ -16,7 +17,7 @@ be stored fused (`mlp.experts.gate_up_proj [X, 2·I, E]`, `mlp.experts.down_proj
 transformers ≥ 5); `save_pretrained` writes the per-expert layout, which transformers reads back.
 
 Critic checkpoints are the policy layout without `lm_head.weight` plus the value head:
-  `score.weight [1, E]` ↔ `value_head/kernel [E, 1]`, `score.bias [1]` ↔ `value_head/bias [1]`
+  `score.weight [1, E]` ↔ `value_head/kernel [1, E]`, `score.bias [1]` ↔ `value_head/bias [1]`
 (the name `score` follows HF's `*ForTokenClassification` / reward-model heads).
 """
 from __future__ import annotations
@@ -132,19 +133,17 @@ def _hf_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
   if kind == FLAT:
     return (int(np.prod(shape)),)
   if kind == LINEAR:
-    return (int(np.prod(shape[1:])), shape[0])
+    return (int(np.prod(shape[:-1])), shape[-1])
   if kind == LINEAR2:
-    return (int(np.prod(shape[2:])), shape[0] * shape[1])
+    return (shape[0], int(np.prod(shape[1:])))
   if kind == EXPERT:
-    return (shape[2], shape[1])
+    return (shape[1], shape[2])
   if kind == CONV:
     return (shape[1], 1, shape[0])
   return tuple(shape)
 
 
 def _to_ours(w: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray:
-  if kind in (LINEAR, LINEAR2, EXPERT):
-    w = w.T
   if kind == CONV:
     w = w[:, 0, :].T
   return w.reshape(shape)
@@ -156,9 +155,9 @@ def _to_hf(p: np.ndarray, kind: str) -> np.ndarray:
   if kind == FLAT:
     return p.reshape(-1)
   if kind == LINEAR:
-    return p.reshape(p.shape[0], -1).T
+    return p.reshape(-1, p.shape[-1])
   if kind == LINEAR2:
-    return p.reshape(p.shape[0] * p.shape[1], -1).T
+    return p.reshape(p.shape[0], -1)
   return p
 
 
@@ -253,7 +252,7 @@ def load_pretrained(directory: str, dtype: str = "float32", critic: bool = False
         continue
       if w.shape != _hf_shape(kind, shape):
         raise ValueError(f"{name}: shape {w.shape}, expected {_hf_shape(kind, shape)} for param {path}")
-      params.setdefault(path, np.zeros(shape, param_dtype))[expert] = w.T.astype(param_dtype)
+      params.setdefault(path, np.zeros(shape, param_dtype))[expert] = w.astype(param_dtype)
       experts_seen.setdefault(path, set()).add(expert)
       continue
     if w.shape != _hf_shape(kind, shape):
@@ -291,7 +290,7 @@ def param_to_hf(path: str, array: np.ndarray) -> list[tuple[str, np.ndarray]]:
   """The HF tensors (name, contiguous numpy array, same dtype) of one param, in `hf_tensor_specs` order."""
   hf, kind, groups = _path_rule(path)
   if kind == EXPERT:
-    return [(hf.format(expert=e, **groups), np.ascontiguousarray(array[e].T)) for e in range(array.shape[0])]
+    return [(hf.format(expert=e, **groups), np.ascontiguousarray(array[e])) for e in range(array.shape[0])]
   return [(hf.format(**groups), np.ascontiguousarray(_to_hf(array, kind)))]
 
 

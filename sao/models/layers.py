@@ -4,14 +4,18 @@ The hybrid family (qwen3_next / qwen3_5) adds: zero-centred RMSNorm (weight appl
 output gate on full attention, and a sigmoid-gated shared expert in the MoE; its linear-attention block lives in
 `sao.models.gated_deltanet`.
 
-Every parameter carries logical axis names (`nn.with_logical_partitioning`); `sao.models.sharding` maps them to mesh
-axes. Logical names: `embed` (hidden), `vocab`, `heads`, `kv_heads`, `head_dim`, `mlp` (dense MLP width), `expert`,
-`expert_mlp` (expert MLP width), `linear_heads` / `linear_mix` (Gated DeltaNet heads / projection widths), `norm`
-(norm scales, never sharded). Statistics (norm variance, softmax, router
+Linear weights are stored in HF's `nn.Linear` layout, `[out..., in...]` (`Linear`: the matmul contracts the input's
+last dims with the kernel's last dims), so an HF tensor and our param are the same bytes, reshaped (`sao.models.hf`):
+export and load copy bytes, no transpose. Every parameter carries logical axis names
+(`nn.with_logical_partitioning`); `sao.models.sharding` maps them to mesh axes. Logical names: `embed` (hidden),
+`vocab`, `heads`, `kv_heads`, `head_dim`, `mlp` (dense MLP width), `expert`, `expert_mlp` (expert MLP width),
+`linear_heads` / `linear_mix` (Gated DeltaNet heads / projection widths), `norm` (norm scales, never sharded).
+Statistics (norm variance, softmax, router
 probabilities, logits) are computed in float32 whatever the compute dtype.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -24,6 +28,9 @@ from sao.models.config import ModelConfig
 
 Array = jax.Array
 _KERNEL_INIT = nn.initializers.normal(stddev=0.02)
+# What a param tree's linear weights are laid out as; checkpoints record it (`sao.train.checkpoint`) and refuse a
+# tree written in another layout. "in_out" (kernels `[in..., out...]`, flax's `nn.Dense`) was the layout before.
+PARAM_LAYOUT = "hf_out_in"
 
 
 def dtypes(config: ModelConfig) -> tuple[Any, Any]:
@@ -35,8 +42,61 @@ def kernel_init(*axes: str | None):
   return nn.with_logical_partitioning(_KERNEL_INIT, axes)
 
 
+def linear_init(n_batch: int, n_out: int, *axes: str | None, stddev: float = 0.02):
+  """Normal(0, stddev²) init of a `[batch..., out..., in...]` kernel (`n_batch` leading stacked dims, e.g. experts),
+  with logical `axes` in that order.
+
+  The values are drawn as `[batch..., Π in, Π out]` and transposed: the same numbers the earlier `[in, out]` layout
+  drew from the same key (a normal draw depends on the key and the element count only), so a model initialised from
+  a seed is the same function of its inputs in either layout.
+  """
+  base = nn.initializers.normal(stddev=stddev)
+
+  def init(key, shape, dtype=jnp.float32):
+    batch, outs, ins = shape[:n_batch], shape[n_batch:n_batch + n_out], shape[n_batch + n_out:]
+    drawn = base(key, tuple(batch) + (math.prod(ins), math.prod(outs)), dtype)
+    return jnp.swapaxes(drawn, -1, -2).reshape(shape)
+
+  return nn.with_logical_partitioning(init, axes)
+
+
 def zeros_init(*axes: str | None):
   return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+class Linear(nn.Module):
+  """`y = x · Wᵀ + b` with W in HF's layout: kernel `[out..., in...]`, `in` = x's last `n_in` dims.
+
+  x: [..., in...] → y: [..., out...] (`features` = the out dims). Inputs and kernel are cast to `dtype`, one
+  `dot_general` contracting x's last `n_in` dims with the kernel's last `n_in` (any contracting dims cost the same
+  as flax's `[in, out]` `nn.DenseGeneral`). `kernel_axes` / `bias_axes`: the logical names of `[out..., in...]` /
+  `[out...]`; `stddev`: of the kernel's normal init (`linear_init`).
+  """
+  features: int | tuple[int, ...]
+  kernel_axes: tuple[str | None, ...]
+  bias_axes: tuple[str | None, ...] = ()
+  n_in: int = 1
+  use_bias: bool = False
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+  stddev: float = 0.02
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    outs = (self.features,) if isinstance(self.features, int) else tuple(self.features)
+    ins = x.shape[x.ndim - self.n_in:]
+    if len(self.kernel_axes) != len(outs) + self.n_in:
+      raise ValueError(f"{self.name}: kernel_axes {self.kernel_axes} do not name the {len(outs) + self.n_in} dims of "
+                       f"a [out..., in...] kernel {outs + tuple(ins)}")
+    kernel = self.param("kernel", linear_init(0, len(outs), *self.kernel_axes, stddev=self.stddev), outs + tuple(ins),
+                        self.param_dtype)
+    contract_x = tuple(range(x.ndim - self.n_in, x.ndim))
+    contract_w = tuple(range(len(outs), len(outs) + self.n_in))
+    y = jax.lax.dot_general(x.astype(self.dtype), kernel.astype(self.dtype), ((contract_x, contract_w), ((), ())))
+    if self.use_bias:
+      bias = self.param("bias", zeros_init(*self.bias_axes), outs, self.param_dtype)
+      y = y + bias.astype(self.dtype)
+    return y
 
 
 class RMSNorm(nn.Module):
@@ -99,9 +159,9 @@ def _write_rows(buffer: Array, update: Array, index: Array) -> Array:
 class Attention(nn.Module):
   """Full causal GQA self-attention (`self_attn`): q/k/v/o projections, optional biases, optional q/k RMSNorm, RoPE.
 
-  Kernels: q_proj `[embed, heads, head_dim]`, k_proj / v_proj `[embed, kv_heads, head_dim]`,
-  o_proj `[heads, head_dim, embed]`. With `attn_output_gate` (qwen3_next / qwen3_5) q_proj is
-  `[embed, heads, 2·head_dim]` = [q | gate] per head (HF's layout) and `out = o_proj(attn · sigmoid(gate))`.
+  Kernels (HF layout, `Linear`): q_proj `[heads, head_dim, embed]`, k_proj / v_proj `[kv_heads, head_dim, embed]`,
+  o_proj `[embed, heads, head_dim]`. With `attn_output_gate` (qwen3_next / qwen3_5) q_proj is
+  `[heads, 2·head_dim, embed]` = [q | gate] per head (HF's layout) and `out = o_proj(attn · sigmoid(gate))`.
   """
   config: ModelConfig
 
@@ -118,10 +178,8 @@ class Attention(nn.Module):
     dtype, param_dtype = dtypes(cfg)
 
     def proj(name, heads, axis_name, bias, width=1):
-      return nn.DenseGeneral(
-          features=(heads, width * cfg.head_dim), use_bias=bias, dtype=dtype, param_dtype=param_dtype,
-          kernel_init=kernel_init("embed", axis_name, "head_dim"), bias_init=zeros_init(axis_name, "head_dim"),
-          name=name)(x)
+      return Linear((heads, width * cfg.head_dim), (axis_name, "head_dim", "embed"), (axis_name, "head_dim"),
+                    use_bias=bias, dtype=dtype, param_dtype=param_dtype, name=name)(x)
 
     q = proj("q_proj", cfg.num_heads, "heads", cfg.attention_bias, 2 if cfg.attn_output_gate else 1)
     gate = None
@@ -143,15 +201,13 @@ class Attention(nn.Module):
     out = attention(q, k, v, mask, cfg.attention_impl)
     if gate is not None:
       out = (out * jax.nn.sigmoid(gate.astype(jnp.float32))).astype(dtype)
-    out = nn.DenseGeneral(
-        features=cfg.hidden_size, axis=(-2, -1), use_bias=cfg.attention_out_bias, dtype=dtype,
-        param_dtype=param_dtype, kernel_init=kernel_init("heads", "head_dim", "embed"),
-        bias_init=zeros_init("embed"), name="o_proj")(out)
+    out = Linear(cfg.hidden_size, ("embed", "heads", "head_dim"), ("embed",), n_in=2, use_bias=cfg.attention_out_bias,
+                 dtype=dtype, param_dtype=param_dtype, name="o_proj")(out)
     return out, new_cache
 
 
 class MLP(nn.Module):
-  """SwiGLU: `down(silu(gate(x)) * up(x))`; kernels gate/up `[embed, mlp]`, down `[mlp, embed]`.
+  """SwiGLU: `down(silu(gate(x)) * up(x))`; kernels (HF layout) gate/up `[mlp, embed]`, down `[embed, mlp]`.
 
   Width `intermediate_size` (default: the config's; the shared expert passes its own)."""
   config: ModelConfig
@@ -164,8 +220,8 @@ class MLP(nn.Module):
     width = self.intermediate_size or cfg.intermediate_size
 
     def dense(name, features, in_axis, out_axis, inp):
-      return nn.Dense(features, use_bias=cfg.mlp_bias, dtype=dtype, param_dtype=param_dtype,
-                      kernel_init=kernel_init(in_axis, out_axis), bias_init=zeros_init(out_axis), name=name)(inp)
+      return Linear(features, (out_axis, in_axis), (out_axis,), use_bias=cfg.mlp_bias, dtype=dtype,
+                    param_dtype=param_dtype, name=name)(inp)
 
     h = nn.silu(dense("gate_proj", width, "embed", "mlp", x))
     h = h * dense("up_proj", width, "embed", "mlp", x)
@@ -178,10 +234,10 @@ class MoE(nn.Module):
   Router: `p = softmax(x @ gate)` (float32) over X experts, top-k, renormalised over the k when norm_topk_prob.
   `y = Σ_{e ∈ topk} p_e · down_e(silu(gate_e(x)) * up_e(x))`. "routed" (default): assignments sorted by expert and
   grouped matmuls, FLOPs ∝ k; "dense": every expert on every token, unselected ones weighted 0 (the test oracle).
-  Params: gate.kernel `[embed, X]`; experts.gate_proj / up_proj `[X, embed, expert_mlp]`, down_proj
-  `[X, expert_mlp, embed]` (HF's per-expert `(out, in)` weights, stacked and transposed).
+  Params (HF layout): gate.kernel `[X, embed]`; experts.gate_proj / up_proj `[X, expert_mlp, embed]`, down_proj
+  `[X, embed, expert_mlp]` (HF's per-expert `(out, in)` weights stacked, as transformers ≥ 5 fuses them).
   Shared expert (qwen3_next / qwen3_5_moe, `shared_expert_intermediate_size > 0`): every token also gets
-  `sigmoid(x @ shared_expert_gate) · shared_expert(x)` (a SwiGLU MLP; shared_expert_gate.kernel `[embed, 1]`).
+  `sigmoid(x @ shared_expert_gate) · shared_expert(x)` (a SwiGLU MLP; shared_expert_gate.kernel `[1, embed]`).
   """
   config: ModelConfig
 
@@ -190,8 +246,8 @@ class MoE(nn.Module):
     cfg = self.config
     dtype, param_dtype = dtypes(cfg)
     # The router runs in float32 whatever the compute dtype (bf16 logits would flip near-tied top-k choices).
-    router_logits = nn.Dense(cfg.num_experts, use_bias=False, dtype=jnp.float32, param_dtype=param_dtype,
-                             kernel_init=kernel_init("embed", None), name="gate")(x)
+    router_logits = Linear(cfg.num_experts, (None, "embed"), dtype=jnp.float32, param_dtype=param_dtype,
+                           name="gate")(x)
     weights, experts = moe.route(router_logits.reshape(-1, cfg.num_experts), cfg.num_experts_per_tok,
                                  cfg.norm_topk_prob)  # [B·T, k]
     w_gate, w_up, w_down = ExpertWeights(cfg, name="experts")()
@@ -200,23 +256,22 @@ class MoE(nn.Module):
     out = out.astype(dtype)
     if cfg.shared_expert_intermediate_size:
       shared = MLP(cfg, cfg.shared_expert_intermediate_size, name="shared_expert")(x)
-      shared_gate = nn.Dense(1, use_bias=False, dtype=dtype, param_dtype=param_dtype,
-                             kernel_init=kernel_init("embed", None), name="shared_expert_gate")(x)
+      shared_gate = Linear(1, (None, "embed"), dtype=dtype, param_dtype=param_dtype, name="shared_expert_gate")(x)
       out = out + jax.nn.sigmoid(shared_gate.astype(jnp.float32)).astype(dtype) * shared
     return out
 
 
 class ExpertWeights(nn.Module):
-  """Holds the stacked expert weights (`mlp.experts.{gate_proj, up_proj, down_proj}`)."""
+  """Holds the stacked expert weights (`mlp.experts.{gate_proj, up_proj, down_proj}`), `[X, out, in]` each."""
   config: ModelConfig
 
   @nn.compact
   def __call__(self) -> tuple[Array, Array, Array]:
     cfg = self.config
     _, param_dtype = dtypes(cfg)
-    shape_in = (cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
-    shape_out = (cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size)
-    gate = self.param("gate_proj", kernel_init("expert", "embed", "expert_mlp"), shape_in, param_dtype)
-    up = self.param("up_proj", kernel_init("expert", "embed", "expert_mlp"), shape_in, param_dtype)
-    down = self.param("down_proj", kernel_init("expert", "expert_mlp", "embed"), shape_out, param_dtype)
+    shape_in = (cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size)  # [X, out, in]
+    shape_out = (cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+    gate = self.param("gate_proj", linear_init(1, 1, "expert", "expert_mlp", "embed"), shape_in, param_dtype)
+    up = self.param("up_proj", linear_init(1, 1, "expert", "expert_mlp", "embed"), shape_in, param_dtype)
+    down = self.param("down_proj", linear_init(1, 1, "expert", "embed", "expert_mlp"), shape_out, param_dtype)
     return gate, up, down

@@ -19,11 +19,11 @@ Array = jax.Array
 
 
 def logits_from_hidden(hidden: Array, unembed: Array, dtype) -> Array:
-  """hidden [..., E] @ unembed [E, V] → float32 logits [..., V] (inputs in compute `dtype`, f32 accumulation).
+  """hidden [..., E] @ unembed [V, E]ᵀ → float32 logits [..., V] (inputs in compute `dtype`, f32 accumulation).
 
   The same formula as `CausalLM.logits`, so sampler and trainer see bit-compatible logits.
   """
-  return jnp.einsum("...e,ev->...v", hidden.astype(dtype), unembed.astype(dtype), preferred_element_type=jnp.float32)
+  return jnp.einsum("...e,ve->...v", hidden.astype(dtype), unembed.astype(dtype), preferred_element_type=jnp.float32)
 
 
 def logprobs_from_hidden(hidden: Array, unembed: Array, input_ids: Array, attention_mask: Array | None = None,
@@ -31,7 +31,8 @@ def logprobs_from_hidden(hidden: Array, unembed: Array, input_ids: Array, attent
                          dtype=None) -> Array | tuple[Array, Array]:
   """Scores `input_ids` given backbone outputs.
 
-  hidden: [B, T, E] (after the final norm); unembed: [E, V]; input_ids, attention_mask: [B, T].
+  hidden: [B, T, E] (after the final norm); unembed: [V, E] (`transformer.unembedding`); input_ids,
+  attention_mask: [B, T].
   Returns logprobs [B, T] float32 (and entropy [B, T] float32 of the same tempered distribution,
   `H = logsumexp(z) − Σ softmax(z)·z`, with the same zeros), aligned as in the module docstring.
   Time is processed in chunks of `chunk_size` by `lax.map` over a `jax.checkpoint`ed function, so the backward pass

@@ -6,7 +6,8 @@ when `norm_topk_prob`. Experts: `y_n = Σ_{j<k} p_nj · down_e(silu(gate_e(x_n))
 `routed_experts` computes each token only with its k experts (FLOPs ∝ N·k, not N·X) and drops nothing (any number
 of tokens may pick one expert):
   1. the N·k assignments are sorted by expert (stable argsort); row m of the sorted list is token `order[m] // k`;
-  2. `group_sizes[e]` rows per expert, grouped matmuls `[M, D] × [X, D, F] → [M, F]` (`grouped_matmul`);
+  2. `group_sizes[e]` rows per expert, grouped matmuls `[M, D] × [X, D, F] → [M, F]` (`grouped_matmul`; the
+     weights are stored `[X, F, D]`, HF's layout, and swapped at the call);
   3. the rows are un-sorted (the inverse permutation, a gather) to `[N, k, D]` and summed with the router weights.
 `dense_experts` runs every expert on every token and weights the unselected ones by 0: the test oracle
 (`ModelConfig.moe_impl = "dense"`).
@@ -50,14 +51,14 @@ def route(router_logits: Array, k: int, norm_topk_prob: bool) -> tuple[Array, Ar
 
 
 def dense_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up: Array, w_down: Array) -> Array:
-  """Every expert on every token (the oracle): x [N, D], weights / experts [N, k], w_gate / w_up [X, D, F],
-  w_down [X, F, D] → [N, D] in x.dtype."""
+  """Every expert on every token (the oracle): x [N, D], weights / experts [N, k], w_gate / w_up [X, F, D],
+  w_down [X, D, F] (HF's `[out, in]` per expert) → [N, D] in x.dtype."""
   n_exp = w_gate.shape[0]
   combine = jnp.sum(jax.nn.one_hot(experts, n_exp, dtype=jnp.float32) * weights[..., None], axis=-2)  # [N, X]
   combine = combine.astype(x.dtype)
-  h = jax.nn.silu(jnp.einsum("ne,xei->nxi", x, w_gate.astype(x.dtype)))
-  h = h * jnp.einsum("ne,xei->nxi", x, w_up.astype(x.dtype))
-  return jnp.einsum("nxi,xie,nx->ne", h, w_down.astype(x.dtype), combine)
+  h = jax.nn.silu(jnp.einsum("ne,xie->nxi", x, w_gate.astype(x.dtype)))
+  h = h * jnp.einsum("ne,xie->nxi", x, w_up.astype(x.dtype))
+  return jnp.einsum("nxi,xei,nx->ne", h, w_down.astype(x.dtype), combine)
 
 
 def routed_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up: Array, w_down: Array) -> Array:
@@ -95,9 +96,11 @@ def _local_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up
   order = jnp.argsort(key, stable=True)  # [M = N·k]
   group_sizes = jnp.bincount(key, length=n_local + 1)[:n_local].astype(jnp.int32)  # [X_local]
   xs = x[order // k]  # [M, D]
-  h = jax.nn.silu(grouped_matmul(xs, w_gate.astype(x.dtype), group_sizes))
-  h = h * grouped_matmul(xs, w_up.astype(x.dtype), group_sizes)
-  ys = grouped_matmul(h, w_down.astype(x.dtype), group_sizes)  # [M, D]; rows outside every group are not ours
+  # The weights are stored [X, out, in] (HF's layout); grouped_matmul takes rhs [G, in, out].
+  h = jax.nn.silu(grouped_matmul(xs, w_gate.astype(x.dtype).swapaxes(1, 2), group_sizes))
+  h = h * grouped_matmul(xs, w_up.astype(x.dtype).swapaxes(1, 2), group_sizes)
+  # [M, D]; rows outside every group are not ours
+  ys = grouped_matmul(h, w_down.astype(x.dtype).swapaxes(1, 2), group_sizes)
   ys = jnp.where(here[order][:, None], ys, 0)
   unsorted = ys[jnp.argsort(order)].reshape(n_tok, k, -1)  # inverse permutation: back to [N, k, D]
   return jnp.einsum("nkd,nk->nd", unsorted, weights.astype(x.dtype))

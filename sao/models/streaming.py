@@ -13,18 +13,19 @@ streaming a shard file through one open handle would still grow RSS to the file'
 Bytes are read straight into their destination (`preadv`), and each param's host array starts 64-byte aligned, which
 XLA's CPU client takes over as the device buffer without a copy (`docs/performance.md`, "Weight publication").
 
-Slicing commutes with every mapping of `sao.models.hf.RULES`, so no tensor is ever loaded whole. With a param shard
+Slicing commutes with every mapping of `sao.models.hf.RULES`, so no tensor is ever loaded whole. Our linear kernels
+are stored in HF's layout, so a linear param is its HF tensor's bytes in the same order. With a param shard
 `p[a₀:b₀, a₁:b₁, …]`:
   COPY     reads `w[a₀:b₀, a₁:b₁, …]`
   FLAT     ours `[H, D]` = `w.reshape(H, D)`: reads `w[a₀·D : b₀·D]`, then takes `[:, a₁:b₁]`
-  LINEAR   ours `[in, o₀, o₁…]` = `w.T.reshape(…)`, `w [Πo, in]`: reads rows `a_o₀·Πo₁… : b_o₀·Πo₁…` and columns
-           `a_in:b_in` of `w`, transposes, reshapes, then takes the remaining out-dim slices
-  LINEAR2  the same with two input dims (`[H, D, E]` ↔ `[E, H·D]`)
-  EXPERT   experts `a₀:b₀` one by one, each a LINEAR slice of its own tensor — or of the fused
-           `gate_up_proj [X, 2I, E]` / `down_proj [X, E, I]` tensor (a window at expert e, rows offset by I for `up`)
+  LINEAR   ours `[out..., in]` = `w.reshape(…)`, `w [Π out, in]`: reads the box `p[a₀:b₀, …]` of the reshaped tensor
+  LINEAR2  the same with two input dims (`[E, H, D]` ↔ `[E, H·D]`)
+  EXPERT   experts `a₀:b₀` one by one, each the box of its own tensor `[out, in]` — or of a window of the fused
+           `gate_up_proj [X, 2I, E]` / `down_proj [X, E, I]` tensor (at expert e, rows offset by I for `up`)
   CONV     ours `[K, C]` = `w[:, 0, :].T`: reads `w[a_C:b_C, 0:1, a_K:b_K]`
-Rows a shard does not need are read only when a C-order row is shorter than one read chunk (whole rows are read
-and sliced in numpy, which bounds the number of system calls).
+A box whose rows are whole (an unsharded param, or one sharded on its first dim) is read with `preadv` straight
+into the param's host array; rows a shard does not need are read only when a C-order row is shorter than one read
+chunk (whole rows are read and sliced in numpy, which bounds the number of system calls).
 
 All names, shapes and dtypes are checked from the headers before any device memory is filled; the errors are
 `load_pretrained`'s (unknown / missing / mis-shaped tensors, named).
@@ -210,43 +211,40 @@ class _View:
 
 
 # ------------------------------------------------------------------------------------------------ mapping
-def _linear(view: _View, shape: tuple[int, ...], n_in: int, bounds: Bounds, dtype: np.dtype,
-            counter: list[int], out: np.ndarray | None = None) -> np.ndarray:
-  """`(w.T.reshape(shape))[bounds]` in `dtype` for `w [Π shape[n_in:], Π shape[:n_in]]`, reading only the rows and
-  columns needed, ≤ `_CHUNK_BYTES` of rows at a time transposed straight into the result (no second full copy)."""
-  ins, outs = shape[:n_in], shape[n_in:]
-  b_in, b_out = bounds[:n_in], bounds[n_in:]
-  in_rest, out_rest = int(np.prod(ins[1:])), int(np.prod(outs[1:]))
-  r0, r1 = b_out[0][0] * out_rest, b_out[0][1] * out_rest
-  cols = (b_in[0][0] * in_rest, b_in[0][1] * in_rest)
-  full = aligned_empty((cols[1] - cols[0], r1 - r0), dtype)
-  row_bytes = (cols[1] - cols[0]) * view.tensor.dtype.itemsize
-  step = max(1, _CHUNK_BYTES // max(1, row_bytes))
-  scratch = np.empty(min(step, r1 - r0) * row_bytes, np.uint8)  # one read buffer for every chunk of the tensor
-  for r in range(r0, r1, step):
-    chunk = view.read(((r, min(r1, r + step)), cols), counter, scratch)
-    tiled_copy(full[:, r - r0:min(r1, r + step) - r0], chunk.T)
-  full = full.reshape((b_in[0][1] - b_in[0][0],) + ins[1:] + (b_out[0][1] - b_out[0][0],) + outs[1:])
-  sub = ((slice(None),) + tuple(slice(lo, hi) for lo, hi in b_in[1:])
-         + (slice(None),) + tuple(slice(lo, hi) for lo, hi in b_out[1:]))
+def _in_param_shape(view: _View, shape: tuple[int, ...]) -> _View:
+  """A whole HF tensor `[Π out, Π in]` seen as the param `[out..., in...]` it is, reshaped (the same C-order bytes:
+  our linear kernels are stored in HF's layout)."""
+  if view.lead or view.row_offset or view.shape != view.tensor.shape:
+    raise ValueError(f"{view.tensor.name}: a window of a fused tensor where a whole linear weight was expected")
+  return _View(dataclasses.replace(view.tensor, shape=tuple(shape)), tuple(shape))
+
+
+def _read_as(view: _View, bounds: Bounds, dtype: np.dtype, counter: list[int],
+             out: np.ndarray | None = None) -> np.ndarray:
+  """`view[bounds]` in `dtype`, C-contiguous: read straight into `out` (given, C-contiguous) when the dtypes match,
+  else read and converted in one copy."""
+  if out is not None and out.dtype == view.tensor.dtype:
+    view.read(bounds, counter, out.reshape(-1).view(np.uint8))
+    return out
+  w = view.read(bounds, counter)
   if out is None:
-    return _contiguous(full[sub], dtype)
-  out[...] = full[sub]
+    return _contiguous(w, dtype)
+  np.copyto(out, w, casting="unsafe")
   return out
 
 
 def _param_slice(kind: str, views: dict[int | None, _View], shape: tuple[int, ...], bounds: Bounds,
                  dtype: np.dtype, counter: list[int]) -> np.ndarray:
   """`param[bounds]` in `dtype`, C-contiguous (see the module docstring's table)."""
-  if kind == hf.EXPERT:
+  if kind == hf.EXPERT:  # expert e's slice is its HF tensor (or a window of the fused one) as it is stored
     (x0, x1), rest = bounds[0], bounds[1:]
     out = aligned_empty((x1 - x0,) + tuple(hi - lo for lo, hi in rest), dtype)
     for e in range(x0, x1):
-      _linear(views[e], shape[1:], 1, rest, dtype, counter, out[e - x0])
+      _read_as(views[e], rest, dtype, counter, out[e - x0])
     return out
   view = views[None]
   if kind in (hf.LINEAR, hf.LINEAR2):
-    return _linear(view, shape, 1 if kind == hf.LINEAR else 2, bounds, dtype, counter)
+    return _read_as(_in_param_shape(view, shape), bounds, dtype, counter)
   if kind == hf.COPY:
     w = view.read(bounds, counter)
   elif kind == hf.FLAT:

@@ -8,8 +8,9 @@ Parameter tree (mirrors HF names, so `.*self_attn.*` / `.*linear_attn.*` select 
                                   'shared_expert'?: {...}, 'shared_expert_gate'?: {'kernel'}}},
              'layers_j': {..., 'linear_attn': {...}, ...}   (linear_attention blocks: sao.models.gated_deltanet)
              ..., 'norm': {'scale'}},
-   'lm_head': {'kernel': [E, V]}            (absent when tie_word_embeddings)
-   'value_head': {'kernel': [E, 1], 'bias': [1]}   (Critic only, instead of lm_head)}
+   'lm_head': {'kernel': [V, E]}            (absent when tie_word_embeddings)
+   'value_head': {'kernel': [1, E], 'bias': [1]}   (Critic only, instead of lm_head)}
+Linear kernels are `[out..., in...]`, HF's `nn.Linear` layout (`sao.models.layers.Linear`, `PARAM_LAYOUT`).
 
 Cache (a plain pytree passed in and returned; `init_cache` builds it):
   {'index': [B] int32  next slot to write per row,
@@ -37,7 +38,7 @@ from sao.models import scan
 from sao.models.attention import AttentionMask
 from sao.models.config import REMAT_POLICIES, ModelConfig
 from sao.models.gated_deltanet import GatedDeltaNet, linear_attention_cache
-from sao.models.layers import MLP, Attention, MoE, dtypes, kernel_init, norm
+from sao.models.layers import MLP, Attention, Linear, MoE, dtypes, kernel_init, linear_init, norm
 
 Array = jax.Array
 Cache = dict[str, Any]
@@ -195,24 +196,24 @@ class CausalLM(nn.Module):
     return self.model(input_ids, attention_mask, cache)
 
   def logits(self, hidden: Array) -> Array:
-    """hidden [..., E] → float32 logits [..., V] = hidden @ W_unembed."""
+    """hidden [..., E] → float32 logits [..., V] = hidden @ W_unembedᵀ, W_unembed `[V, E]`."""
     if self.config.tie_word_embeddings:
-      w = nn.meta.unbox(self.model.variables["params"]["embed_tokens"]["embedding"]).T
+      w = nn.meta.unbox(self.model.variables["params"]["embed_tokens"]["embedding"])
       dtype = jnp.dtype(self.config.dtype)
-      return jnp.einsum("...e,ev->...v", hidden.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+      return jnp.einsum("...e,ve->...v", hidden.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
     return self.lm_head(hidden)
 
 
 class LMHead(nn.Module):
-  """Untied unembedding, `lm_head.kernel [embed, vocab]`; logits accumulated in float32."""
+  """Untied unembedding, `lm_head.kernel [vocab, embed]` (HF layout); logits accumulated in float32."""
   config: ModelConfig
 
   @nn.compact
   def __call__(self, hidden: Array) -> Array:
     cfg = self.config
     dtype, param_dtype = dtypes(cfg)
-    w = self.param("kernel", kernel_init("embed", "vocab"), (cfg.hidden_size, cfg.vocab_size), param_dtype)
-    return jnp.einsum("...e,ev->...v", hidden.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+    w = self.param("kernel", linear_init(0, 1, "vocab", "embed"), (cfg.vocab_size, cfg.hidden_size), param_dtype)
+    return jnp.einsum("...e,ve->...v", hidden.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
 
 
 class Critic(nn.Module):
@@ -222,10 +223,8 @@ class Critic(nn.Module):
   def setup(self):
     _, param_dtype = dtypes(self.config)
     self.model = Backbone(self.config)
-    self.value_head = nn.Dense(
-        1, dtype=jnp.float32, param_dtype=param_dtype,
-        kernel_init=nn.with_logical_partitioning(nn.initializers.normal(1e-3), ("embed", None)),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)))
+    self.value_head = Linear(1, (None, "embed"), (None,), use_bias=True, dtype=jnp.float32, param_dtype=param_dtype,
+                             stddev=1e-3)
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None) -> Array:
     hidden, _ = self.model(input_ids, attention_mask)
@@ -241,9 +240,9 @@ class Critic(nn.Module):
 
 
 def unembedding(params: dict, config: ModelConfig) -> Array:
-  """The `[E, V]` unembedding matrix of policy params (tied: embed_tokens.embedding.T; else lm_head.kernel)."""
+  """The `[V, E]` unembedding matrix of policy params (tied: embed_tokens.embedding; else lm_head.kernel)."""
   if config.tie_word_embeddings:
-    return params["model"]["embed_tokens"]["embedding"].T
+    return params["model"]["embed_tokens"]["embedding"]
   return params["lm_head"]["kernel"]
 
 
@@ -280,7 +279,8 @@ def init_params(config: ModelConfig, rng: Array, critic: bool = False, shardings
 
 
 def init_critic_from_policy(policy_params: dict, rng: Array, init_scale: float = 1e-3) -> dict:
-  """Critic params: a copy of the policy's `model` subtree + a fresh value head (kernel ~ N(0, init_scale²), bias 0).
+  """Critic params: a copy of the policy's `model` subtree + a fresh value head (kernel `[1, E]` ~ N(0, init_scale²),
+  bias 0).
 
   The head starts near zero so initial values ≈ 0 and the first value-loss gradients are small.
   """
@@ -288,6 +288,6 @@ def init_critic_from_policy(policy_params: dict, rng: Array, init_scale: float =
     raise ValueError("policy_params: missing the 'model' subtree")
   embedding = policy_params["model"]["embed_tokens"]["embedding"]
   hidden = embedding.shape[1]
-  kernel = (init_scale * jax.random.normal(rng, (hidden, 1), jnp.float32)).astype(embedding.dtype)
+  kernel = (init_scale * jax.random.normal(rng, (hidden, 1), jnp.float32)).astype(embedding.dtype).T  # [1, E]
   return {"model": jax.tree.map(jnp.array, policy_params["model"]),
           "value_head": {"kernel": kernel, "bias": jnp.zeros((1,), embedding.dtype)}}

@@ -5,7 +5,11 @@ pytrees (orbax `Composite` items, e.g. the learner's `actor` / `critic` `TrainSt
 `meta` dict. The learner builds both (its `checkpoint_items` and `checkpoint_metadata`) and applies what comes back.
 Restores go straight into the caller's shardings (abstract `ShapeDtypeStruct` targets) and continue bit-for-bit.
 A step that fails to restore (cut off mid-save, truncated files) is skipped with a warning naming the error, and the
-next older one is tried.
+next older one is tried. A step whose metadata lacks what the caller expects (`restore(expect=...)`, e.g. the param
+layout) is refused with a ValueError naming the entry, before its arrays are read.
+
+Param files (`save_params`) record the param layout (`sao.models.layers.PARAM_LAYOUT`) in `PARAMS_META`;
+`load_params` refuses a tree saved in another layout (a square kernel would otherwise load silently transposed).
 """
 from __future__ import annotations
 
@@ -14,24 +18,51 @@ import json
 import os
 from typing import Any, Mapping
 
+import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
+from sao.models.layers import PARAM_LAYOUT
+
 META = "meta"
+PARAMS_META = "sao_params.json"  # written into a `save_params` directory, next to orbax's files
+LAYOUT_KEY = "param_layout"
+
+
+def layout_mismatch(found: Any, what: str) -> str | None:
+  """The error message for a tree saved with param layout `found` (None: not recorded), or None if it is ours."""
+  if found == PARAM_LAYOUT:
+    return None
+  saved = (f"{LAYOUT_KEY}={found!r}" if found is not None else
+           f"no {LAYOUT_KEY} (written before linear kernels moved to HF's [out, in] layout: kernels [in, out])")
+  return (f"{what}: saved with {saved}, but this code stores linear kernels as {PARAM_LAYOUT!r} ([out..., in...]); "
+          f"re-export it through an HF directory (sao.models.hf) or train afresh")
 
 
 def save_params(path: str, params: Any) -> None:
-  """Saves one param tree to `path` (a new directory), synchronously."""
+  """Saves one param tree to `path` (a new directory), synchronously, with its param layout (`PARAMS_META`)."""
   path = os.path.abspath(path)
   with ocp.StandardCheckpointer() as checkpointer:
     checkpointer.save(path, params)
+  if jax.process_index() == 0:
+    with open(os.path.join(path, PARAMS_META), "w", encoding="utf-8") as f:
+      json.dump({LAYOUT_KEY: PARAM_LAYOUT}, f)
 
 
 def load_params(path: str, abstract: Any) -> Any:
-  """Loads a tree saved by `save_params` into `abstract`'s shapes and shardings (`ShapeDtypeStruct` leaves)."""
+  """Loads a tree saved by `save_params` into `abstract`'s shapes and shardings (`ShapeDtypeStruct` leaves).
+  Raises ValueError if the directory is missing or holds another param layout."""
   path = os.path.abspath(path)
   if not os.path.isdir(path):
     raise ValueError(f"critic.init_path: no checkpoint directory at {path!r}")
+  meta_path = os.path.join(path, PARAMS_META)
+  found = None
+  if os.path.exists(meta_path):
+    with open(meta_path, encoding="utf-8") as f:
+      found = json.load(f).get(LAYOUT_KEY)
+  error = layout_mismatch(found, f"critic.init_path {path!r}")
+  if error:
+    raise ValueError(error)
   with ocp.StandardCheckpointer() as checkpointer:
     return checkpointer.restore(path, abstract)
 
@@ -85,14 +116,18 @@ class Checkpointer:
     self.manager.wait_until_finished()
     return self.manager.save(step, args=ocp.args.Composite(**args), force=True)
 
-  def restore(self, abstract_items: Mapping[str, Any], step: int | None = None) -> Restored | None:
+  def restore(self, abstract_items: Mapping[str, Any], step: int | None = None,
+              expect: Mapping[str, Any] | None = None) -> Restored | None:
     """Restores the newest readable step (or `step`) into the shapes and shardings of `abstract_items` (trees of
     `jax.ShapeDtypeStruct`); None if the directory holds no checkpoint. Unreadable steps are skipped with a warning;
-    if none is readable, raises RuntimeError."""
+    if none is readable, raises RuntimeError. `expect`: metadata entries the step must hold (e.g. `{LAYOUT_KEY:
+    PARAM_LAYOUT}`); a readable step without them raises ValueError naming the entry, before its arrays are read."""
     self.manager.wait_until_finished()
     candidates = [step] if step is not None else self.all_steps()[::-1]
     errors = []
     for candidate in candidates:
+      if expect:
+        self._check_expected(candidate, expect)
       try:
         args = {name: ocp.args.StandardRestore(tree) for name, tree in abstract_items.items()}
         args[META] = ocp.args.JsonRestore()
@@ -105,6 +140,18 @@ class Checkpointer:
     if errors:
       raise RuntimeError(f"checkpoint: no readable checkpoint in {self.directory}: " + "; ".join(errors))
     return None
+
+  def _check_expected(self, step: int, expect: Mapping[str, Any]) -> None:
+    try:
+      meta = dict(self.manager.restore(step, args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))[META])
+    except Exception:  # noqa: BLE001 — an unreadable step is reported by the full restore that follows
+      return
+    for key, want in expect.items():
+      found = meta.get(key)
+      if found != want:
+        message = (layout_mismatch(found, f"checkpoint step {step} in {self.directory}") if key == LAYOUT_KEY else
+                   f"checkpoint step {step} in {self.directory}: metadata {key}={found!r}, expected {want!r}")
+        raise ValueError(message)
 
   def wait(self) -> None:
     self.manager.wait_until_finished()

@@ -260,6 +260,7 @@ class Learner:
                                   "critic": self.critic.consecutive_nonfinite if self.critic else 0},
         "config": config_to_json(self.config),
         "extra": extra or {},
+        ckpt_lib.LAYOUT_KEY: ckpt_lib.PARAM_LAYOUT,  # restores refuse a tree of another layout
     }
 
   def save_checkpoint(self, checkpointer: ckpt_lib.Checkpointer, extra: dict | None = None,
@@ -272,7 +273,8 @@ class Learner:
   def restore_checkpoint(self, checkpointer: ckpt_lib.Checkpointer, step: int | None = None) -> dict | None:
     """Restores the newest readable step (or `step`) into this learner; returns its `extra`, or None if there is
     no checkpoint."""
-    restored = checkpointer.restore(self.abstract_checkpoint_items(), step)
+    restored = checkpointer.restore(self.abstract_checkpoint_items(), step,
+                                    expect={ckpt_lib.LAYOUT_KEY: ckpt_lib.PARAM_LAYOUT})
     if restored is None:
       return None
     meta = restored.metadata

@@ -45,7 +45,7 @@ def test_logits_match_hf_with_padding(model_type, tmp_path):
   assert np.abs(np.asarray(hidden)[real] - want_hidden[real]).max() <= TOL
   assert values.shape == ids.shape and values.dtype == np.float32
   head = critic_params["value_head"]
-  want_values = want_hidden @ np.asarray(head["kernel"])[:, 0] + np.asarray(head["bias"])[0]
+  want_values = want_hidden @ np.asarray(head["kernel"]).reshape(-1) + np.asarray(head["bias"])[0]  # kernel [1, E]
   np.testing.assert_allclose(np.asarray(values)[real], want_values[real], atol=1e-6)
 
 

@@ -174,13 +174,13 @@ def test_partition_specs_and_sharded_forward():
   mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 2, 2), ("data", "fsdp", "tensor"))
   specs = param_partition_specs(ModelConfig.tiny("qwen3_next"), mesh)
   linear = specs["model"]["layers_0"]["linear_attn"]
-  assert linear["in_proj_qkvz"]["kernel"] == P("fsdp", "tensor", None)
+  assert linear["in_proj_qkvz"]["kernel"] == P("tensor", None, "fsdp")  # HF layout: [heads, mix, embed]
   assert linear["conv1d"] == P(None, "tensor") and linear["A_log"] == P("tensor")
-  assert linear["out_proj"]["kernel"] == P("tensor", "fsdp") and linear["norm"]["scale"] == P(None)
+  assert linear["out_proj"]["kernel"] == P("fsdp", "tensor") and linear["norm"]["scale"] == P(None)
   mlp = specs["model"]["layers_0"]["mlp"]
-  assert mlp["shared_expert"]["gate_proj"]["kernel"] == P("fsdp", "tensor")
-  assert mlp["shared_expert_gate"]["kernel"] == P("fsdp", None)
-  assert specs["model"]["layers_1"]["self_attn"]["q_proj"]["kernel"] == P("fsdp", "tensor", None)
+  assert mlp["shared_expert"]["gate_proj"]["kernel"] == P("tensor", "fsdp")
+  assert mlp["shared_expert_gate"]["kernel"] == P(None, "fsdp")
+  assert specs["model"]["layers_1"]["self_attn"]["q_proj"]["kernel"] == P("tensor", None, "fsdp")
   config = ModelConfig.tiny("qwen3_next", **OVERRIDES["qwen3_next"])  # the logits test's compiled forward
   params = random_params(config, seed=6)
   ids, mask = padded_batch(np.random.default_rng(5), config.vocab_size, [T, 4, 9, 1], T)

@@ -273,7 +273,7 @@ def test_abstract_params_is_memoised_but_returns_fresh_containers():
   critic = transformer.abstract_params(config, critic=True)
   assert "value_head" in critic and "lm_head" not in critic
   other = transformer.abstract_params(ModelConfig.tiny("qwen3", vocab_size=301))
-  assert other["lm_head"]["kernel"].value.shape[-1] == 301  # a different config is traced afresh
+  assert other["lm_head"]["kernel"].value.shape[0] == 301  # a different config is traced afresh ([V, E])
 
 
 @pytest.mark.parametrize("stored,loaded,mesh_axes", [
