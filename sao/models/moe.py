@@ -81,7 +81,7 @@ def routed_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up
   """Routed, dropless experts (see the module docstring); same arguments and result as `dense_experts`."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1 or mesh.manual_axes:  # no mesh, one device, or a caller's shard_map lays it out
-    return _local_experts(x, weights, experts, w_gate, w_up, w_down, first_expert=0)
+    return _local_experts(x, weights, experts, w_gate, w_up, w_down, first_expert=0, all_local=True)
   return _mesh_experts(mesh, x, weights, experts, w_gate, w_up, w_down)
 
 
@@ -110,7 +110,8 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
     first = 0 if expert_axis is None else jax.lax.axis_index(expert_axis) * (n_exp // n_expert_shards)
     if gather_tokens:  # the expert group's tokens: [N_local · E, ...]
       x, weights, experts = (jax.lax.all_gather(a, expert_axis, tiled=True) for a in (x, weights, experts))
-    out = _local_experts(x, weights, experts, w_gate, w_up, w_down, first_expert=first)
+    out = _local_experts(x, weights, experts, w_gate, w_up, w_down, first_expert=first,
+                         all_local=expert_axis is None)
     if gather_tokens:
       out = jax.lax.psum_scatter(out, expert_axis, scatter_dimension=0, tiled=True)
     elif expert_axis is not None:
@@ -124,9 +125,10 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
 
 
 def _local_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up: Array, w_down: Array,
-                   first_expert: Array | int) -> Array:
+                   first_expert: Array | int, all_local: bool) -> Array:
   """The experts `first_expert ... first_expert + X_local − 1` (the X_local = w_gate.shape[0] held here) applied to
-  their assignments among x [N, D]; other assignments contribute 0. → [N, D]."""
+  their assignments among x [N, D]; other assignments contribute 0. → [N, D]. `all_local`: these are all the
+  experts (every assignment is here)."""
   n_tok, k = experts.shape
   n_local = w_gate.shape[0]
   local = experts.reshape(-1) - first_expert  # [N·k]
@@ -138,6 +140,7 @@ def _local_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up
   h = jax.nn.silu(grouped_matmul(xs, w_gate.astype(x.dtype), group_sizes))
   h = h * grouped_matmul(xs, w_up.astype(x.dtype), group_sizes)
   ys = grouped_matmul(h, w_down.astype(x.dtype), group_sizes)  # [M, D]; rows outside every group are not ours
-  ys = jnp.where(here[order][:, None], ys, 0)
+  if not all_local:  # (with every expert here there are no such rows: no [M, D] select)
+    ys = jnp.where(here[order][:, None], ys, 0)
   unsorted = ys[jnp.argsort(order)].reshape(n_tok, k, -1)  # inverse permutation: back to [N, k, D]
   return jnp.einsum("nkd,nk->nd", unsorted, weights.astype(x.dtype))

@@ -9,13 +9,14 @@ from sao.models.transformer import init_params
 from sao.train import actor_losses, steps
 from sao.train import mesh as mesh_lib
 from sao.train.learner import Learner
-from tests.train import helpers
+from tests.train import helpers  # pylint: disable=g-bad-import-order
 
 MESH = {"data": 1, "fsdp": 2, "expert": 2, "tensor": 2}
 
 
 def _moe_config() -> ModelConfig:
-  return ModelConfig.tiny("qwen3_moe", vocab_size=helpers.VOCAB, num_experts=4, num_experts_per_tok=2)
+  return ModelConfig.tiny("qwen3_moe", vocab_size=helpers.VOCAB, hidden_size=32, num_heads=2, num_kv_heads=2,
+                          head_dim=8, num_layers=1, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
 
 
 def _has_shard_map(jaxpr) -> bool:
@@ -25,26 +26,25 @@ def _has_shard_map(jaxpr) -> bool:
 
 
 def test_actor_step_under_the_mesh_equals_the_step_without():
-  config = helpers.learner_config(**{"actor.optimizer.eps": 1.0})
+  """The GSPO actor step (no critic to build) of a one-layer MoE on fsdp × expert × tensor = 2 × 2 × 2."""
+  config = helpers.learner_config(**{"algorithm": "gspo", "actor.optimizer.eps": 1.0})
   config.mesh.update(MESH)
   mesh = mesh_lib.make_mesh(MESH, jax.devices()[:8])
   model_config = _moe_config()
-  params = init_params(model_config, jax.random.PRNGKey(0))
+  learner = Learner(config, model_config, init_params(model_config, jax.random.PRNGKey(0)), mesh=mesh)
+  batch, _ = learner.make_batch(helpers.trajectories(seed=4))
+  keys = actor_losses.get("gspo").batch_keys
+  seq_advantages = np.random.default_rng(0).normal(size=batch["valid"].shape).astype(np.float32)
+  actor_batch = learner._device(steps.select(dict(batch, seq_advantages=seq_advantages), keys, "test"), keys)  # pylint: disable=protected-access
+  step = learner._actor_steps["gspo"]  # pylint: disable=protected-access
+  assert isinstance(step, steps.MeshJit)
+  state0 = learner.actor.state
   results = []
-  for under_mesh in (True, False):
-    learner = Learner(config, model_config, params, mesh=mesh)
-    batch, _ = learner.make_batch(helpers.trajectories(seed=4))
-    rng = np.random.default_rng(0)
-    advantages = np.where(batch["action_mask"], rng.normal(size=batch["action_mask"].shape), 0.0)
-    actor_batch = learner._device(steps.select(dict(batch, advantages=advantages.astype(np.float32)),  # pylint: disable=protected-access
-                                               actor_losses.get("dis").batch_keys, "test"),
-                                  actor_losses.get("dis").batch_keys)
-    step = learner._actor_steps["dis"]  # pylint: disable=protected-access
-    assert isinstance(step, steps.MeshJit)
-    program = step if under_mesh else step.jitted  # `.jitted`: the same jit, traced without the context mesh
-    assert _has_shard_map(program.trace(learner.actor.state, actor_batch, jax.random.PRNGKey(0)).jaxpr.jaxpr) \
-        == under_mesh
-    state, metrics = program(learner.actor.state, actor_batch, jax.random.PRNGKey(0))
+  for program in (step, step.jitted):  # `.jitted`: the same jit, traced without the context mesh
+    state = jax.tree.map(lambda x: x.copy(), state0)  # the step donates its state
+    traced = program.trace(state, actor_batch, jax.random.PRNGKey(0))
+    assert _has_shard_map(traced.jaxpr.jaxpr) == (program is step)
+    state, metrics = program(state, actor_batch, jax.random.PRNGKey(0))
     results.append((jax.device_get(metrics), jax.device_get(state)))
   (m_mesh, s_mesh), (m_plain, s_plain) = results
   assert m_mesh["skipped"] == 0
