@@ -32,7 +32,9 @@ SEED_MODEL = "Qwen/Qwen3.5-35B-A3B"
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--impl", choices=("ragged_dot", "auto"), default="auto")
+  parser.add_argument("--impl", choices=("ragged_dot", "auto", "xla"), default="auto")
+  parser.add_argument("--context_mesh", action="store_true",
+                      help="trace under jax.set_mesh(mesh), as the learner does (the experts' whole-mesh shard_map)")
   parser.add_argument("--check_megablox", action="store_true")
   parser.add_argument("--topology", default="v5p:4x4x8")
   parser.add_argument("--batch", type=int, default=8, help="rows per micro-batch (the full configs: 8)")
@@ -68,9 +70,14 @@ def main() -> None:
 
   print(f"MoE block of {args.hf_path}: hidden {cfg.hidden_size}, {cfg.num_experts} experts, "
         f"top-{cfg.num_experts_per_tok}, expert width {cfg.moe_intermediate_size}; x {x_shape} sharded "
-        f"{x_sharding.spec}, mesh {dict(mesh.shape)}, {args.topology}, grouped matmul impl={args.impl}", flush=True)
+        f"{x_sharding.spec}, mesh {dict(mesh.shape)}, {args.topology}, grouped matmul impl={args.impl}, "
+        f"context mesh {args.context_mesh}", flush=True)
   start = time.perf_counter()
-  lowered = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(params, x).lower()
+  if args.context_mesh:
+    with jax.set_mesh(mesh):
+      lowered = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(params, x).lower()
+  else:
+    lowered = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(params, x).lower()
   with tempfile.TemporaryDirectory(prefix="moe_layer_") as dump_dir:
     try:
       compiled = lowered.compile(compiler_options={"xla_dump_to": dump_dir})

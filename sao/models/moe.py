@@ -17,19 +17,34 @@ ragged_dot's transpose, which XLA's TPU compiler makes dense over the experts): 
 every mesh axis is manual, ragged_dot + a tiled weight gradient under GSPMD, tiles of one expert each on CPU; chosen
 when lowering, so an ahead-of-time TPU compile from a CPU host gets the TPU kernels.
 
-Expert parallelism (mesh axis `expert`, size E > 1, in the context mesh of `jax.set_mesh`): a `shard_map` manual
-over `expert` only (other axes stay with GSPMD). Each shard receives all N tokens of its expert group (an all-gather
-of the activations within the expert axis, inserted by the replicated in_spec) and its X/E experts' weights; it
-sorts the assignments with its own experts first (others to the end, outside every group), runs the grouped matmuls
-on its local groups, and the partial outputs are summed with `psum` over `expert`. Why all-gather + psum and not
-all-to-all: dropless all-to-all needs either worst-case static buffers (every token to one shard: E× the
-activations) or `ragged_all_to_all` (not on CPU, so not testable here); the all-gather and the all-reduce move N·D
-per layer (131k tokens × D = 2048: 2.7e8 elements, against 8e8 expert parameters in a Qwen3.5-35B-A3B layer), and
-no buffer depends on how the router splits the tokens. Not measured on TPU (no TPU here). Without a
-context mesh (or E = 1) the computation is written for one device and GSPMD partitions it: correct (tested on
-expert-sharded weights), but the expert weights may be all-gathered instead of the tokens.
+Under a context mesh (`jax.set_mesh`, as the learner traces its steps) with more than one device, the experts run
+in one `shard_map` manual over every mesh axis (`_mesh_experts`):
+  - tokens: x [N, D] and the routing [N, k] split by rows over the batch axes (`data`, `fsdp`, `expert`: the
+    learner's batch rule), so each shard sorts and gathers only its own N / (data·fsdp·expert) tokens — the sorted
+    copies `[M_local, D]` are 1 / (data·fsdp·expert) of the whole micro-batch's (measured: inside the learner's
+    scan over layers GSPMD had kept them whole, 32 GiB per chip at 131k tokens, docs/tpu.md session 17);
+  - expert weights: the stacked experts over `expert`, the expert width F over `tensor`, the hidden D gathered
+    (what FSDP does with every layer's weights; the shard_map's in_spec inserts the all-gather, its transpose
+    the reduce-scatter of the weight gradient);
+  - expert parallelism (E = |expert| > 1): the tokens of the E shards of an expert group are all-gathered within
+    the group, each shard runs its X/E experts on them (the other assignments sort after every local group), and the
+    partial outputs are reduce-scattered back (`psum_scatter`); tensor parallelism: each shard's F/|tensor| slice
+    gives a partial down projection, summed with `psum` over `tensor`.
+Why all-gather + reduce-scatter over `expert` and not all-to-all: dropless all-to-all needs either worst-case
+static buffers (every token to one shard: E× the activations) or `ragged_all_to_all` (not on CPU, so not testable
+here); the gather and the scatter move N·D per layer, and no buffer depends on how the router splits the tokens.
+Every axis being manual lets `grouped_matmul`'s "auto" pick the Pallas megablox kernels when lowering for TPU
+(Mosaic kernels cannot be partitioned by GSPMD); `check_vma=False` because their outputs carry no varying-axes
+type — the transpose then psums each input's cotangent over the axes its in_spec does not name and divides the
+output's by them, which is the right gradient for every input here (replicated inputs are used identically on each
+shard, or their partial contributions are summed by the collectives above). A token count the batch shards do not
+divide (a one-row forward on a batch-sharded mesh) keeps the tokens replicated: correct, each shard then does the
+whole work. Without a context mesh, or on one device, the computation is written for one device (`_local_experts`)
+and GSPMD partitions it as it can.
 """
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +54,8 @@ from sao.models.grouped_matmul import grouped_matmul
 
 Array = jax.Array
 EXPERT_AXIS = "expert"
+TENSOR_AXIS = "tensor"
+BATCH_AXES = ("data", "fsdp", "expert")  # the batch rule's mesh axes (`sao.models.sharding`), in its order
 
 
 def route(router_logits: Array, k: int, norm_topk_prob: bool) -> tuple[Array, Array]:
@@ -63,31 +80,56 @@ def dense_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up:
 
 def routed_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up: Array, w_down: Array) -> Array:
   """Routed, dropless experts (see the module docstring); same arguments and result as `dense_experts`."""
-  n_exp = w_gate.shape[0]
   mesh = jax.sharding.get_abstract_mesh()
-  shards = 1 if mesh.empty or EXPERT_AXIS not in mesh.axis_names else mesh.shape[EXPERT_AXIS]
-  if shards == 1:
-    return _local_experts(x, weights, experts, w_gate, w_up, w_down, first_expert=0)
-  if n_exp % shards:
-    raise ValueError(f"num_experts: {n_exp} experts do not split over the {shards}-way `{EXPERT_AXIS}` mesh axis")
+  if mesh.empty or mesh.size == 1 or mesh.manual_axes:  # no mesh, one device, or a caller's shard_map lays it out
+    return _local_experts(x, weights, experts, w_gate, w_up, w_down, first_expert=0, all_local=True)
+  return _mesh_experts(mesh, x, weights, experts, w_gate, w_up, w_down)
+
+
+def _axis_size(mesh, name: str) -> int:
+  return mesh.shape[name] if name in mesh.axis_names else 1
+
+
+def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array, w_up: Array,
+                  w_down: Array) -> Array:
+  """`routed_experts` in one shard_map manual over every axis of `mesh` (the module docstring): x [N, D] and the
+  routing [N, k] by rows over the batch axes, w_gate / w_up [X, F, D] and w_down [X, D, F] (HF's `[out, in]`) by
+  experts over `expert` and F over `tensor` → [N, D], rows over the batch axes."""
+  n_exp, n_width = w_gate.shape[0], w_gate.shape[1]
+  n_expert_shards = _axis_size(mesh, EXPERT_AXIS)
+  if n_exp % n_expert_shards:
+    raise ValueError(f"num_experts: {n_exp} experts do not split over the {n_expert_shards}-way `{EXPERT_AXIS}` "
+                     "mesh axis")
+  token_axes = tuple(a for a in BATCH_AXES if _axis_size(mesh, a) > 1)
+  if x.shape[0] % math.prod(_axis_size(mesh, a) for a in token_axes):
+    token_axes = ()  # tokens replicated (see the module docstring)
+  width_axis = TENSOR_AXIS if _axis_size(mesh, TENSOR_AXIS) > 1 and n_width % mesh.shape[TENSOR_AXIS] == 0 else None
+  expert_axis = EXPERT_AXIS if n_expert_shards > 1 else None
+  gather_tokens = expert_axis is not None and expert_axis in token_axes
 
   def per_shard(x, weights, experts, w_gate, w_up, w_down):
-    first = jax.lax.axis_index(EXPERT_AXIS) * (n_exp // shards)
-    # x is replicated over `expert` but gathered with shard-dependent indices; marking it varying makes its
-    # cotangent a psum over the shards (measured: without it, jax 0.10.2 returns a wrong gradient of x).
-    x = jax.lax.pcast(x, EXPERT_AXIS, to="varying")
-    partial_out = _local_experts(x, weights, experts, w_gate, w_up, w_down, first_expert=first)
-    return jax.lax.psum(partial_out, EXPERT_AXIS)
+    first = 0 if expert_axis is None else jax.lax.axis_index(expert_axis) * (n_exp // n_expert_shards)
+    if gather_tokens:  # the expert group's tokens: [N_local · E, ...]
+      x, weights, experts = (jax.lax.all_gather(a, expert_axis, tiled=True) for a in (x, weights, experts))
+    out = _local_experts(x, weights, experts, w_gate, w_up, w_down, first_expert=first,
+                         all_local=expert_axis is None)
+    if gather_tokens:
+      out = jax.lax.psum_scatter(out, expert_axis, scatter_dimension=0, tiled=True)
+    elif expert_axis is not None:
+      out = jax.lax.psum(out, expert_axis)
+    return jax.lax.psum(out, width_axis) if width_axis is not None else out
 
-  sharded = P(EXPERT_AXIS)
-  return jax.shard_map(per_shard, mesh=mesh, in_specs=(P(), P(), P(), sharded, sharded, sharded), out_specs=P(),
-                       axis_names={EXPERT_AXIS})(x, weights, experts, w_gate, w_up, w_down)
+  rows = P(token_axes or None)
+  w_in, w_out = P(expert_axis, width_axis, None), P(expert_axis, None, width_axis)
+  return jax.shard_map(per_shard, mesh=mesh, in_specs=(rows, rows, rows, w_in, w_in, w_out), out_specs=rows,
+                       axis_names=set(mesh.axis_names), check_vma=False)(x, weights, experts, w_gate, w_up, w_down)
 
 
 def _local_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up: Array, w_down: Array,
-                   first_expert: Array | int) -> Array:
+                   first_expert: Array | int, all_local: bool) -> Array:
   """The experts `first_expert ... first_expert + X_local − 1` (the X_local = w_gate.shape[0] held here) applied to
-  their assignments among x [N, D]; other assignments contribute 0. → [N, D]."""
+  their assignments among x [N, D]; other assignments contribute 0. → [N, D]. `all_local`: these are all the
+  experts (every assignment is here)."""
   n_tok, k = experts.shape
   n_local = w_gate.shape[0]
   local = experts.reshape(-1) - first_expert  # [N·k]
@@ -101,6 +143,7 @@ def _local_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up
   h = h * grouped_matmul(xs, w_up.astype(x.dtype).swapaxes(1, 2), group_sizes)
   # [M, D]; rows outside every group are not ours
   ys = grouped_matmul(h, w_down.astype(x.dtype).swapaxes(1, 2), group_sizes)
-  ys = jnp.where(here[order][:, None], ys, 0)
+  if not all_local:  # (with every expert here there are no such rows: no [M, D] select)
+    ys = jnp.where(here[order][:, None], ys, 0)
   unsorted = ys[jnp.argsort(order)].reshape(n_tok, k, -1)  # inverse permutation: back to [N, k, D]
   return jnp.einsum("nkd,nk->nd", unsorted, weights.astype(x.dtype))

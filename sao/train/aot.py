@@ -79,7 +79,8 @@ class _Recorder:
         self.calls[name][2] += 1
       else:
         self.calls[name] = [jitted, args, 1]
-      return jax.eval_shape(jitted, *args)
+      # The program's own eval_shape: a `steps.MeshJit` traces under the learner's mesh, as when it runs.
+      return jitted.eval_shape(*args)
     return call
 
 

@@ -16,6 +16,10 @@ Multi-process (one process per host, `sao.train.distributed`): every process cal
 with the same host batch; each feeds only its addressable shards (`_device`), and whatever comes back to the host
 (metrics, traces, `actor_params_on_host`) is the same numpy values on every process.
 
+Every jitted program that runs the model is a `steps.MeshJit`: traced under `jax.set_mesh(self.mesh)`, so the model
+can lay out activations by mesh axis name (the routed MoE routes each batch shard's tokens on that shard); the
+ahead-of-time compile report (`sao.train.aot`) compiles the same objects.
+
 Host-side counters: `num_updates` (every `update`, the warmup clock), `version` (applied actor updates: the policy
 weights version engines are told about). The NaN guard lives in the jitted steps; here consecutive skips are counted
 per role and `NonFiniteError` is raised after `nan_guard_limit` in a row.

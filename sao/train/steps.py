@@ -244,11 +244,39 @@ def _make_step(micro_loss: Callable, kind: str, denominator_fn: Callable[[jax.Ar
   return step
 
 
-def _jit_step(step, state_shardings, mesh):
+class MeshJit:
+  """`jax.jit(fn, **jit_kwargs)` whose every trace — a call, `trace`, `lower`, `eval_shape` — runs under
+  `jax.set_mesh(mesh)`, so the model sees the learner's mesh (`jax.sharding.get_abstract_mesh()`) and lays out its
+  activations by mesh axis names (the routed MoE's shard_map, `sao.models.moe`). The learner and the ahead-of-time
+  compile report (`sao.train.aot`) run the same objects. The mesh's axes stay `Auto`: GSPMD still shards everything
+  the model does not lay out itself, as it did without the context mesh."""
+
+  def __init__(self, fn: Callable, mesh: Mesh, **jit_kwargs):
+    self.mesh = mesh
+    self.jitted = jax.jit(fn, **jit_kwargs)
+
+  def __call__(self, *args):
+    with jax.set_mesh(self.mesh):
+      return self.jitted(*args)
+
+  def trace(self, *args):
+    with jax.set_mesh(self.mesh):
+      return self.jitted.trace(*args)
+
+  def lower(self, *args):
+    with jax.set_mesh(self.mesh):
+      return self.jitted.lower(*args)
+
+  def eval_shape(self, *args):
+    with jax.set_mesh(self.mesh):
+      return self.jitted.eval_shape(*args)
+
+
+def _jit_step(step, state_shardings, mesh) -> MeshJit:
   batch_sharding = mesh_lib.batch_sharding(mesh)  # a prefix: dim 0 of every batch array
   rep = mesh_lib.replicated(mesh)
-  return jax.jit(step, in_shardings=(state_shardings, batch_sharding, rep), out_shardings=(state_shardings, rep),
-                 donate_argnums=(0,))
+  return MeshJit(step, mesh, in_shardings=(state_shardings, batch_sharding, rep),
+                 out_shardings=(state_shardings, rep), donate_argnums=(0,))
 
 
 class GroupedStep:
@@ -282,8 +310,9 @@ class GroupedStep:
       TRACE_COUNTS[kind] += 1
       return _accumulate(micro_loss, trainable, micro_batch_size, mesh, params, batch, carry)
 
-    self._accumulate = jax.jit(accumulate, in_shardings=(self._param_shardings, mesh_lib.batch_sharding(mesh),
-                                                         self._carry_shardings),
+    self._accumulate = MeshJit(accumulate, mesh,
+                               in_shardings=(self._param_shardings, mesh_lib.batch_sharding(mesh),
+                                             self._carry_shardings),
                                out_shardings=self._carry_shardings, donate_argnums=(2,))
     self._apply = jax.jit(functools.partial(_apply, tx, trainable),
                           in_shardings=(state_shardings, self._carry_shardings, rep, rep),
@@ -376,8 +405,8 @@ def make_critic_values(model_config: ModelConfig, param_shardings: Any, mesh: Me
   one micro-batch at a time. `batch`: input_ids, attention_mask `[B, T]`."""
   fn = functools.partial(critic_values_fn, model_config=model_config)
   sharding = mesh_lib.batch_sharding(mesh)
-  return jax.jit(lambda params, batch: _micro_map(lambda p, b: fn(p, batch=b), params, batch, micro_batch_size, mesh),
-                 in_shardings=(param_shardings, sharding), out_shardings=sharding)
+  return MeshJit(lambda params, batch: _micro_map(lambda p, b: fn(p, batch=b), params, batch, micro_batch_size, mesh),
+                 mesh, in_shardings=(param_shardings, sharding), out_shardings=sharding)
 
 
 def make_actor_logprobs(model_config: ModelConfig, param_shardings: Any, mesh: Mesh, micro_batch_size: int = 0,
@@ -385,5 +414,5 @@ def make_actor_logprobs(model_config: ModelConfig, param_shardings: Any, mesh: M
   """Jitted `actor_logprobs(params, batch) -> (logprobs [B, T], entropy [B, T])`, forward only."""
   sharding = mesh_lib.batch_sharding(mesh)
   fn = lambda p, b: policy_logprobs(p, model_config, b, temperature, logprob_chunk_size)
-  return jax.jit(lambda params, batch: _micro_map(fn, params, batch, micro_batch_size, mesh),
+  return MeshJit(lambda params, batch: _micro_map(fn, params, batch, micro_batch_size, mesh), mesh,
                  in_shardings=(param_shardings, sharding), out_shardings=sharding)

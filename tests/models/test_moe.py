@@ -1,10 +1,11 @@
 """Routed, dropless MoE (`sao.models.moe`) = the dense oracle: grouped matmuls, full models (logits, log-probs,
 actor and critic gradients, padding), an expert-sharded mesh of the 8 fake devices, and XLA's FLOP count."""
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh
 
 from sao.models import moe
 from sao.models.config import ModelConfig
@@ -118,15 +119,37 @@ def _mesh(**axes):
   return Mesh(np.array(jax.devices()[:8]).reshape(tuple(axes.values())), tuple(axes))
 
 
-@pytest.mark.parametrize("context_mesh", [True, False], ids=["shard_map", "gspmd"])
-def test_routed_on_expert_sharded_mesh_equals_dense(context_mesh):
-  """Expert weights split 4 ways (2 experts per shard), batch over data × expert; values and gradients = dense."""
-  mesh = _mesh(data=2, expert=4)
+# Meshes of the 8 fake devices: tokens over the batch axes alone, with the expert axis, and with expert and
+# tensor-split expert widths together. "gspmd": no context mesh (GSPMD partitions the one-device formulation).
+MESHES = {"fsdp": dict(fsdp=8), "data_expert": dict(data=2, expert=4),
+          "fsdp_expert_tensor": dict(fsdp=2, expert=2, tensor=2)}
+
+
+def _shard_map_eqns(jaxpr):
+  """Every shard_map equation in a closed jaxpr, nested ones included."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "shard_map":
+      found.append(eqn)
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      found += _shard_map_eqns(sub)
+  return found
+
+
+@pytest.mark.parametrize("mesh_axes, context_mesh",
+                         [(axes, True) for axes in MESHES] + [("data_expert", False)],
+                         ids=[f"{axes}-set_mesh" for axes in MESHES] + ["data_expert-gspmd"])
+def test_routed_on_sharded_mesh_equals_dense(mesh_axes, context_mesh):
+  """Values and gradients = dense with the batch over the mesh's batch axes and, where present, the experts over
+  `expert` (4 shards: 2 experts each) and expert widths over `tensor`. Under `jax.set_mesh` the experts run in a
+  shard_map where each shard routes only its own tokens: the sorted token copies are N / batch shards rows."""
+  mesh = _mesh(**MESHES[mesh_axes])
   routed, dense = _configs("qwen3_5_moe_text", True)
   ids, mask = padded_batch(np.random.default_rng(2), routed.vocab_size, [8, 5, 2, 7, 8, 1, 4, 6], 8)
   params = random_params(routed, seed=5)
   shardings = param_shardings(routed, mesh)
-  assert shardings["model"]["layers_0"]["mlp"]["experts"]["down_proj"].spec == P("expert", None, None)
+  if "expert" in mesh.shape:
+    assert shardings["model"]["layers_0"]["mlp"]["experts"]["down_proj"].spec[0] == "expert"
   sharded = jax.device_put(params, shardings)
   data = batch_sharding(mesh)
   sharded_ids, sharded_mask = jax.device_put(ids, data), jax.device_put(mask, data)
@@ -137,16 +160,32 @@ def test_routed_on_expert_sharded_mesh_equals_dense(context_mesh):
   (_, want_logp), want_grad = step(dense)(params, ids, mask)
   if context_mesh:
     with jax.set_mesh(mesh):
-      lowered = step(routed).lower(sharded, sharded_ids, sharded_mask)
+      jaxpr = jax.make_jaxpr(step(routed))(sharded, sharded_ids, sharded_mask)
       (_, logp), grad = step(routed)(sharded, sharded_ids, sharded_mask)
-    assert "shard_map" in lowered.as_text() or "sdy.manual_computation" in lowered.as_text()
-    assert grad["model"]["layers_1"]["mlp"]["experts"]["up_proj"].sharding.is_equivalent_to(
-        NamedSharding(mesh, P("expert", None, None)), 3)
+    batch_shards = int(np.prod([mesh.shape[a] for a in moe.BATCH_AXES if a in mesh.shape]))
+    mapped = _shard_map_eqns(jaxpr.jaxpr)
+    assert mapped, "no shard_map under the context mesh"
+    tokens = ids.size  # B·T rows reach each MoE block
+    for eqn in mapped:  # x, the first operand, arrives as this shard's rows only
+      assert eqn.params["jaxpr"].invars[0].aval.shape == (tokens // batch_shards, routed.hidden_size)
   else:
     (_, logp), grad = step(routed)(sharded, sharded_ids, sharded_mask)
   real = mask.astype(bool)
   _assert_close(np.asarray(logp)[real], np.asarray(want_logp)[real])
   _assert_trees_close(grad, want_grad, ATOL)
+
+
+def test_tokens_the_batch_shards_do_not_divide_stay_replicated():
+  """5 tokens on an 8-way batch-sharded mesh with experts over `expert`: every shard computes all tokens (the
+  expert partial sums added over `expert`), = the dense oracle."""
+  mesh = _mesh(fsdp=2, expert=2, tensor=2)
+  routed, dense = _configs("qwen3_moe", True)
+  x = jax.random.normal(jax.random.PRNGKey(1), (1, 5, routed.hidden_size))
+  params = MoE(routed).init(jax.random.PRNGKey(0), x)
+  want = MoE(dense).apply(params, x)
+  with jax.set_mesh(mesh):
+    got = jax.jit(lambda p, x: MoE(routed).apply(p, x))(params, x)
+  _assert_close(got, want)
 
 
 def test_expert_count_must_split_over_expert_axis():
