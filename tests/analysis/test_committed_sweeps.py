@@ -38,3 +38,17 @@ def test_toy_algorithms_tables():
   assert ("| re-measured test (points) | +9.4 [3.9, 14.8] (paired t, n=5) | "
           "+20.4 [-10.6, 51.5] (paired t, n=5) |") in text
   assert "| grpo-seed4 | grpo | 4 | complete | 239 / 239 | 44.7 → 41.4 | v240 |  |" in text
+
+
+def test_toy_matched_concurrency_tables():
+  text = _report("toy_matched_concurrency")  # seed 0 of each arm so far; seed 1 still to run (same version)
+  assert "code version e4f743b5aba6447dd9608f41567be09d667be6e8" in text
+  assert "4 runs started: 4 complete, 0 incomplete" in text
+  assert ("Not started (or not committed) yet: 4 of the sweep's runs — sao-loops16-seed1, gspo-loops16-seed1, "
+          "sao-loops64-seed1, gspo-loops64-seed1.") in text
+  assert ("| sao-loops16 | 1/1 | 1.3 (n=1) (1/1) | 0.691 (n=1) | 0.84 (n=1) | 0.85 (n=1) | 3.6 (n=1) | "
+          "79.2 (n=1) |") in text
+  assert ("| gspo-loops64 | 1/1 | 0.8 (n=1) (1/1) | 0.469 (n=1) | 1.21 (n=1) | 0.55 (n=1) | 2.2 (n=1) | "
+          "74.5 (n=1) |") in text
+  assert "| sao | seconds per RL step | 1.17 (n=1) |" in text
+  assert "| gspo | minutes to ≥ 60 % | 0.41 (n=1) |" in text
