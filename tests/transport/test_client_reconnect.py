@@ -42,6 +42,18 @@ class FakeChannel:
     self.closed = True
 
 
+def _client_on_fake_channels(monkeypatch, handler, channels: list) -> client_lib.TrajectoryClient:
+  """A client whose every (re)connect appends a `FakeChannel(handler)` to `channels`."""
+
+  def new_channel(self):
+    del self
+    channels.append(FakeChannel(handler))
+    return channels[-1]
+
+  monkeypatch.setattr(client_lib.TrajectoryClient, "_new_channel", new_channel)
+  return client_lib.TrajectoryClient("fake:0", initial_backoff_s=0.001, max_backoff_s=0.001)
+
+
 def test_reconnect_keeps_other_calls_channel_open_until_they_return(monkeypatch):
   release_heartbeat = threading.Event()
   heartbeat_started = threading.Event()
@@ -57,13 +69,7 @@ def test_reconnect_keeps_other_calls_channel_open_until_they_return(monkeypatch)
       raise _Unavailable()  # the lease on the first channel fails transiently: the client reconnects
     return "lease ok"
 
-  def new_channel(self):
-    del self
-    channels.append(FakeChannel(handler))
-    return channels[-1]
-
-  monkeypatch.setattr(client_lib.TrajectoryClient, "_new_channel", new_channel)
-  client = client_lib.TrajectoryClient("fake:0", initial_backoff_s=0.001, max_backoff_s=0.001)
+  client = _client_on_fake_channels(monkeypatch, handler, channels)
   results = {}
   heartbeat = threading.Thread(target=lambda: results.update(hb=client.heartbeat(["l1"])))
   heartbeat.start()
@@ -92,13 +98,7 @@ def test_concurrent_failures_reconnect_once(monkeypatch):
       raise _Unavailable()
     return "ok"
 
-  def new_channel(self):
-    del self
-    channels.append(FakeChannel(handler))
-    return channels[-1]
-
-  monkeypatch.setattr(client_lib.TrajectoryClient, "_new_channel", new_channel)
-  client = client_lib.TrajectoryClient("fake:0", initial_backoff_s=0.001, max_backoff_s=0.001)
+  client = _client_on_fake_channels(monkeypatch, handler, channels)
   out = []
   threads = [threading.Thread(target=lambda: out.append(client.lease(1))) for _ in range(2)]
   for t in threads:
