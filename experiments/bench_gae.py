@@ -32,10 +32,15 @@ import numpy as np
 from sao.core import advantages as adv_lib
 from sao.core import gae_chunked
 
-_SIZES = flags.DEFINE_list("sizes", ["64x4096", "256x16384"], "BxT sizes to time.")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repetitions per implementation (median reported).")
-_GAMMA = flags.DEFINE_float("gamma", 1.0, "Discount γ.")
-_BASELINE = flags.DEFINE_string("baseline", None, "A gae_chunked.py to compare with the current one, interleaved.")
+
+def define_flags() -> None:
+  """The command's flags, defined when it runs (not on import: a module may be imported beside other commands
+  whose flags share names)."""
+  global _SIZES, _REPEATS, _GAMMA, _BASELINE  # pylint: disable=global-statement
+  _SIZES = flags.DEFINE_list("sizes", ["64x4096", "256x16384"], "BxT sizes to time.")
+  _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repetitions per implementation (median reported).")
+  _GAMMA = flags.DEFINE_float("gamma", 1.0, "Discount γ.")
+  _BASELINE = flags.DEFINE_string("baseline", None, "A gae_chunked.py to compare with the current one, interleaved.")
 
 
 def numpy_loop(rewards, values, mask, gamma, lam):
@@ -200,4 +205,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -40,10 +40,16 @@ import time
 
 from absl import app, flags
 
-_MODEL = flags.DEFINE_enum("model", "toy", ["tiny", "toy", "smollm2"], "Which policy to publish.")
-_VERSIONS = flags.DEFINE_integer("versions", 5, "Policy versions published.")
-_DTYPE = flags.DEFINE_enum("param_dtype", "float32", ["float32", "bfloat16"], "The actor's param dtype.")
-_WORKDIR = flags.DEFINE_string("workdir", "", "Where the exports go (default: a temporary directory, removed).")
+
+def define_flags() -> None:
+  """The command's flags, defined when it runs (not on import: a module may be imported beside other commands
+  whose flags share names)."""
+  global _MODEL, _VERSIONS, _DTYPE, _WORKDIR  # pylint: disable=global-statement
+  _MODEL = flags.DEFINE_enum("model", "toy", ["tiny", "toy", "smollm2"], "Which policy to publish.")
+  _VERSIONS = flags.DEFINE_integer("versions", 5, "Policy versions published.")
+  _DTYPE = flags.DEFINE_enum("param_dtype", "float32", ["float32", "bfloat16"], "The actor's param dtype.")
+  _WORKDIR = flags.DEFINE_string("workdir", "", "Where the exports go (default: a temporary directory, removed).")
+
 
 _READ_CHUNK = 16 * 1024 ** 2
 
@@ -188,4 +194,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -29,19 +29,26 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # `experiments.configs` imports
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (get_config(arg)).", lock_config=True)
-_TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology, <chip>:<shape>: v5p:4x4x8, v6e:16x16, v4:4x4x4 …")
-_OUT = flags.DEFINE_string("out", "", "Write the report rows here as JSON.")
-_BUCKETS = flags.DEFINE_list("buckets", [], "Bucket lengths to compile (default: the config's).")
-_PROGRAMS = flags.DEFINE_list("programs", [], "Programs to compile (default: every program of the update).")
-_MODEL_DTYPE = flags.DEFINE_enum("model_dtype", "", ["", "float32", "bfloat16"],
-                                 "Param and compute dtype of the model; '' = the config's model.param_dtype / "
-                                 "model.compute_dtype.")
-_NUM_LAYERS = flags.DEFINE_integer(
-    "num_layers", 0, "Compile the model truncated to its first N decoder layers (0 = all). Compile time and memory "
-    "grow with the layers; compiling two depths and fitting `a + b·layers` per column estimates the full model on a "
-    "machine too small to compile it (the report says so on every row).")
-flags.mark_flags_as_required(["config", "topology"])
+
+def define_flags() -> None:
+  """The command's flags, defined when it runs (not on import: a module may be imported beside other commands
+  whose flags share names)."""
+  global _CONFIG, _TOPOLOGY, _OUT, _BUCKETS, _PROGRAMS, _MODEL_DTYPE, _NUM_LAYERS  # pylint: disable=global-statement
+  _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (get_config(arg)).",
+                                            lock_config=True)
+  _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology, <chip>:<shape>: v5p:4x4x8, v6e:16x16, v4:4x4x4 …")
+  _OUT = flags.DEFINE_string("out", "", "Write the report rows here as JSON.")
+  _BUCKETS = flags.DEFINE_list("buckets", [], "Bucket lengths to compile (default: the config's).")
+  _PROGRAMS = flags.DEFINE_list("programs", [], "Programs to compile (default: every program of the update).")
+  _MODEL_DTYPE = flags.DEFINE_enum("model_dtype", "", ["", "float32", "bfloat16"],
+                                   "Param and compute dtype of the model; '' = the config's model.param_dtype / "
+                                   "model.compute_dtype.")
+  _NUM_LAYERS = flags.DEFINE_integer(
+      "num_layers", 0, "Compile the model truncated to its first N decoder layers (0 = all). Compile time and memory "
+      "grow with the layers; compiling two depths and fitting `a + b·layers` per column estimates the full model on a "
+      "machine too small to compile it (the report says so on every row).")
+  flags.mark_flags_as_required(["config", "topology"])
+
 
 GIB = float(1 << 30)
 
@@ -161,4 +168,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

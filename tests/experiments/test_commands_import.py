@@ -15,8 +15,8 @@ from absl import flags
 names = sys.argv[1:]
 modules = [importlib.import_module(name) for name in names]
 by_module = flags.FLAGS.flags_by_module_dict()
-eager = [m.__name__ for m in modules if hasattr(m, "define_flags") and m.__name__ in by_module]
-assert not eager, f"define_flags() modules that define flags on import: {eager}"
+eager = [m.__name__ for m in modules if m.__name__ in by_module]
+assert not eager, f"modules that define flags on import (define them in define_flags()): {eager}"
 print(f"imported {len(modules)} modules")
 """
 
