@@ -19,6 +19,7 @@ import os
 from typing import Any, Mapping
 
 import jax
+from jax.experimental import multihost_utils
 import orbax.checkpoint as ocp
 from absl import logging
 
@@ -47,6 +48,10 @@ def save_params(path: str, params: Any) -> None:
   if jax.process_index() == 0:
     with open(os.path.join(path, PARAMS_META), "w", encoding="utf-8") as f:
       json.dump({LAYOUT_KEY: PARAM_LAYOUT}, f)
+  if jax.process_count() > 1:
+    # Every process returns only once the layout file exists: a process that loads the tree right away (the value
+    # pretraining's hand-over) must not find the directory without it.
+    multihost_utils.sync_global_devices(f"save_params:{path}")
 
 
 def load_params(path: str, abstract: Any) -> Any:
