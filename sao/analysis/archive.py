@@ -91,6 +91,12 @@ def error_note(log_path: str, chars: int = 20_000) -> str:
   return ""
 
 
+def _write_metrics(dst_dir: str, records: list[dict]) -> None:
+  with open(os.path.join(dst_dir, runs_lib.METRICS_FILE), "w", encoding="utf-8") as f:
+    for r in records:
+      f.write(json.dumps(r) + "\n")
+
+
 def write_trimmed_run(src_workdir: str, dst_dir: str, info: Mapping[str, Any], finished: bool,
                       expected_last_step: int, log_path: str = "") -> dict[str, Any]:
   """Writes `dst_dir` (module docstring) from the run directory `src_workdir`; returns the `run.json` content.
@@ -109,9 +115,7 @@ def write_trimmed_run(src_workdir: str, dst_dir: str, info: Mapping[str, Any], f
   if os.path.isdir(dst_dir):
     shutil.rmtree(dst_dir)  # a re-trim replaces the whole directory (no stale evaluation files)
   os.makedirs(dst_dir)
-  with open(os.path.join(dst_dir, runs_lib.METRICS_FILE), "w", encoding="utf-8") as f:
-    for r in records:
-      f.write(json.dumps(r) + "\n")
+  _write_metrics(dst_dir, records)
   found = runs_lib.final_evaluation(src_workdir)
   if found is not None:
     name, results = found
@@ -131,9 +135,7 @@ def write_recorded_run(src_workdir: str, dst_dir: str) -> int:
     raise FileNotFoundError(f"{src_workdir!r} has no {runs_lib.METRICS_FILE}")
   records, _ = drop_abandoned(trim_records(read_metrics(path), PAPER_TABLE_KEYS))
   os.makedirs(dst_dir, exist_ok=True)
-  with open(os.path.join(dst_dir, runs_lib.METRICS_FILE), "w", encoding="utf-8") as f:
-    for r in records:
-      f.write(json.dumps(r) + "\n")
+  _write_metrics(dst_dir, records)
   traces = os.path.join(src_workdir, CRITIC_TRACES_FILE)
   stale = os.path.join(dst_dir, CRITIC_TRACES_FILE)
   if os.path.isfile(traces):
