@@ -8,10 +8,11 @@ tokenizer, engines); only the trainer's address and the worker's index are its o
 
 Many episodes run concurrently in one asyncio loop; the blocking gRPC client runs in threads. Each leased task is
 played `len(sample_indices)` times (SAO: once; GSPO: G times, or only the missing samples of a re-leased group), with
-the lease's temperature. Leases of running episodes are heartbeated; an episode whose lease expired is abandoned
-(the trainer has re-leased its task). Finished trajectories are submitted in small batches; the client keeps and
-re-sends anything unacknowledged, so a trainer restart loses nothing. The worker exits when the trainer reports no
-more work for `idle_exit_s`, or on SIGTERM/SIGINT.
+the lease's temperature. Leases of running episodes are heartbeated at a fixed rate (every
+`min(heartbeat_interval_s, lease TTL / 3)`, however long the RPC takes: `next_heartbeat`); an episode whose lease
+expired is abandoned (the trainer has re-leased its task). Finished trajectories are submitted in small batches; the
+client keeps and re-sends anything unacknowledged, so a trainer restart loses nothing. The worker exits when the
+trainer reports no more work for `idle_exit_s`, or on SIGTERM/SIGINT.
 """
 from __future__ import annotations
 
