@@ -22,12 +22,15 @@ fused GAE + whitening, GAE with its returns, the advantages alone, and the copy;
 """
 import importlib.util
 import os
+import sys
 import time
 
 from absl import app, flags
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's `sao`
 
 from sao.core import advantages as adv_lib
 from sao.core import gae_chunked

@@ -23,6 +23,8 @@ import time
 from absl import app, flags
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's `sao`
+
 
 def define_flags() -> None:
   """The command's flags, defined when it runs (not on import: tests import every command in one process, and

@@ -18,6 +18,8 @@ generates exactly `new_tokens` tokens; tokens/s = batch · new_tokens / wall tim
 one warm-up call first). Prints one table and the ratio ours / transformers, plus the fraction of greedy tokens on
 which the two implementations agree (a sanity check that the export is the same model).
 """
+import os
+import sys
 import tempfile
 import time
 
@@ -26,6 +28,8 @@ import jax
 import numpy as np
 import torch
 import transformers
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's `sao`
 
 from sao.models import hf as hf_io
 from sao.models.config import ModelConfig

@@ -35,10 +35,13 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 
 from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's `sao`
 
 
 def define_flags() -> None:

@@ -20,10 +20,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import tempfile
 import time
 
 from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's `sao`
 
 from sao.engines.local_server import start_local_engine
 from sao.engines.sglang_client import SGLangEngine

@@ -18,12 +18,16 @@ padded / grouped / real token counts; `--length_groups` overrides the config's `
 """
 from __future__ import annotations
 
+import os
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's `sao`
 
 from experiments.configs import sao_openswe
 

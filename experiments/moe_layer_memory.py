@@ -19,12 +19,16 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
+import sys
 import tempfile
 import time
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's `sao`
 
 GIB = float(1 << 30)
 SEED_MODEL = "Qwen/Qwen3.5-35B-A3B"

@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's `sao`
+
 from sao.models.config import ModelConfig
 from sao.models.transformer import init_params
 from sao.train import config as config_lib

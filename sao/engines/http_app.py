@@ -2,8 +2,9 @@
 `/flush_cache` (run as a server with `python -m sao.engines.serve`).
 
 Status codes: 400 for a request the engine refuses (the message names the field; nothing was queued), 401 without
-the server's token (when it has one; `/health` is exempt, see `sao.engines.auth`), 500 only for a request whose own
-row failed inside the sampler (its batch-mates are served). Every body is valid JSON (no NaN).
+the server's token (when it has one; `/health` is exempt, see `sao.engines.auth`), 503 (with `Retry-After`) when
+the engine's queue is full (`EngineConfig.max_queued_rows`; nothing was queued, ask again later), 500 only for a
+request whose own row failed inside the sampler (its batch-mates are served). Every body is valid JSON (no NaN).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any, Mapping
 from aiohttp import web
 
 from sao.engines import auth
-from sao.engines.local_engine import LocalEngine
+from sao.engines.local_engine import EngineOverloadedError, LocalEngine
 from sao.engines.request_checks import RequestError, check_generate_body
 from sao.models.sampling import Completion
 
@@ -27,8 +28,8 @@ log = logging.getLogger(__name__)
 _dumps = functools.partial(json.dumps, allow_nan=False)
 
 
-def _error(status: int, message: str) -> web.Response:
-  return web.json_response({"error": {"message": message, "code": status}}, status=status)
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> web.Response:
+  return web.json_response({"error": {"message": message, "code": status}}, status=status, headers=headers)
 
 
 def _result_json(engine: LocalEngine, completion: Completion, version: str, prompt_tokens: int,
@@ -70,6 +71,10 @@ def build_app(engine: LocalEngine, api_key: str | None = None) -> web.Applicatio
       return _error(400, str(e))
     try:
       results = await engine.generate(rows)
+    except RequestError as e:
+      return _error(400, str(e))
+    except EngineOverloadedError as e:
+      return _error(503, str(e), headers={"Retry-After": "1"})
     except Exception as e:  # noqa: BLE001 — this request's own row failed (logged in the batch loop)
       return _error(500, f"generation failed: {type(e).__name__}: {e}")
     latency = time.monotonic() - start

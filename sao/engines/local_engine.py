@@ -9,6 +9,12 @@ request). Sampling params are per row (the Sampler takes temperature/top_p/top_k
 mixes requests freely. The jitted work runs in a worker thread, so the event loop keeps accepting requests (which
 form the next batch) while a batch decodes. `max_batch_size=1` turns batching off.
 
+Queue bound (`EngineConfig.max_queued_rows`, default 4096): a request whose rows would take the rows waiting for a
+batch past the bound is refused with `EngineOverloadedError` (HTTP 503, as SGLang answers when overloaded; nothing
+of it was queued), so a flood of clients meets back-pressure instead of a server growing without limit; the
+SGLang client (`sao.engines.sglang_client`) backs off and asks again. A request with more rows than the bound could
+never fit: `RequestError` (400).
+
 Isolation: every row is validated before it is queued (`sao.engines.request_checks`: 400 naming the field). If a
 batch still fails inside the Sampler, its rows are re-run one at a time, so only a row that fails on its own fails
 (its request gets the error); a row whose log-probs are not finite fails alone the same way. Batch-mates never see
@@ -54,19 +60,26 @@ from sao.models.sampling import (BATCH_BUCKETS, NEW_TOKEN_BUCKETS, PROMPT_BUCKET
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EngineConfig", "LocalEngine", "RequestError", "RowFailedError"]
+__all__ = ["EngineConfig", "EngineOverloadedError", "LocalEngine", "RequestError", "RowFailedError"]
 
 
 class RowFailedError(RuntimeError):
   """One row failed inside the sampler even when run alone (its request gets 500; its batch-mates are unaffected)."""
 
 
+class EngineOverloadedError(RuntimeError):
+  """`max_queued_rows` rows already wait for a batch: the request was not queued (HTTP 503; the client retries)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
   """batch_window_ms: how long the batch loop keeps collecting after the first waiting row; max_batch_size: rows
-  per Sampler call (1 = no batching); buckets: the Sampler's shape buckets; seed: base of the per-batch PRNG seed."""
+  per Sampler call (1 = no batching); max_queued_rows: how many rows may wait for a batch (beyond it a request is
+  refused: `EngineOverloadedError`); buckets: the Sampler's shape buckets; seed: base of the per-batch PRNG seed."""
   batch_window_ms: float = 5.0
   max_batch_size: int = 128
+  # Generous: 32 full batches of the default size (a toy run's workers keep at most a few hundred rows in flight).
+  max_queued_rows: int = 4096
   prompt_buckets: tuple[int, ...] = PROMPT_BUCKETS
   batch_buckets: tuple[int, ...] = BATCH_BUCKETS
   new_token_buckets: tuple[int, ...] = NEW_TOKEN_BUCKETS
@@ -81,6 +94,8 @@ class EngineConfig:
   def __post_init__(self):
     if self.max_batch_size < 1:
       raise ValueError(f"max_batch_size: must be >= 1, got {self.max_batch_size}")
+    if self.max_queued_rows < 1:
+      raise ValueError(f"max_queued_rows: must be >= 1, got {self.max_queued_rows}")
     if self.batch_window_ms < 0:
       raise ValueError(f"batch_window_ms: must be >= 0, got {self.batch_window_ms}")
     if self.prefix_cache_bytes < 0:
@@ -130,7 +145,7 @@ class LocalEngine:
     self.weight_version = str(weight_version)
     self.stats = {"requests": 0, "rows": 0, "batches": 0, "max_rows_per_batch": 0, "weight_updates": 0,
                   "generated_tokens": 0, "busy_s": 0.0, "isolated_batches": 0, "failed_rows": 0,
-                  "prompt_tokens": 0, "cached_prompt_tokens": 0,
+                  "prompt_tokens": 0, "cached_prompt_tokens": 0, "overloaded_requests": 0,
                   # The last weight update's parts: reading the directory into device arrays (wall and CPU
                   # seconds), then waiting for the running batch and swapping (the publication benchmark's phases).
                   "last_update_load_s": 0.0, "last_update_load_cpu_s": 0.0, "last_update_swap_s": 0.0}
@@ -178,9 +193,18 @@ class LocalEngine:
     return check_row(f"input_ids[{i}]" if i >= 0 else "input_ids", input_ids, params, self.limits)
 
   async def generate(self, rows: Sequence[tuple[np.ndarray, SamplingParams]]) -> list[tuple[Completion, str]]:
-    """Queues checked rows for the batch loop; returns (completion, weight_version) per row, in order."""
+    """Queues checked rows for the batch loop; returns (completion, weight_version) per row, in order. Raises
+    `RequestError` for more rows than `max_queued_rows` and `EngineOverloadedError` (nothing queued) when the rows
+    waiting for a batch would exceed it."""
     if self._queue is None:
       raise RuntimeError("LocalEngine.start() was not awaited")
+    bound = self.config.max_queued_rows
+    if len(rows) > bound:
+      raise RequestError(f"input_ids: {len(rows)} prompts, more than the engine queues (max_queued_rows={bound})")
+    if self._queue.qsize() + len(rows) > bound:
+      self.stats["overloaded_requests"] += 1
+      raise EngineOverloadedError(f"engine overloaded: {self._queue.qsize()} rows wait for a batch and this request "
+                                  f"adds {len(rows)} (max_queued_rows={bound}); retry later")
     loop = asyncio.get_running_loop()
     pending = [_Row(p, sp, loop.create_future()) for p, sp in rows]
     self.stats["requests"] += 1

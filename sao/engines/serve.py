@@ -6,7 +6,8 @@ Binds 127.0.0.1 unless told otherwise; a non-loopback `--host` needs a token (`-
 variable `SAO_ENGINE_API_KEY`, which keeps it off the command line), which every request but `/health` must then
 send as `Authorization: Bearer <token>` (`SGLangEngine(url, api_key=...)` does; see `sao.engines.auth`).
 `--port=0` takes a free port. When it is serving it prints one line,
-`SAO_ENGINE_READY url=http://HOST:PORT`, which `local_server.start_local_engine` waits for.
+`SAO_ENGINE_READY url=http://HOST:PORT`, which `local_server.start_local_engine` waits for. `--max_queued_rows`
+bounds the rows waiting for a batch; beyond it `/generate` answers 503 (see `sao.engines.local_engine`).
 """
 from __future__ import annotations
 
@@ -26,37 +27,43 @@ from sao.engines import auth, host_malloc, lifetime, local_server
 from sao.engines.http_app import build_app
 from sao.engines.local_engine import EngineConfig, LocalEngine
 
-_MODEL_PATH = flags.DEFINE_string("model_path", None, "HF checkpoint directory (config.json + safetensors; a "
-                                  "tokenizer there supplies the eos stop ids and response text).", required=True)
-_HOST = flags.DEFINE_string("host", "127.0.0.1", "Interface to bind.")
-_PORT = flags.DEFINE_integer("port", 30000, "Port to bind (0: any free port).")
-_API_KEY = flags.DEFINE_string("api_key", None, "Shared-secret token clients must send as 'Authorization: Bearer "
-                                f"<token>' (default: ${auth.API_KEY_ENV}); required for a non-loopback --host.")
-_WEIGHT_VERSION = flags.DEFINE_string("weight_version", "0", "Initial weight version reported in responses.")
-_BATCH_WINDOW_MS = flags.DEFINE_float("batch_window_ms", 5.0, "Dynamic batching: how long to gather rows.")
-_MAX_BATCH_SIZE = flags.DEFINE_integer("max_batch_size", 128, "Rows per batch (1 disables batching).")
-_PROMPT_BUCKETS = flags.DEFINE_list("prompt_buckets", None, "Prompt-length buckets (default: the Sampler's).")
-_BATCH_BUCKETS = flags.DEFINE_list("batch_buckets", None, "Batch-size buckets (default: the Sampler's).")
-_NEW_TOKEN_BUCKETS = flags.DEFINE_list("new_token_buckets", None, "max_new_tokens buckets (default: Sampler's).")
-_SUFFIX_BUCKETS = flags.DEFINE_list("suffix_buckets", None, "Buckets of the prompt part the prefix cache does not "
-                                    "cover (default: the prompt buckets).")
-_PREFIX_CACHE_BYTES = flags.DEFINE_integer("prefix_cache_bytes", None, "Prefix cache across turns: its bound in "
-                                           "bytes (0 turns it off; default: EngineConfig's).")
-_SEED = flags.DEFINE_integer("seed", 0, "Sampling seed base.")
-_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Param and compute dtype.")
-_COMPILATION_CACHE_DIR = flags.DEFINE_string("compilation_cache_dir", None,
-                                             "JAX persistent compilation cache (speeds up restarts).")
+
+def define_flags() -> None:
+  """The server's flags, defined when it runs (not on import: a process that imports this module beside the
+  experiments/ commands must not get a second --config/--port/--seed; tests/experiments/test_commands_import.py)."""
+  flags.DEFINE_string("model_path", None, "HF checkpoint directory (config.json + safetensors; a tokenizer there "
+                      "supplies the eos stop ids and response text).", required=True)
+  flags.DEFINE_string("host", "127.0.0.1", "Interface to bind.")
+  flags.DEFINE_integer("port", 30000, "Port to bind (0: any free port).")
+  flags.DEFINE_string("api_key", None, "Shared-secret token clients must send as 'Authorization: Bearer <token>' "
+                      f"(default: ${auth.API_KEY_ENV}); required for a non-loopback --host.")
+  flags.DEFINE_string("weight_version", "0", "Initial weight version reported in responses.")
+  flags.DEFINE_float("batch_window_ms", 5.0, "Dynamic batching: how long to gather rows.")
+  flags.DEFINE_integer("max_batch_size", 128, "Rows per batch (1 disables batching).")
+  flags.DEFINE_integer("max_queued_rows", EngineConfig.max_queued_rows, "Rows that may wait for a batch; a request "
+                       "beyond it gets HTTP 503 (clients back off and retry).")
+  flags.DEFINE_list("prompt_buckets", None, "Prompt-length buckets (default: the Sampler's).")
+  flags.DEFINE_list("batch_buckets", None, "Batch-size buckets (default: the Sampler's).")
+  flags.DEFINE_list("new_token_buckets", None, "max_new_tokens buckets (default: Sampler's).")
+  flags.DEFINE_list("suffix_buckets", None, "Buckets of the prompt part the prefix cache does not cover (default: "
+                    "the prompt buckets).")
+  flags.DEFINE_integer("prefix_cache_bytes", None, "Prefix cache across turns: its bound in bytes (0 turns it off; "
+                       "default: EngineConfig's).")
+  flags.DEFINE_integer("seed", 0, "Sampling seed base.")
+  flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Param and compute dtype.")
+  flags.DEFINE_string("compilation_cache_dir", None, "JAX persistent compilation cache (speeds up restarts).")
 
 
 def _buckets(values: list[str] | None, default: tuple[int, ...]) -> tuple[int, ...]:
   return default if not values else tuple(sorted(int(v) for v in values))
 
 
-async def _serve(engine_config: EngineConfig, api_key: str | None) -> None:
-  engine = LocalEngine(_MODEL_PATH.value, engine_config, weight_version=_WEIGHT_VERSION.value)
+async def _serve(model_path: str, engine_config: EngineConfig, weight_version: str, host: str, port: int,
+                 api_key: str | None) -> None:
+  engine = LocalEngine(model_path, engine_config, weight_version=weight_version)
   runner = web.AppRunner(build_app(engine, api_key=api_key), access_log=None)
   await runner.setup()
-  site = web.TCPSite(runner, _HOST.value, _PORT.value)
+  site = web.TCPSite(runner, host, port)
   await site.start()
   host, port = runner.addresses[0][:2]
   print(f"{local_server.READY_PREFIX}http://{host}:{port}", flush=True)
@@ -70,27 +77,27 @@ async def _serve(engine_config: EngineConfig, api_key: str | None) -> None:
 
 def main(argv: list[str]) -> None:
   del argv
+  f = flags.FLAGS
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
   lifetime.exit_with_parent()  # started by a launcher: end with it
   host_malloc.keep_freed_memory()  # before JAX's thread pools start: the sampler's buffers are reused
-  api_key = auth.token_from_env(_API_KEY.value)
-  auth.require_token_for_bind(_HOST.value, api_key, "sao.engines.serve")  # before the slow model load
-  if _COMPILATION_CACHE_DIR.value:
+  api_key = auth.token_from_env(f.api_key)
+  auth.require_token_for_bind(f.host, api_key, "sao.engines.serve")  # before the slow model load
+  if f.compilation_cache_dir:
     import jax
-    jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE_DIR.value)
+    jax.config.update("jax_compilation_cache_dir", f.compilation_cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
   defaults = EngineConfig()
   config = EngineConfig(
-      batch_window_ms=_BATCH_WINDOW_MS.value, max_batch_size=_MAX_BATCH_SIZE.value,
-      prompt_buckets=_buckets(_PROMPT_BUCKETS.value, defaults.prompt_buckets),
-      batch_buckets=_buckets(_BATCH_BUCKETS.value, defaults.batch_buckets),
-      new_token_buckets=_buckets(_NEW_TOKEN_BUCKETS.value, defaults.new_token_buckets),
-      suffix_buckets=_buckets(_SUFFIX_BUCKETS.value, defaults.suffix_buckets),
-      prefix_cache_bytes=(defaults.prefix_cache_bytes if _PREFIX_CACHE_BYTES.value is None
-                          else _PREFIX_CACHE_BYTES.value),
-      seed=_SEED.value, dtype=_DTYPE.value)
-  asyncio.run(_serve(config, api_key))
-
+      batch_window_ms=f.batch_window_ms, max_batch_size=f.max_batch_size, max_queued_rows=f.max_queued_rows,
+      prompt_buckets=_buckets(f.prompt_buckets, defaults.prompt_buckets),
+      batch_buckets=_buckets(f.batch_buckets, defaults.batch_buckets),
+      new_token_buckets=_buckets(f.new_token_buckets, defaults.new_token_buckets),
+      suffix_buckets=_buckets(f.suffix_buckets, defaults.suffix_buckets),
+      prefix_cache_bytes=defaults.prefix_cache_bytes if f.prefix_cache_bytes is None else f.prefix_cache_bytes,
+      seed=f.seed, dtype=f.dtype)
+  asyncio.run(_serve(f.model_path, config, f.weight_version, f.host, f.port, api_key))
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

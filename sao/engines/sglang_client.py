@@ -13,10 +13,14 @@ are tested against):
   GET  /get_model_info            {"model_path", "weight_version"?, ...}
   POST /flush_cache
 
-Failure policy: a connection error or a 5xx is retried `max_retries` times with exponential backoff (`backoff_s`,
-doubling, capped at `max_backoff_s`), then raises `EngineUnavailableError`; a 4xx raises `EngineError` at once with
-the endpoint, status and the server's message; a request that exceeds `timeout_s` raises `EngineTimeoutError`
-(not retried: the server may still be working on it, and the caller owns the deadline).
+Failure policy: a connection error or a 5xx other than 503 is retried `max_retries` times with exponential backoff
+(`backoff_s`, doubling, capped at `max_backoff_s`), then raises `EngineUnavailableError`. A 503 means the server is
+overloaded (SGLang's answer when its queue is full; the local engine's when `max_queued_rows` rows wait): it is
+retried with the same backoff but does not use up `max_retries` -- the client backs off for as long as the request's
+`timeout_s` allows, then raises `EngineOverloadedError` (an `EngineTimeoutError`: the engine gave no answer in time,
+so an agent loop ends the episode as a timeout, not as an engine failure). A 4xx raises `EngineError` at once with the
+endpoint, status and the server's message; a request that exceeds `timeout_s` raises `EngineTimeoutError` (not
+retried: the server may still be working on it, and the caller owns the deadline).
 
 Auth: with `api_key` (default: `$SAO_ENGINE_API_KEY`, see `sao.engines.auth`) every request carries
 `Authorization: Bearer <api_key>`, which a server started with a token requires (SGLang's `--api-key` too).
@@ -28,6 +32,7 @@ import dataclasses
 import json
 import logging
 import math
+import time
 from typing import Any, Mapping, Sequence
 
 import aiohttp
@@ -57,6 +62,10 @@ class EngineUnavailableError(EngineError):
 
 class EngineTimeoutError(EngineError):
   """The engine did not answer within the client's timeout."""
+
+
+class EngineOverloadedError(EngineTimeoutError):
+  """The engine answered 503 (overloaded) to every attempt until the request's timeout ran out."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,14 +196,12 @@ class SGLangEngine:
     the text when `expect_json` is False (SGLang answers /flush_cache in plain text)."""
     url = self.base_url + endpoint
     timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s)
+    give_up_overloaded = time.monotonic() + timeout.total  # 503s are retried until then
     delay = self.backoff_s
     last: str = ""
-    for attempt in range(self.max_retries + 1):
-      if attempt:
-        log.warning("engine %s: attempt %d/%d failed (%s); retrying in %.2fs", url, attempt, self.max_retries + 1,
-                    last, delay)
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, self.max_backoff_s)
+    failures = 0  # connection errors and 5xx but 503: the retries `max_retries` allows
+    while True:
+      overloaded = False
       try:
         async with self._get_session().request(method, url, json=payload, timeout=timeout) as resp:
           text = await resp.text()
@@ -204,19 +211,35 @@ class SGLangEngine:
             body = None
           if resp.status >= 500:
             last = f"HTTP {resp.status}: {error_message(body, text)}"
-            continue
-          if resp.status >= 400:
+            overloaded = resp.status == 503
+          elif resp.status >= 400:
             raise EngineError(endpoint, error_message(body, text), resp.status)
-          if not expect_json:
+          elif not expect_json:
             return text
-          if text.strip() and body is None:
+          elif text.strip() and body is None:
             raise EngineError(endpoint, f"response is not JSON: {text[:200]!r}", resp.status)
-          return body
+          else:
+            return body
       except asyncio.TimeoutError as e:
         raise EngineTimeoutError(endpoint, f"no answer from {url} within {timeout.total:.1f}s") from e
       except aiohttp.ClientConnectionError as e:  # refused, reset, server disconnected
         last = f"{type(e).__name__}: {e}"
-    raise EngineUnavailableError(endpoint, f"{url} failed after {self.max_retries + 1} attempts; last error: {last}")
+      # Retry: an overloaded server (503) for as long as the request's timeout allows, any other failure
+      # `max_retries` times.
+      if overloaded:
+        if time.monotonic() + delay > give_up_overloaded:
+          raise EngineOverloadedError(endpoint, f"{url} stayed overloaded for {timeout.total:.1f}s; last answer: "
+                                      f"{last}", 503)
+        log.info("engine %s: overloaded (%s); retrying in %.2fs", url, last, delay)
+      else:
+        failures += 1
+        if failures > self.max_retries:
+          raise EngineUnavailableError(endpoint, f"{url} failed after {self.max_retries + 1} attempts; last error: "
+                                       f"{last}")
+        log.warning("engine %s: attempt %d/%d failed (%s); retrying in %.2fs", url, failures, self.max_retries + 1,
+                    last, delay)
+      await asyncio.sleep(delay)
+      delay = min(delay * 2, self.max_backoff_s)
 
   # ---- endpoints ----------------------------------------------------------------------------------------------
 

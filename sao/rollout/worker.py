@@ -8,10 +8,11 @@ tokenizer, engines); only the trainer's address and the worker's index are its o
 
 Many episodes run concurrently in one asyncio loop; the blocking gRPC client runs in threads. Each leased task is
 played `len(sample_indices)` times (SAO: once; GSPO: G times, or only the missing samples of a re-leased group), with
-the lease's temperature. Leases of running episodes are heartbeated; an episode whose lease expired is abandoned
-(the trainer has re-leased its task). Finished trajectories are submitted in small batches; the client keeps and
-re-sends anything unacknowledged, so a trainer restart loses nothing. The worker exits when the trainer reports no
-more work for `idle_exit_s`, or on SIGTERM/SIGINT.
+the lease's temperature. Leases of running episodes are heartbeated at a fixed rate (every
+`min(heartbeat_interval_s, lease TTL / 3)`, however long the RPC takes: `next_heartbeat`); an episode whose lease
+expired is abandoned (the trainer has re-leased its task). Finished trajectories are submitted in small batches; the
+client keeps and re-sends anything unacknowledged, so a trainer restart loses nothing. The worker exits when the
+trainer reports no more work for `idle_exit_s`, or on SIGTERM/SIGINT.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import concurrent.futures
 import dataclasses
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -81,6 +83,16 @@ class WorkerConfig:
                                                       self.eval_harness, self.harness_seed)
 
 
+def next_heartbeat(previous: float, period: float, now: float) -> float:
+  """The heartbeat after the one due at `previous`: fixed rate, `previous + period`; if that is already past at `now`
+  (the last RPC took longer than a period), the first tick of that grid still ahead -- missed ticks are skipped,
+  not sent in a burst."""
+  deadline = previous + period
+  if deadline < now:
+    deadline += period * (math.floor((now - deadline) / period) + 1)
+  return deadline
+
+
 class RolloutWorker:
   """One process's worth of concurrent agent loops. `run()` until `stop()` or idle exit."""
 
@@ -101,6 +113,7 @@ class RolloutWorker:
     self._stop = asyncio.Event()
     self.stats = {"episodes": 0, "submitted": 0, "accepted": 0, "rejected": 0, "abandoned": 0}
     self._lease_ttl_s = 0.0  # the TTL of the leases the trainer hands out (0 until the first lease)
+    self._clock = time.monotonic  # the heartbeat schedule's clock (a test drives a fake one)
 
   def stop(self) -> None:
     """Finishes running episodes and submits what the trainer still takes; RPCs no longer retry (a worker stopped
@@ -181,20 +194,30 @@ class RolloutWorker:
       if batch or self.client.num_pending:
         await self._submit(batch)
 
+  def _heartbeat_period(self) -> float:
+    # A third of the lease TTL at most: a live episode's lease must never lapse between two heartbeats.
+    # Until the first lease tells the TTL, poll briefly (no RPC is made while nothing runs).
+    return min(self.config.heartbeat_interval_s, self._lease_ttl_s / 3) if self._lease_ttl_s else 0.5
+
+  async def _wait_until(self, deadline: float) -> None:
+    """Sleeps until `deadline` (on `self._clock`), or until `stop()` while still running."""
+    remaining = max(deadline - self._clock(), 0.0)
+    if self._stop.is_set():
+      await asyncio.sleep(remaining)
+    else:
+      try:
+        await asyncio.wait_for(self._stop.wait(), timeout=remaining)
+      except TimeoutError:
+        pass
+
   async def _heartbeat_loop(self) -> None:
     # Runs until `run()` cancels it after the submitter is done: while stopping, samples still waiting for their
-    # acknowledgement keep their leases too.
+    # acknowledgement keep their leases too. Fixed rate (`next_heartbeat`): the RPC's own time does not stretch the
+    # gap between two heartbeats.
+    deadline = self._clock()
     while True:
-      # A third of the lease TTL at most: a live episode's lease must never lapse between two heartbeats.
-      # Until the first lease tells the TTL, poll briefly (no RPC is made while nothing runs).
-      interval = min(self.config.heartbeat_interval_s, self._lease_ttl_s / 3) if self._lease_ttl_s else 0.5
-      if self._stop.is_set():
-        await asyncio.sleep(interval)
-      else:
-        try:
-          await asyncio.wait_for(self._stop.wait(), timeout=interval)
-        except TimeoutError:
-          pass
+      deadline = next_heartbeat(deadline, self._heartbeat_period(), self._clock())
+      await self._wait_until(deadline)
       if self._running:
         try:
           response = await asyncio.to_thread(self.client.heartbeat, list(self._running))

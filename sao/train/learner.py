@@ -21,62 +21,32 @@ can lay out activations by mesh axis name (the routed MoE routes each batch shar
 ahead-of-time compile report (`sao.train.aot`) compiles the same objects.
 
 Host-side counters: `num_updates` (every `update`, the warmup clock), `version` (applied actor updates: the policy
-weights version engines are told about). The NaN guard lives in the jitted steps; here consecutive skips are counted
-per role and `NonFiniteError` is raised after `nan_guard_limit` in a row.
+weights version engines are told about). The NaN guard lives in the jitted steps; consecutive skips are counted per
+role (`sao.train.roles`, which also holds each role's params, shardings, optimizer and state) and `NonFiniteError`
+is raised after `nan_guard_limit` in a row.
 """
 from __future__ import annotations
 
 import json
 from typing import Any, Sequence
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
-from clu import parameter_overview
 from jax.sharding import Mesh
 
 from sao.models.config import ModelConfig
 from sao.models.transformer import abstract_params, init_critic_from_policy
-from sao.train import actor_losses, batching, optim, state as state_lib, steps
+from sao.train import actor_losses, batching, roles, state as state_lib, steps
 from sao.train import checkpoint as ckpt_lib
 from sao.train import distributed
 from sao.train import targets
 from sao.train import mesh as mesh_lib
 from sao.train.config import config_to_json, validate_learner_config
+from sao.train.roles import NonFiniteError  # noqa: F401  (re-exported: callers catch it from here)
 from sao.transport.trajectory import Trajectory
-
-
-class NonFiniteError(RuntimeError):
-  """Raised after `nan_guard_limit` consecutive non-finite updates of one role."""
-
-
-class _Role:
-  """Everything one role (actor / critic) needs: abstract params, shardings, optimizer, state."""
-
-  def __init__(self, name: str, boxed: Any, role_config: ml_collections.ConfigDict, mesh: Mesh):
-    self.name = name
-    self.abstract_params = nn.meta.unbox(boxed)
-    self.param_shardings = mesh_lib.param_shardings(boxed, mesh)
-    self.tx, self.labels, self.counts = optim.make_optimizer(role_config.optimizer, self.abstract_params,
-                                                             tuple(role_config.frozen_params), name)
-    self.trainable = optim.trainable_mask(self.labels)
-    self.shardings = state_lib.state_shardings(self.abstract_params, self.param_shardings, self.tx, mesh)
-    self.state: steps.TrainState | None = None
-    self.consecutive_nonfinite = 0
-    parameter_overview.log_parameter_overview(self.sharded_abstract_params(), include_stats="sharding",
-                                              msg=f"{name} parameters (shape, mesh sharding):",
-                                              jax_logging_process=0)
-
-  def abstract_state(self) -> steps.TrainState:
-    return state_lib.abstract_state(self.abstract_params, self.shardings, self.tx)
-
-  def sharded_abstract_params(self) -> Any:
-    """The params as `jax.ShapeDtypeStruct`s carrying their shardings."""
-    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), self.abstract_params,
-                        self.param_shardings)
 
 
 class Learner:
@@ -112,7 +82,7 @@ class Learner:
     self.num_updates = 0
     self.version = 0
 
-    self.actor = _Role("actor", abstract_params(model_config), c.actor, self.mesh)
+    self.actor = roles.Role("actor", abstract_params(model_config), c.actor, self.mesh)
     if actor_params is None:  # abstract learner (see Args)
       self.actor.state = self.actor.abstract_state()
     else:
@@ -132,9 +102,9 @@ class Learner:
     self._grouped_critic_step = None
     self.actor_logprobs = steps.make_actor_logprobs(model_config, self.actor.param_shardings, self.mesh, mbs,
                                                     c.temperature, c.logprob_chunk_size)
-    self.critic: _Role | None = None
+    self.critic: roles.Role | None = None
     if c.algorithm == "sao":
-      self.critic = _Role("critic", abstract_params(model_config, critic=True), c.critic, self.mesh)
+      self.critic = roles.Role("critic", abstract_params(model_config, critic=True), c.critic, self.mesh)
       if actor_params is None:  # abstract learner: no critic params are built or loaded
         self.critic.state = self.critic.abstract_state()
       elif critic_params is None and c.critic.init == "checkpoint":
@@ -382,25 +352,9 @@ class Learner:
                        "(batch shards × batching.micro_batch_size); build it with Learner.make_batch")
 
   def _guard(self, metrics: dict[str, float]) -> None:
-    """Counts consecutive NaN-guard skips per role (in step order) and stops the run after the limit."""
-    limit = self.config.nan_guard_limit
-    for role in (self.critic, self.actor):
-      if role is None:
-        continue
-      keys = sorted(k for k in metrics if k.startswith(f"{role.name}/skipped_epoch"))
-      keys += [f"{role.name}/skipped"] if role.name == "actor" and "actor/skipped" in metrics else []
-      for key in keys:
-        if metrics[key]:
-          role.consecutive_nonfinite += 1
-          logging.warning("NaN guard: non-finite %s loss or gradient at learner update %d (%s); update skipped "
-                          "(%d in a row)", role.name, self.num_updates, key, role.consecutive_nonfinite)
-          if role.consecutive_nonfinite >= limit:
-            raise NonFiniteError(f"NaN guard: {role.name} had {role.consecutive_nonfinite} consecutive non-finite "
-                                 f"updates (nan_guard_limit={limit}), last at learner update {self.num_updates}")
-        else:
-          role.consecutive_nonfinite = 0
-          if role.name == "actor" and key == "actor/skipped":
-            self.version += 1
+    """The NaN guard's per-role counts (`roles.count_nonfinite`); an applied actor update bumps `version`."""
+    self.version += roles.count_nonfinite([r for r in (self.critic, self.actor) if r is not None], metrics,
+                                          self.config.nan_guard_limit, self.num_updates)
 
   def _batch_metrics(self, batch: dict) -> dict[str, float]:
     valid = np.asarray(batch["valid"], bool)

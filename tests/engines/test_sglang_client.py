@@ -11,8 +11,9 @@ import time
 import pytest
 from aiohttp import web
 
-from sao.engines.sglang_client import (EngineError, EngineTimeoutError, EngineUnavailableError, SGLangEngine,
-                                       parse_generate_response, sampling_params_to_json)
+from sao.engines.sglang_client import (EngineError, EngineOverloadedError, EngineTimeoutError,
+                                       EngineUnavailableError, SGLangEngine, parse_generate_response,
+                                       sampling_params_to_json)
 from sao.models.sampling import SamplingParams
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -55,10 +56,12 @@ def test_sampling_params_to_json_uses_sglang_names():
 
 
 class FixtureServer:
-  """A loopback aiohttp server answering with recorded bodies; `fail_first` requests get a 503 first."""
+  """A loopback aiohttp server answering with recorded bodies; `fail_first` requests get `fail_status` first (503:
+  SGLang's "overloaded")."""
 
-  def __init__(self, fail_first: int = 0, delay_s: float = 0.0):
+  def __init__(self, fail_first: int = 0, delay_s: float = 0.0, fail_status: int = 503):
     self.fail_first = fail_first
+    self.fail_status = fail_status
     self.delay_s = delay_s
     self.requests: list[tuple[str, object]] = []
 
@@ -66,7 +69,8 @@ class FixtureServer:
     body = await request.json() if request.can_read_body else None
     self.requests.append((request.path, body))
     if len(self.requests) <= self.fail_first:
-      return web.json_response({"error": {"message": "scheduler overloaded"}}, status=503)
+      message = "scheduler overloaded" if self.fail_status == 503 else "internal error"
+      return web.json_response({"error": {"message": message}}, status=self.fail_status)
     await asyncio.sleep(self.delay_s)
     if request.path == "/generate":
       if "input_ids" not in body:
@@ -136,11 +140,30 @@ def test_client_retries_5xx_with_backoff_then_succeeds():
       result = await engine.generate([1], {"max_new_tokens": 2})
       assert result.finish_reason == "stop" and len(server.requests) == 3
       assert time.monotonic() - start >= 0.05 + 0.1  # two backoffs: 0.05, then doubled
-    server = FixtureServer(fail_first=100)
+    server = FixtureServer(fail_first=100, fail_status=500)
     async with server as url, SGLangEngine(url, max_retries=2, backoff_s=0.01) as engine:
-      with pytest.raises(EngineUnavailableError, match=r"failed after 3 attempts; last error: HTTP 503: scheduler"):
+      with pytest.raises(EngineUnavailableError, match=r"failed after 3 attempts; last error: HTTP 500: internal"):
         await engine.generate([1], {"max_new_tokens": 2})
       assert len(server.requests) == 3
+
+  asyncio.run(main())
+
+
+def test_client_backs_off_on_503_beyond_max_retries_until_its_timeout():
+  """503 is SGLang's "overloaded": the client keeps backing off (not a failure that uses up `max_retries`) and
+  gives up only when the request's timeout is spent, with a timeout error (an agent loop's episode ends as a
+  timeout, not as an engine failure)."""
+  async def main():
+    server = FixtureServer(fail_first=5)
+    async with server as url, SGLangEngine(url, max_retries=0, backoff_s=0.01, max_backoff_s=0.02) as engine:
+      result = await engine.generate([1], {"max_new_tokens": 2})
+      assert result.finish_reason == "stop" and len(server.requests) == 6
+    server = FixtureServer(fail_first=10**9)
+    async with server as url, SGLangEngine(url, timeout_s=0.3, max_retries=0, backoff_s=0.01,
+                                           max_backoff_s=0.05) as engine:
+      with pytest.raises(EngineOverloadedError, match=r"stayed overloaded for 0.3s; last answer: HTTP 503: sched") as e:
+        await engine.generate([1], {"max_new_tokens": 2})
+      assert isinstance(e.value, EngineTimeoutError) and e.value.status == 503 and len(server.requests) > 1
 
   asyncio.run(main())
 

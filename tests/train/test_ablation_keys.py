@@ -55,7 +55,7 @@ def test_critic_attention_trainable_reaches_the_optimizer():
     flat = jax.tree_util.tree_flatten_with_path(labels)[0]
     return {label for path, label in flat if "self_attn" in jax.tree_util.keystr(path)}
 
-  # The critic optimizer as the learner builds it (`learner._Role`): the default patterns freeze the attention, the
+  # The critic optimizer as the learner builds it (`roles.Role`): the default patterns freeze the attention, the
   # ablation's do not (the toy model has no vision tower, so nothing stays frozen).
   critic_params = nn.meta.unbox(abstract_params(helpers.model_config(), critic=True))
   for overrides, expected, frozen_count in (({}, optim.FROZEN, lambda n: n > 0),
