@@ -46,6 +46,7 @@ class StallModel:
       if len(interval) != 2 or not all(math.isfinite(x) for x in interval) or not 0 <= interval[0] < interval[1]:
         raise ValueError(f"StallModel.intervals: each stall must be (start, end) with 0 <= start < end, both "
                          f"finite; got {interval!r}")
+    object.__setattr__(self, "intervals", tuple((float(a), float(b)) for a, b in self.intervals))  # hashable
     if (self.gap_s is None) != (self.duration_s is None):
       raise ValueError("StallModel: give both gap_s and duration_s (a stall process) or neither")
     if self.gap_s is not None and not self.gap_s.mean() > 0:

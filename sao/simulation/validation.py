@@ -59,11 +59,11 @@ def bench_config(measured: Mapping[str, Any], seed: int = 0, stalls: bool = True
   if not measured["episode_s"] or not measured["train_step_s"]:
     raise ValueError("bench measurement has no episode or step times")
   threshold = bench_stalls.stall_threshold_s(measured) if stalls else None
+  steady = steady_state_timings(measured, max_engine_s=math.inf if threshold is None else threshold)
   stall_model = StallModel()
-  if threshold is not None:
+  if threshold is not None and steady is not None:  # else the step means below carry the stalls' time already
     stall_model = StallModel(intervals=bench_stalls.simulated_stalls(
         bench_stalls.derive_stalls(measured), bench_stalls.first_lease_s(measured), window_start_s))
-  steady = steady_state_timings(measured, max_engine_s=math.inf if threshold is None else threshold)
   if steady is not None:
     # Per trajectory, only those leased in the measured window: the agent loop's seconds and lease-to-acceptance
     # of the steady state, not of the first episodes, whose engine calls wait for its compilations (they are
@@ -151,7 +151,7 @@ def simulate_bench(measured: Mapping[str, Any], seed: int, stalls: bool = True) 
     return report
   start = report.measured_from_s
   report = simulate(aligned)
-  if report.measured_from_s != start:  # the window's stalls start in it: they cannot move the warm-up's end
+  if abs(report.measured_from_s - start) > 1e-6:  # the window's stalls start in it: they cannot move its start
     raise RuntimeError(f"simulate_bench: the measured window moved from {start} s to {report.measured_from_s} s")
   return report
 

@@ -150,6 +150,11 @@ def test_stalls_are_derived_from_the_trajectory_records():
   with pytest.raises(ValueError, match="first_lease"):
     bench_stalls.derive_stalls(m)
   assert bench_stalls.derive_stalls(_measurement()) == []  # no records, no stalls
+  # Too few unstalled steady-state records for the per-turn time: the step means are used, which carry the stalls'
+  # time, so the twin gets no stall schedule on top.
+  m = _stall_records()
+  m["taken"] = m["taken"][:10] + m["taken"][40:]
+  assert not validation.bench_config(m).stalls.active
 
 
 def test_simulate_bench_places_the_window_stalls_from_the_simulated_window():
