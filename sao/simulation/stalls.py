@@ -10,7 +10,7 @@ i.e. a turn in flight when a stall begins keeps its remaining engine work for af
 starts during a stall waits for its end (`StallSchedule.finish`). Tool calls and setups run on through a stall.
 
 A schedule is explicit intervals (`StallModel.intervals`, e.g. derived from a measurement by
-`sao.simulation.validation.derive_stalls`) and/or a renewal process: stalls of `duration_s` separated by gaps of
+`sao.simulation.bench_stalls`) and/or a renewal process: stalls of `duration_s` separated by gaps of
 `gap_s` (the first starts after one gap), drawn from their own random stream so that adding stalls leaves every
 episode's and step's draws unchanged. Overlapping intervals are merged.
 """
@@ -50,7 +50,8 @@ class StallModel:
     if (self.gap_s is None) != (self.duration_s is None):
       raise ValueError("StallModel: give both gap_s and duration_s (a stall process) or neither")
     if self.gap_s is not None and not self.gap_s.mean() > 0:
-      raise ValueError(f"StallModel.gap_s must have a positive mean (stalls would never end), got {self.gap_s}")
+      raise ValueError(f"StallModel.gap_s must have a positive mean (else the engines never serve), got "
+                       f"{self.gap_s}")
 
   @property
   def active(self) -> bool:
