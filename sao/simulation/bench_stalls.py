@@ -6,7 +6,8 @@ see compilations, but every trajectory the trainer took carries its lease time a
 (`taken`: leased_at, total_s, generate_s, tool_s, turns; times in seconds from the first measured step's wait):
 
 - A trajectory is *stalled* when its engine seconds exceed `STALL_FACTOR` × the median over the taken
-  trajectories (an unstalled one here: 0.04-0.06 s for its five turns; a stalled one: 0.3-30 s).
+  trajectories (in the recorded runs the median is 0.04-0.05 s for five turns, the threshold 0.21-0.27 s, and a
+  stalled trajectory spent 0.3-30 s there).
 - Its *engine phase* is the end of its episode: the agent loop resets the environment (the bench's delay), then
   plays its turns, so the turns (engine calls and env steps, `generate_s + tool_s` seconds) end at
   `leased_at + total_s` (the worker starts an episode within milliseconds of its lease).
