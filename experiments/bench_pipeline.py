@@ -346,8 +346,10 @@ def _run_mode(mode: str, processes: _Processes, base_dir: str | None) -> dict[st
                                            else float("nan")),
           "publish_s": publish_s,
           # Times in seconds from the first measured step's wait: the steps' (wait start, wait end), the publishes'
-          # (start, end), the engine's version changes (time, version), and every trajectory taken.
+          # (start, end), the engine's version changes (time, version), the first training lease (the simulated
+          # twin's time 0), and every trajectory taken.
           "timeline": {"waits": [(a - start, b - start) for a, b in trainer.waits],
+                       "first_lease": min(trainer.leased_at.values(), default=start) - start,
                        "publishes": [(a - start, b - start) for a, b in zip(trainer.publish_started,
                                                                              trainer.published_at)],
                        "engine_versions": [(t - start, v) for t, v in engine_changes],

@@ -5,7 +5,8 @@ re-leases, groups; its clock is the simulated one), `GroupBuffer` (the bounded b
 `sao.transport.flow` (`outstanding_samples` and `lease_allowance` under `max_outstanding`, `admit` with the
 staleness bound and backpressure, `accept`, and the trainer's `is_fresh` filter). No socket, thread or sleep: events
 are popped from a heap in time order (ties in the order they were scheduled), so a run is a function of its
-`FleetConfig` (seed included).
+`FleetConfig` (seed included). Engine stalls (`FleetConfig.stalls`) move the end of every generation they meet
+(`StallSchedule.finish`); without them the event times are what they were before stalls existed, to the bit.
 
 The worker side follows `sao.rollout.worker` (which this package cannot import): a loop's slot is held from the
 lease until the trainer acknowledges the sample (accepted or rejected), a pushed-back sample is re-sent after
@@ -27,6 +28,7 @@ import numpy as np
 
 from sao.simulation.model import FleetConfig
 from sao.simulation.report import FleetReport
+from sao.simulation.stalls import StallSchedule
 from sao.transport import flow
 from sao.transport.dispenser import TaskDispenser
 from sao.transport.group_buffer import GroupBuffer
@@ -55,6 +57,7 @@ class FleetSimulator:
     c = self.config = config
     self.now = 0.0
     self._rng = np.random.default_rng(c.seed)
+    self._stalls = StallSchedule(c.stalls, c.seed) if c.stalls.active else None
     tasks = [{"id": f"t{i}"} for i in range(c.num_tasks)]
     self.dispenser = TaskDispenser(tasks, DispenserConfig(
         mode="sao" if c.group_size == 1 else "group", group_size=c.group_size, seed=c.seed,
@@ -123,6 +126,7 @@ class FleetSimulator:
     r.buffered = self.buffer.held
     r.awaiting_ack = len(self._blocked)
     r.running = self._slots - len(self._blocked)
+    r.measured_from_s = self._measure_start or 0.0
     return r
 
   # ------------------------------------------------------------------------------------------------ worker side
@@ -166,15 +170,23 @@ class FleetSimulator:
 
   def _setup_done(self, episode: _Episode) -> None:
     self._turning += 1
-    self._at(self.now + self.config.episode.gen_s.sample(self._rng) * self._slowdown(), "first_turn", episode)
+    gen = self.config.episode.gen_s.sample(self._rng) * self._slowdown()
+    self._at(self.now + gen if self._stalls is None else self._stalls.finish(self.now, gen), "first_turn", episode)
 
   def _first_turn(self, episode: _Episode) -> None:
     e = self.config.episode
     episode.version = self.engine_version  # the engines' version now: the minimum over the episode's turns
-    rest = e.tool_s.sample(self._rng)
+    first_tool = e.tool_s.sample(self._rng)
+    rest = first_tool
     if episode.turns > 1:
       n = episode.turns - 1
-      rest += float(np.sum(e.gen_s.sample(self._rng, n)) * self._slowdown() + np.sum(e.tool_s.sample(self._rng, n)))
+      gens, tools = e.gen_s.sample(self._rng, n), e.tool_s.sample(self._rng, n)
+      slowdown = self._slowdown()
+      rest += float(np.sum(gens) * slowdown + np.sum(tools))
+      if self._stalls is not None and self._stalls.overlaps(self.now, self.now + rest):
+        # Turn by turn: each generation waits out the stalls it meets, the tool calls run on through them.
+        self._at(self._stalls.run(self.now + first_tool, gens * slowdown, tools), "end", episode)
+        return
     self._at(self.now + rest, "end", episode)
 
   def _end(self, episode: _Episode) -> None:

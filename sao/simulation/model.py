@@ -6,7 +6,9 @@ beyond that every generation slows in proportion (processor sharing). The number
 estimated as (loops in their turns) × (the share of a turn spent generating, from the distributions' means), and a
 turn's slowdown max(1, generating / engine_slots) is taken when the turn starts (the first turn) or, for the rest of
 the episode, when the first turn ends: a mean-field model, not a token-level one. The trajectory's policy version is
-the engines' version when its first turn ends (`sao.rollout.agent` records the minimum over turns).
+the engines' version when its first turn ends (`sao.rollout.agent` records the minimum over turns). The engines may
+also stall (`sao.simulation.stalls`: compilations, CUDA-graph captures): every generation in flight then waits, and
+so does every new one, until the stall ends.
 
 The trainer takes `batch_size` trajectories when the buffer holds them, trains for `step_s`, and publishes a new
 version (`publish_s`) after every update past `actor_warmup_steps` (SAO's critic warm-up updates leave the actor,
@@ -18,6 +20,7 @@ import dataclasses
 import math
 
 from sao.simulation.distributions import Distribution
+from sao.simulation.stalls import StallModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +52,7 @@ class FleetConfig:
     group_size: rollouts per task (1: SAO; G: GSPO/GRPO, whose group is trained only when all G are in).
     batch_size: trajectories per learner step (a multiple of `group_size`).
     episode: the episode model; engine_slots: concurrent generations at full speed (0 = unlimited).
+    stalls: when the engines serve nothing (`StallModel`; the default: never).
     submit_latency_s: from an episode's end to its submission reaching the trainer (the loop stays held).
     step_s: the trainer's time per step (take to next take, publishing included); publish_s: weights to the
       engines after an update, on top of step_s (0 when step_s includes it).
@@ -74,6 +78,7 @@ class FleetConfig:
   group_size: int = 1
   batch_size: int = 64
   engine_slots: int = 0
+  stalls: StallModel = StallModel()
   submit_latency_s: float = 0.0
   publish_s: float = 0.0
   publish_fraction: float = 1.0

@@ -38,6 +38,7 @@ class FleetReport:
   staleness_steady: dict[int, int] = dataclasses.field(default_factory=dict)
   measured_steps: int = 0
   measured_s: float = 0.0  # from the first measured step's wait to the end of the last training (bench's wall)
+  measured_from_s: float = 0.0  # when the first measured step began waiting for its batch
   waiting_s: float = 0.0  # the trainer's waits for a batch within `measured_s`
   episode_s: float = 0.0  # loop-seconds of every finished episode
   discarded_s: float = 0.0  # loop-seconds of episodes rejected or dropped as stale

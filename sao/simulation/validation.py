@@ -9,6 +9,12 @@ times, compilations included), where in its step a new version lands on the engi
 with it) and on the server (which counts staleness against it; the rest of the step is bookkeeping), and the
 service knobs. It *predicts* what the bench reports: trajectories/s, the trainer's busy fraction and the mean
 staleness of trained batches. `compare` puts the two side by side with relative errors.
+
+With per-trajectory records the twin also gets the engine's stalls (`sao.simulation.bench_stalls`: compilations,
+in which the engine serves nobody), and its per-turn engine time comes from the steady-state trajectories that were
+not stalled. Stalls of the warm-up keep their time from the first lease; those in the measured window keep their
+time from the window's start, so `simulate_bench` runs a seed twice: with the warm-up's stalls only, to find where
+the simulated window starts, then with the window's stalls from there (they cannot change the warm-up).
 """
 from __future__ import annotations
 
@@ -18,9 +24,12 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from sao.simulation import bench_stalls
 from sao.simulation.distributions import Distribution
 from sao.simulation.fleet import simulate
 from sao.simulation.model import EpisodeModel, FleetConfig
+from sao.simulation.report import FleetReport
+from sao.simulation.stalls import StallModel
 
 # staleness_steady_mean: over the trajectories leased after the first measured step began (the bench's per-trajectory
 # records), so no episode of the warm-up, whose engine calls waited for the engine's compilations, counts.
@@ -32,8 +41,11 @@ BENCH_LEASE_TTL_S = 120.0
 BENCH_ACTOR_WARMUP_STEPS = 1
 
 
-def bench_config(measured: Mapping[str, Any], seed: int = 0) -> FleetConfig:
-  """The simulated twin of one bench mode's measurement (module docstring)."""
+def bench_config(measured: Mapping[str, Any], seed: int = 0, stalls: bool = True,
+                 window_start_s: float | None = None) -> FleetConfig:
+  """The simulated twin of one bench mode's measurement (module docstring). `stalls` False: no engine stalls, and
+  the per-turn engine time is the mean over all steady-state trajectories (the simulator before stalls existed).
+  window_start_s: where the simulated measured window starts (`bench_stalls.simulated_stalls`; None: as measured)."""
   for key in ("concurrency", "batch_size", "steps", "warmup_steps", "delay", "episode_s", "train_step_s",
               "turns_mean", "max_outstanding", "buffer_capacity", "max_staleness"):
     if key not in measured:
@@ -46,11 +58,17 @@ def bench_config(measured: Mapping[str, Any], seed: int = 0) -> FleetConfig:
   delay = Distribution("pareto", float(d["scale_s"]), float(d["alpha"]), hi=float(d["max_s"]))
   if not measured["episode_s"] or not measured["train_step_s"]:
     raise ValueError("bench measurement has no episode or step times")
-  steady = steady_state_timings(measured)
+  threshold = bench_stalls.stall_threshold_s(measured) if stalls else None
+  steady = steady_state_timings(measured, max_engine_s=math.inf if threshold is None else threshold)
+  stall_model = StallModel()
+  if threshold is not None and steady is not None:  # else the step means below carry the stalls' time already
+    stall_model = StallModel(intervals=bench_stalls.simulated_stalls(
+        bench_stalls.derive_stalls(measured), bench_stalls.first_lease_s(measured), window_start_s))
   if steady is not None:
     # Per trajectory, only those leased in the measured window: the agent loop's seconds and lease-to-acceptance
     # of the steady state, not of the first episodes, whose engine calls wait for its compilations (they are
-    # taken in the first measured steps, so the step-averaged `generate_s_mean` carries them).
+    # taken in the first measured steps, so the step-averaged `generate_s_mean` carries them); with stalls, only
+    # the unstalled ones (the stalls' time is in the stall schedule).
     turns = max(1, int(round(steady["turns"])))
     gen_s, tool_s = steady["generate_s"] / turns, steady["tool_s"] / turns
     submit_s = max(0.0, steady["lease_to_accept_s"] - steady["total_s"])
@@ -72,7 +90,7 @@ def bench_config(measured: Mapping[str, Any], seed: int = 0) -> FleetConfig:
   episode = EpisodeModel(setup_s=delay, turns=Distribution("constant", turns), gen_s=Distribution("constant", gen_s),
                          tool_s=Distribution("constant", tool_s))
   return FleetConfig(
-      loops=int(measured["concurrency"]), episode=episode, submit_latency_s=submit_s,
+      loops=int(measured["concurrency"]), episode=episode, stalls=stall_model, submit_latency_s=submit_s,
       publish_fraction=publish_fraction, engine_publish_fraction=engine_fraction,
       step_s=Distribution("choice", values=tuple(float(t) for t in measured["train_step_s"])),
       batch_size=int(measured["batch_size"]), actor_warmup_steps=BENCH_ACTOR_WARMUP_STEPS,
@@ -83,11 +101,13 @@ def bench_config(measured: Mapping[str, Any], seed: int = 0) -> FleetConfig:
       warmup_step_s=tuple(float(t) for t in measured.get("warmup_train_step_s", ())))
 
 
-def steady_state_timings(measured: Mapping[str, Any], min_trajectories: int = 32) -> dict[str, float] | None:
+def steady_state_timings(measured: Mapping[str, Any], min_trajectories: int = 32,
+                         max_engine_s: float = math.inf) -> dict[str, float] | None:
   """Means over the trajectories leased after the first measured step began (the bench's `taken` records, times
-  relative to that moment) of: turns, the agent loop's generate_s, tool_s and total_s, and lease-to-acceptance
-  seconds. None when the measurement has no per-trajectory records or fewer than `min_trajectories` such ones."""
-  rows = _steady_rows(measured)
+  relative to that moment) whose engine seconds are at most `max_engine_s` (not stalled) of: turns, the agent
+  loop's generate_s, tool_s and total_s, and lease-to-acceptance seconds. None when the measurement has no
+  per-trajectory records or fewer than `min_trajectories` such ones."""
+  rows = [t for t in _steady_rows(measured) if t["generate_s"] <= max_engine_s]
   if len(rows) < min_trajectories:
     return None
   out = {k: float(np.mean([t[k] for t in rows])) for k in ("turns", "generate_s", "tool_s", "total_s")}
@@ -109,16 +129,31 @@ def measured_metrics(measured: Mapping[str, Any]) -> dict[str, float]:
   return out
 
 
-def predict(measured: Mapping[str, Any], seeds: Iterable[int] = range(20)) -> dict[str, float]:
-  """The simulator's mean over `seeds` of each metric in `METRICS` for the bench's settings."""
+def predict(measured: Mapping[str, Any], seeds: Iterable[int] = range(20), stalls: bool = True) -> dict[str, float]:
+  """The simulator's mean over `seeds` of each metric in `METRICS` for the bench's settings (`bench_config`)."""
   runs = []
   for seed in seeds:
-    report = simulate(bench_config(measured, seed))
+    report = simulate_bench(measured, seed, stalls)
     runs.append({"traj_per_s": report.traj_per_hour / 3600.0, "busy": report.busy,
                  "staleness_mean": report.staleness_mean, "staleness_steady_mean": report.staleness_steady_mean})
   if not runs:
     raise ValueError("predict: no seeds")
   return {k: float(np.mean([r[k] for r in runs])) for k in METRICS}
+
+
+def simulate_bench(measured: Mapping[str, Any], seed: int, stalls: bool = True) -> FleetReport:
+  """One simulated twin of the measurement, the measured window's stalls placed from where its simulated window
+  starts: found by a run with the warm-up's stalls only (module docstring)."""
+  warmup = bench_config(measured, seed, stalls, window_start_s=math.inf)  # the warm-up's stalls only
+  report = simulate(warmup)
+  aligned = bench_config(measured, seed, stalls, window_start_s=report.measured_from_s)
+  if aligned.stalls == warmup.stalls:
+    return report
+  start = report.measured_from_s
+  report = simulate(aligned)
+  if abs(report.measured_from_s - start) > 1e-6:  # the window's stalls start in it: they cannot move its start
+    raise RuntimeError(f"simulate_bench: the measured window moved from {start} s to {report.measured_from_s} s")
+  return report
 
 
 @dataclasses.dataclass(frozen=True)
