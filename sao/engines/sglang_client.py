@@ -18,7 +18,9 @@ Failure policy: a connection error or a 5xx other than 503 is retried `max_retri
 overloaded (SGLang's answer when its queue is full; the local engine's when `max_queued_rows` rows wait): it is
 retried with the same backoff but does not use up `max_retries` -- the client backs off for as long as the request's
 `timeout_s` allows, then raises `EngineOverloadedError` (an `EngineTimeoutError`: the engine gave no answer in time,
-so an agent loop ends the episode as a timeout, not as an engine failure). A 4xx raises `EngineError` at once with the
+so an agent loop ends the episode as a timeout, not as an engine failure). When the 503 carries `Retry-After`
+(seconds or an HTTP date; the local engine sends `Retry-After: 1`), the client waits max(own backoff, Retry-After),
+the server's part capped at `max_backoff_s` and at what is left of the request's timeout. A 4xx raises `EngineError` at once with the
 endpoint, status and the server's message; a request that exceeds `timeout_s` raises `EngineTimeoutError` (not
 retried: the server may still be working on it, and the caller owns the deadline).
 
@@ -29,6 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
+import email.utils
 import json
 import logging
 import math
@@ -152,6 +156,32 @@ def error_message(body: Any, text: str) -> str:
   return text.strip()[:2000] or "(empty body)"
 
 
+def retry_after_seconds(value: str | None, now: datetime.datetime | None = None) -> float | None:
+  """Seconds a `Retry-After` header asks the client to wait: delta-seconds ("1", also "0.5") or an HTTP date (a date
+  in the past means 0). None when the header is absent; a value that is neither is logged and ignored (None)."""
+  if value is None:
+    return None
+  text = value.strip()
+  try:
+    seconds = float(text)
+  except ValueError:
+    seconds = None
+  if seconds is not None:
+    if math.isfinite(seconds) and seconds >= 0:
+      return seconds
+    log.warning("ignoring Retry-After %r: not a non-negative number of seconds", value)
+    return None
+  try:
+    when = email.utils.parsedate_to_datetime(text)
+  except (TypeError, ValueError):
+    log.warning("ignoring Retry-After %r: neither seconds nor an HTTP date", value)
+    return None
+  if when.tzinfo is None:  # RFC 9110 dates are GMT; parsedate gives a naive datetime for "-0000"
+    when = when.replace(tzinfo=datetime.timezone.utc)
+  now = now or datetime.datetime.now(datetime.timezone.utc)
+  return max(0.0, (when - now).total_seconds())
+
+
 class SGLangEngine:
   """Client for one SGLang-compatible server. Use as `async with SGLangEngine(url) as engine: ...` or call
   `close()`; the aiohttp session is created lazily in the running event loop. `api_key`: the server's token
@@ -202,6 +232,7 @@ class SGLangEngine:
     failures = 0  # connection errors and 5xx but 503: the retries `max_retries` allows
     while True:
       overloaded = False
+      server_wait: float | None = None  # the 503's Retry-After, in seconds
       try:
         async with self._get_session().request(method, url, json=payload, timeout=timeout) as resp:
           text = await resp.text()
@@ -212,6 +243,8 @@ class SGLangEngine:
           if resp.status >= 500:
             last = f"HTTP {resp.status}: {error_message(body, text)}"
             overloaded = resp.status == 503
+            if overloaded:
+              server_wait = retry_after_seconds(resp.headers.get("Retry-After"))
           elif resp.status >= 400:
             raise EngineError(endpoint, error_message(body, text), resp.status)
           elif not expect_json:
@@ -226,11 +259,15 @@ class SGLangEngine:
         last = f"{type(e).__name__}: {e}"
       # Retry: an overloaded server (503) for as long as the request's timeout allows, any other failure
       # `max_retries` times.
+      wait = delay
       if overloaded:
-        if time.monotonic() + delay > give_up_overloaded:
+        remaining = give_up_overloaded - time.monotonic()
+        if delay > remaining:
           raise EngineOverloadedError(endpoint, f"{url} stayed overloaded for {timeout.total:.1f}s; last answer: "
                                       f"{last}", 503)
-        log.info("engine %s: overloaded (%s); retrying in %.2fs", url, last, delay)
+        if server_wait is not None:  # the server knows its queue better than our doubling does
+          wait = max(delay, min(server_wait, self.max_backoff_s, remaining))
+        log.info("engine %s: overloaded (%s); retrying in %.2fs", url, last, wait)
       else:
         failures += 1
         if failures > self.max_retries:
@@ -238,7 +275,7 @@ class SGLangEngine:
                                        f"{last}")
         log.warning("engine %s: attempt %d/%d failed (%s); retrying in %.2fs", url, failures, self.max_retries + 1,
                     last, delay)
-      await asyncio.sleep(delay)
+      await asyncio.sleep(wait)
       delay = min(delay * 2, self.max_backoff_s)
 
   # ---- endpoints ----------------------------------------------------------------------------------------------

@@ -3,8 +3,11 @@ mock of the client), plus its retry/timeout/error policy."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
+import logging
 import os
+import re
 import socket
 import time
 
@@ -13,7 +16,7 @@ from aiohttp import web
 
 from sao.engines.sglang_client import (EngineError, EngineOverloadedError, EngineTimeoutError,
                                        EngineUnavailableError, SGLangEngine, parse_generate_response,
-                                       sampling_params_to_json)
+                                       retry_after_seconds, sampling_params_to_json)
 from sao.models.sampling import SamplingParams
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -59,8 +62,9 @@ class FixtureServer:
   """A loopback aiohttp server answering with recorded bodies; `fail_first` requests get `fail_status` first (503:
   SGLang's "overloaded")."""
 
-  def __init__(self, fail_first: int = 0, delay_s: float = 0.0, fail_status: int = 503):
+  def __init__(self, fail_first: int = 0, delay_s: float = 0.0, fail_status: int = 503, retry_after: str | None = None):
     self.fail_first = fail_first
+    self.retry_after = retry_after  # the failures' Retry-After header (None: none)
     self.fail_status = fail_status
     self.delay_s = delay_s
     self.requests: list[tuple[str, object]] = []
@@ -70,7 +74,8 @@ class FixtureServer:
     self.requests.append((request.path, body))
     if len(self.requests) <= self.fail_first:
       message = "scheduler overloaded" if self.fail_status == 503 else "internal error"
-      return web.json_response({"error": {"message": message}}, status=self.fail_status)
+      headers = {"Retry-After": self.retry_after} if self.retry_after is not None else None
+      return web.json_response({"error": {"message": message}}, status=self.fail_status, headers=headers)
     await asyncio.sleep(self.delay_s)
     if request.path == "/generate":
       if "input_ids" not in body:
@@ -191,3 +196,51 @@ def test_client_timeout_is_not_retried():
       assert len(server.requests) == 1
 
   asyncio.run(main())
+
+
+def _logged_waits(caplog) -> list[float]:
+  """The waits the client logged before each retry ("retrying in 0.25s"), in order."""
+  return [float(m.group(1)) for r in caplog.records if (m := re.search(r"retrying in ([0-9.]+)s", r.getMessage()))]
+
+
+def test_retry_after_seconds_parses_seconds_and_http_dates(caplog):
+  now = datetime.datetime(2026, 12, 1, 0, 0, 0, tzinfo=datetime.timezone.utc)
+  assert retry_after_seconds(None) is None
+  assert retry_after_seconds("1") == 1.0 and retry_after_seconds(" 0.5 ") == 0.5
+  assert retry_after_seconds("Tue, 01 Dec 2026 00:00:03 GMT", now=now) == 3.0
+  assert retry_after_seconds("Mon, 30 Nov 2026 23:59:00 GMT", now=now) == 0.0  # in the past: retry now
+  with caplog.at_level(logging.WARNING, logger="sao.engines.sglang_client"):
+    assert retry_after_seconds("-1") is None and retry_after_seconds("soon") is None
+  assert "ignoring Retry-After '-1'" in caplog.text and "ignoring Retry-After 'soon'" in caplog.text
+
+
+def test_client_honours_retry_after_on_503(caplog):
+  """A 503 with `Retry-After: 1` (the local engine's answer) makes the client wait 1s, not its own 0.01s backoff."""
+  async def main():
+    server = FixtureServer(fail_first=1, retry_after="1")
+    async with server as url, SGLangEngine(url, timeout_s=10, backoff_s=0.01, max_backoff_s=5.0) as engine:
+      result = await engine.generate([1], {"max_new_tokens": 2})
+      assert result.finish_reason == "stop" and len(server.requests) == 2
+
+  with caplog.at_level(logging.INFO, logger="sao.engines.sglang_client"):
+    asyncio.run(main())
+  assert _logged_waits(caplog) == [1.0]
+
+
+def test_client_caps_retry_after_by_max_backoff_and_remaining_timeout(caplog):
+  async def main():
+    server = FixtureServer(fail_first=2, retry_after="30")
+    async with server as url, SGLangEngine(url, timeout_s=10, backoff_s=0.01, max_backoff_s=0.1) as engine:
+      assert (await engine.generate([1], {"max_new_tokens": 2})).finish_reason == "stop"
+    capped_by_backoff = _logged_waits(caplog)
+    caplog.clear()
+    server = FixtureServer(fail_first=10**9, retry_after="30")
+    async with server as url, SGLangEngine(url, timeout_s=0.4, backoff_s=0.01, max_backoff_s=60.0) as engine:
+      with pytest.raises(EngineOverloadedError, match="stayed overloaded for 0.4s"):
+        await engine.generate([1], {"max_new_tokens": 2})
+    return capped_by_backoff, _logged_waits(caplog)
+
+  with caplog.at_level(logging.INFO, logger="sao.engines.sglang_client"):
+    capped_by_backoff, capped_by_timeout = asyncio.run(main())
+  assert capped_by_backoff == [0.1, 0.1]
+  assert capped_by_timeout and 0.0 < capped_by_timeout[0] <= 0.4 and all(w <= 0.4 for w in capped_by_timeout)
