@@ -20,9 +20,9 @@ retried with the same backoff but does not use up `max_retries` -- the client ba
 `timeout_s` allows, then raises `EngineOverloadedError` (an `EngineTimeoutError`: the engine gave no answer in time,
 so an agent loop ends the episode as a timeout, not as an engine failure). When the 503 carries `Retry-After`
 (seconds or an HTTP date; the local engine sends `Retry-After: 1`), the client waits max(own backoff, Retry-After),
-the server's part capped at `max_backoff_s` and at what is left of the request's timeout. A 4xx raises `EngineError` at once with the
-endpoint, status and the server's message; a request that exceeds `timeout_s` raises `EngineTimeoutError` (not
-retried: the server may still be working on it, and the caller owns the deadline).
+the server's part capped at `max_backoff_s` and at what is left of the request's timeout. A 4xx raises `EngineError`
+at once with the endpoint, status and the server's message; a request that exceeds `timeout_s` raises
+`EngineTimeoutError` (not retried: the server may still be working on it, and the caller owns the deadline).
 
 Auth: with `api_key` (default: `$SAO_ENGINE_API_KEY`, see `sao.engines.auth`) every request carries
 `Authorization: Bearer <api_key>`, which a server started with a token requires (SGLang's `--api-key` too).
