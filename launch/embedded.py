@@ -45,9 +45,13 @@ def prompt_buckets(max_total_tokens: int) -> list[int]:
 
 def engine_args(config: ml_collections.ConfigDict, cache_dir: str) -> list[str]:
   """The `sao.engines.serve` flags that fit the run's rollouts: every agent loop of a worker in one batch, the
-  episode's token budget as the longest prompt, and a persistent compilation cache in `cache_dir`."""
+  episode's token budget as the longest prompt, the config's queue bound (`engine_max_queued_rows`), and a
+  persistent compilation cache in `cache_dir`."""
   r = config.rollout
+  if config.engine_max_queued_rows < 1:  # here, not in the engine's log after it failed to start
+    raise ValueError(f"engine_max_queued_rows: must be >= 1, got {config.engine_max_queued_rows}")
   return [f"--max_batch_size={max(r.concurrency, 1)}", "--batch_window_ms=5",
+          f"--max_queued_rows={config.engine_max_queued_rows}",
           f"--new_token_buckets={r.max_new_tokens}",
           f"--batch_buckets={','.join(str(b) for b in batch_buckets(r.concurrency))}",
           f"--prompt_buckets={','.join(str(b) for b in prompt_buckets(r.max_total_tokens))}",

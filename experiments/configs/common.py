@@ -60,6 +60,9 @@ def base_config() -> ml_collections.ConfigDict:
       role="embedded",  # embedded: trainer + local engine + worker on this machine | trainer | worker
       engine_urls=(),  # external SGLang servers (or routers); empty = start local JAX engines
       num_engines=1,
+      # Rows a local engine lets wait for a batch (`sao.engines.serve --max_queued_rows`; 4096 is its default); a
+      # request beyond it gets HTTP 503 and the workers back off. Not used with `engine_urls`.
+      engine_max_queued_rows=4096,
       num_workers=1,
       jax_distributed=False,  # multi-host trainer on a TPU pod: jax.distributed.initialize() detects the cluster
       # A trainer job of several processes with explicit coordinates (CPU hosts, `python -m launch.local

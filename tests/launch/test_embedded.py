@@ -26,8 +26,29 @@ def test_bucket_arithmetic():
 
 def test_engine_args_fit_the_rollouts():
   args = embedded.engine_args(sao_openswe.get_config("toy"), "/c")
-  assert args == ["--max_batch_size=64", "--batch_window_ms=5", "--new_token_buckets=16", "--batch_buckets=8,32,64",
-                  "--prompt_buckets=64,128,192", "--compilation_cache_dir=/c"]
+  assert args == ["--max_batch_size=64", "--batch_window_ms=5", "--max_queued_rows=4096", "--new_token_buckets=16",
+                  "--batch_buckets=8,32,64", "--prompt_buckets=64,128,192", "--compilation_cache_dir=/c"]
+
+
+def test_engine_queue_bound_comes_from_the_config():
+  """`engine_max_queued_rows` reaches the engine's command line; its default is the engine's own."""
+  from sao.engines.local_engine import EngineConfig  # pylint: disable=g-import-not-at-top
+  assert sao_openswe.get_config("toy").engine_max_queued_rows == EngineConfig.max_queued_rows
+  args = embedded.engine_args(sao_openswe.get_config("toy,engine_max_queued_rows=256"), "/c")
+  assert "--max_queued_rows=256" in args
+  with pytest.raises(ValueError, match="engine_max_queued_rows: must be >= 1, got 0"):
+    embedded.engine_args(sao_openswe.get_config("toy,engine_max_queued_rows=0"), "/c")
+
+
+def test_started_engine_command_carries_the_queue_bound(tmp_path, monkeypatch):
+  from sao.engines import local_server  # pylint: disable=g-import-not-at-top
+  started = []
+  monkeypatch.setattr(local_server, "start_local_engine",
+                      lambda model_dir, **kw: (started.append(kw["engine_args"]) or object(), "http://127.0.0.1:1"))
+  children = embedded.EmbeddedProcesses(sao_openswe.get_config("toy,engine_max_queued_rows=32"), str(tmp_path),
+                                        CONFIG_ARGS)
+  assert children.start_engines("/model") == ["http://127.0.0.1:1"]
+  assert len(started) == 1 and "--max_queued_rows=32" in started[0]
 
 
 def test_external_engines_start_nothing(tmp_path):
