@@ -17,30 +17,26 @@ for templates that rewrite earlier turns once a new user message arrives), so it
 equals the tokenisation in context when the boundary does not merge across tokens (it starts with a special token
 in ChatML-style templates); that is checked too, on a short tail of the prefix.
 
-`toy_tokenizer()` builds the tiny tokenizer of the toy tasks (vocabulary and template in `sao.models.toy_vocab`);
+The template environment and the message normalisation are `sao.models.chat_template`'s (its errors are importable
+from here too). `toy_tokenizer()` builds the tiny tokenizer of the toy tasks (vocabulary and template in `sao.models.toy_vocab`);
 it goes through exactly this class, and `save_pretrained` writes it as an ordinary HF tokenizer directory.
 """
 from __future__ import annotations
 
-import copy
-import datetime
-import functools
 import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jinja2
-import jinja2.ext
-import jinja2.sandbox
 import tokenizers
 
 from sao.models import toy_vocab
+from sao.models.chat_template import (ChatTemplateError, TemplatePrefixError, compile_chat_template,
+                                      normalize_messages, plain_copy)
 
 # The named special tokens transformers passes to chat templates (`special_tokens_map`).
 SPECIAL_TOKEN_ATTRIBUTES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-# Names a message's reasoning goes under; templates read the first, gpt-oss ones read `thinking`.
-_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 # A conversation to render new messages after when the caller gives none: it keeps first-message-only template
 # logic (a default system prompt, a tools header) out of the rendered suffix.
 _DEFAULT_HISTORY = (
@@ -50,69 +46,6 @@ _DEFAULT_HISTORY = (
 )
 # How much of the rendered prefix is re-tokenised to check that the suffix tokenises the same on its own.
 _BOUNDARY_TAIL_CHARS = 64
-
-
-class ChatTemplateError(ValueError):
-  """The tokenizer has no chat template, or the template rejected the conversation."""
-
-
-class TemplatePrefixError(ChatTemplateError):
-  """Rendering `history + new` does not extend the rendering of `history`, so no incremental suffix exists."""
-
-
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
-  # Jinja's own `tojson` HTML-escapes `<`, `>`, `&`, `'`; chat templates expect plain JSON.
-  return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _raise_exception(message: str) -> None:
-  raise jinja2.exceptions.TemplateError(message)
-
-
-def _strftime_now(fmt: str) -> str:
-  return datetime.datetime.now().strftime(fmt)
-
-
-@functools.lru_cache(maxsize=64)
-def compile_chat_template(source: str) -> jinja2.Template:
-  """Compiles a chat template in a sandboxed environment configured like transformers' (cached per source)."""
-  env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-      trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-  env.filters["tojson"] = _tojson
-  env.globals["raise_exception"] = _raise_exception
-  env.globals["strftime_now"] = _strftime_now
-  return env.from_string(source)
-
-
-def _plain_copy(value: Any) -> Any:
-  """`copy.deepcopy` for JSON-like values (dict, list, tuple, str, numbers, None), several times faster on the
-  small chats an agent loop renders every turn; anything else goes through `copy.deepcopy` itself. Chat messages
-  are JSON values, so shared sub-objects are copied separately and a cyclic value is a RecursionError."""
-  t = type(value)
-  if t is str or t is int or t is float or t is bool or value is None:
-    return value
-  if t is dict:
-    return {_plain_copy(k): _plain_copy(v) for k, v in value.items()}
-  if t is list:
-    return [_plain_copy(v) for v in value]
-  if t is tuple:
-    return tuple(_plain_copy(v) for v in value)
-  return copy.deepcopy(value)
-
-
-def _normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-  """Deep-copies messages to plain dicts as transformers does: None-valued keys dropped, reasoning aliased."""
-  out = []
-  for message in messages:
-    if not isinstance(message, Mapping):
-      raise TypeError(f"chat messages must be dicts, got {message!r}")
-    m = {k: _plain_copy(v) for k, v in message.items() if v is not None}
-    reasoning = next((m[k] for k in _REASONING_FIELDS if m.get(k) is not None), None)
-    if reasoning is not None:
-      m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
-    out.append(m)
-  return out
 
 
 def _token_content(value: Any) -> str | None:
@@ -285,11 +218,11 @@ class Tokenizer:
       for tool in tools:
         if not isinstance(tool, Mapping):
           raise TypeError(f"tools must be JSON-schema dicts, got {tool!r}")
-      tools = [_plain_copy(tool) for tool in tools]
+      tools = [plain_copy(tool) for tool in tools]
     template = compile_chat_template(self.get_chat_template(tools))
     variables = {**self.special_tokens_map, **kwargs}
     try:
-      return template.render(messages=_normalize_messages(messages), tools=tools, documents=None,
+      return template.render(messages=normalize_messages(messages), tools=tools, documents=None,
                              add_generation_prompt=add_generation_prompt, **variables)
     except jinja2.exceptions.TemplateError as e:
       raise ChatTemplateError(f"the chat template failed to render this conversation: {e}") from e

@@ -41,6 +41,7 @@ from sao.train import config as config_lib
 from sao.train import mesh as mesh_lib
 from sao.train import optim
 from sao.train.actor_losses import Mean
+from sao.train.mesh_jit import MeshJit
 
 STEP_METRICS = ("loss", "grad_norm", "l2_params", "l2_updates", "skipped", "step", "tokens")  # every step reports
 CRITIC_KEYS = ("input_ids", "attention_mask", "action_mask", "returns", "old_values")
@@ -242,34 +243,6 @@ def _make_step(micro_loss: Callable, kind: str, denominator_fn: Callable[[jax.Ar
     return _apply(tx, trainable, state, carry, denominator_fn(batch["action_mask"]), tokens)
 
   return step
-
-
-class MeshJit:
-  """`jax.jit(fn, **jit_kwargs)` whose every trace — a call, `trace`, `lower`, `eval_shape` — runs under
-  `jax.set_mesh(mesh)`, so the model sees the learner's mesh (`jax.sharding.get_abstract_mesh()`) and lays out its
-  activations by mesh axis names (the routed MoE's shard_map, `sao.models.moe`). The learner and the ahead-of-time
-  compile report (`sao.train.aot`) run the same objects. The mesh's axes stay `Auto`: GSPMD still shards everything
-  the model does not lay out itself, as it did without the context mesh."""
-
-  def __init__(self, fn: Callable, mesh: Mesh, **jit_kwargs):
-    self.mesh = mesh
-    self.jitted = jax.jit(fn, **jit_kwargs)
-
-  def __call__(self, *args):
-    with jax.set_mesh(self.mesh):
-      return self.jitted(*args)
-
-  def trace(self, *args):
-    with jax.set_mesh(self.mesh):
-      return self.jitted.trace(*args)
-
-  def lower(self, *args):
-    with jax.set_mesh(self.mesh):
-      return self.jitted.lower(*args)
-
-  def eval_shape(self, *args):
-    with jax.set_mesh(self.mesh):
-      return self.jitted.eval_shape(*args)
 
 
 def _jit_step(step, state_shardings, mesh) -> MeshJit:

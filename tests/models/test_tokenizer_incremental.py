@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from sao.models import tokenizer as tokenizer_lib
+from sao.models import chat_template
 from sao.models.tokenizer import Tokenizer, toy_tokenizer
 
 TOOLS = [{"type": "function", "function": {
@@ -70,7 +70,7 @@ def test_template_constants_are_memoised_per_template_and_kwargs(toy):
 
 def test_plain_copy_is_a_deep_copy():
   value = {"a": [1, 2.5, {"b": ("x", None, True)}], "c": "s", 3: [[]]}
-  out = tokenizer_lib._plain_copy(value)
+  out = chat_template.plain_copy(value)
   assert out == copy.deepcopy(value) and out is not value
   assert isinstance(out["a"][2]["b"], tuple)
   out["a"][2]["k"] = 1
@@ -82,5 +82,5 @@ def test_plain_copy_is_a_deep_copy():
       self.items = [1]
 
   obj = Obj()
-  copied = tokenizer_lib._plain_copy({"o": obj})["o"]  # not JSON-like: copy.deepcopy's copy
+  copied = chat_template.plain_copy({"o": obj})["o"]  # not JSON-like: copy.deepcopy's copy
   assert copied is not obj and copied.items == [1] and copied.items is not obj.items
