@@ -31,14 +31,14 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
-import urllib.request
 from typing import Any
 
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # `experiments.configs` imports
+
+from experiments import pipeline_recording  # noqa: E402
 
 
 def define_flags() -> None:
@@ -86,145 +86,6 @@ def _config(mode: str):
   return config
 
 
-class _LeaseGate:
-  """Sync mode: the dispenser hands out at most `open(n)`'s n training leases, then nothing until the next open."""
-
-  def __init__(self, lease_fn):
-    self._lease = lease_fn
-    self._lock = threading.Lock()
-    self._budget = 0
-
-  def open(self, n: int) -> None:
-    with self._lock:
-      self._budget = n
-
-  def lease(self, worker_id: str, max_tasks: int):
-    with self._lock:
-      if self._budget <= 0:
-        return []
-      leases = self._lease(worker_id, min(max_tasks, self._budget))
-      self._budget -= sum(not l.is_validation for l in leases)
-      return leases
-
-
-class _EngineVersionWatch:
-  """Polls the engine's `GET /get_model_info` every `interval_s` in a thread and records when each new
-  `weight_version` first shows: when a published version really starts to stamp trajectories (the trainer's
-  publish call returns only after the engine swapped, and the step goes on with bookkeeping after it)."""
-
-  def __init__(self, url: str, interval_s: float = 0.02):
-    self.url, self.interval_s = url, interval_s
-    self.changes: list[tuple[float, int]] = []  # (monotonic time first seen, version)
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._run, daemon=True, name="engine-version-watch")
-    self._thread.start()
-
-  def _run(self) -> None:
-    last = None
-    while not self._stop.wait(self.interval_s):
-      try:
-        with urllib.request.urlopen(f"{self.url}/get_model_info", timeout=5) as response:
-          version = int(json.loads(response.read()).get("weight_version", -1))
-      except (OSError, ValueError):
-        continue  # the engine is busy or restarting: the next poll tells
-      if version != last:
-        self.changes.append((time.monotonic(), version))
-        last = version
-
-  def stop(self) -> None:
-    self._stop.set()
-    self._thread.join(timeout=10)
-
-
-def _bench_trainer_class():
-  from sao.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-
-  class BenchTrainer(trainer_lib.Trainer):
-    """The real trainer, timing how long each step waits for its batch (and gating leases in sync mode)."""
-
-    def __init__(self, *args, sync: bool, **kwargs):
-      super().__init__(*args, **kwargs)
-      self.sync = sync
-      self.gate: _LeaseGate | None = None
-      self.waits: list[tuple[float, float]] = []  # (start, end) of each step's wait for its batch
-      self.end_time = 0.0
-      self.server = None
-      self.staleness: list[list[int]] = []  # per step: learner version − policy version of each trajectory taken
-      self.turns: list[float] = []  # per step: mean assistant turns of the batch
-      self.timings: list[dict[str, float]] = []  # per step: the batch's mean agent-loop timings (generate_s, ...)
-      self.leased_at: dict[str, float] = {}  # training lease id → when it was issued
-      self.episode_s: list[tuple[float, float]] = []  # (accepted at, seconds from lease to acceptance) per sample
-      self.accepted_at: dict[str, float] = {}  # training lease id → when its sample was accepted
-      self.published_at: list[float] = []  # when each new version reached the engines and the server
-      self.publish_started: list[float] = []  # when each publish began (policy export, then the engines)
-      # Per trajectory taken: its lease, acceptance and take times, versions and the agent loop's timings.
-      self.taken: list[dict[str, float]] = []
-
-    def _server(self, model_config, engine_urls):
-      server = super()._server(model_config, engine_urls)
-      # The worker polls an empty lease response after this long: keep it short so the sync mode's per-step
-      # restart is not dominated by polling (both modes get it).
-      server.config.no_work_retry_ms = 50
-      self._time_episodes(server.dispenser)
-      if self.sync:
-        self.gate = _LeaseGate(server.dispenser.lease)
-        server.dispenser.lease = self.gate.lease
-      self.server = server
-      return server
-
-    def _time_episodes(self, dispenser):
-      """Wraps the dispenser's lease and complete to time each training sample from lease to acceptance."""
-      lease_fn, complete_fn = dispenser.lease, dispenser.complete
-
-      def lease(worker_id, max_tasks):
-        leases = lease_fn(worker_id, max_tasks)
-        now = time.monotonic()
-        self.leased_at.update((l.lease_id, now) for l in leases if not l.is_validation)
-        return leases
-
-      def complete(lease_record, traj):
-        if lease_record.lease_id in self.leased_at:
-          now = time.monotonic()
-          self.episode_s.append((now, now - self.leased_at[lease_record.lease_id]))
-          self.accepted_at[lease_record.lease_id] = now
-        return complete_fn(lease_record, traj)
-
-      dispenser.lease, dispenser.complete = lease, complete
-
-    def _publish(self, model_config, learner, server):
-      self.publish_started.append(time.monotonic())
-      out = super()._publish(model_config, learner, server)
-      self.published_at.append(time.monotonic())
-      return out
-
-    def _take(self, server, n):
-      start = time.monotonic()
-      if self.gate is not None:
-        self.gate.open(n)
-      batch = super()._take(server, n)
-      self.waits.append((start, time.monotonic()))
-      # The server's version is the learner's here (the trainer publishes after every update): the trainer's count.
-      self.staleness.append([server.policy_version - t.policy_version for t in batch])
-      self.turns.append(sum(t.num_turns for t in batch) / len(batch))
-      self.timings.append({k: sum(t.timings.get(k, 0.0) for t in batch) / len(batch)
-                           for k in ("generate_s", "tool_s", "total_s")})
-      now = time.monotonic()
-      for t in batch:
-        self.taken.append({
-            "step": len(self.waits) - 1, "leased_at": self.leased_at.get(t.lease_id, float("nan")),
-            "accepted_at": self.accepted_at.get(t.lease_id, float("nan")), "taken_at": now,
-            "policy_version": t.policy_version, "server_version": server.policy_version, "turns": t.num_turns,
-            **{k: float(t.timings.get(k, 0.0)) for k in ("generate_s", "tool_s", "total_s")}})
-      return batch
-
-    def _train(self, *args, **kwargs):
-      out = super()._train(*args, **kwargs)
-      self.end_time = time.monotonic()
-      return out
-
-  return BenchTrainer
-
-
 class _Processes:
   """One local engine shared by the modes (reset to the base policy per mode) and one worker process per mode."""
 
@@ -235,7 +96,7 @@ class _Processes:
     self.engine = None
     self.url = ""
     self.worker: subprocess.Popen | None = None
-    self.watch: _EngineVersionWatch | None = None
+    self.watch: pipeline_recording.EngineVersionWatch | None = None
 
   def start_engines(self, model_dir: str) -> list[str]:
     from sao.engines.local_server import start_local_engine  # pylint: disable=g-import-not-at-top
@@ -254,7 +115,7 @@ class _Processes:
     from launch import embedded  # pylint: disable=g-import-not-at-top
     from sao.rollout import worker as worker_lib  # pylint: disable=g-import-not-at-top
     c = self.config
-    self.watch = _EngineVersionWatch(self.url)  # the engine is up and on version 0 for this mode
+    self.watch = pipeline_recording.EngineVersionWatch(self.url)  # the engine is up and on version 0 for this mode
     # The worker reads the toy config with the bench's settings; the leased tasks name `slow_number_search`, whose
     # episodes need no constructor kwargs (each task carries its delay).
     with open(os.path.join(self.log_dir, f"worker_{c.name}.log"), "ab") as log_file:
@@ -309,7 +170,8 @@ def _run_mode(mode: str, processes: _Processes, base_dir: str | None) -> dict[st
     return demonstration_trajectories(config.env.name, tokenizer, r.num_demonstrations, config.seed,
                                       noise=r.demonstration_noise, env_kwargs=dict(config.env.kwargs))
 
-  trainer = _bench_trainer_class()(config, workdir, tokenizer, train_tasks, validation_tasks, sync=mode == "sync")
+  trainer = pipeline_recording.bench_trainer_class()(config, workdir, tokenizer, train_tasks, validation_tasks,
+                                                     sync=mode == "sync")
   launcher = trainer_lib.Launcher(processes.start_engines, processes.start_workers, processes.stop_worker,
                                   processes.check_alive)
   print(f"[bench] {mode}: {_WARMUP.value} warmup + {_STEPS.value} measured steps of {config.rollout.batch_size} "
@@ -317,48 +179,8 @@ def _run_mode(mode: str, processes: _Processes, base_dir: str | None) -> dict[st
   load_before = os.getloadavg()
   trainer.run(launcher, demonstrations if config.recipe.sft_steps else None)
   warmup = _WARMUP.value
-  measured = trainer.waits[warmup:]
-  start = measured[0][0]
-  wall = trainer.end_time - start
-  waiting = sum(end - begin for begin, end in measured)
-  stats = trainer.server.stats() if trainer.server is not None else {}
-  # Step i trains from the end of its wait to the start of the next wait (the last one: to the end of training).
-  ends = [begin for begin, _ in trainer.waits[1:]] + [trainer.end_time]
-  train_s = [end - waited for (_, waited), end in zip(trainer.waits, ends)]
-  staleness = [s for step in trainer.staleness[warmup:] for s in step]
-  # Where in its step each measured version landed (0: at the take, 1: at the next wait): the rest is bookkeeping.
-  publish_fraction = [(p - waited) / (end - waited) for (_, waited), end in zip(trainer.waits[warmup:], ends[warmup:])
-                      for p in trainer.published_at if waited <= p <= end and end > waited]
-  # The same for the moment the engine itself first reported the new version (`_EngineVersionWatch`).
   engine_changes = processes.watch.changes if processes.watch is not None else []
-  engine_fraction = [(t - waited) / (end - waited) for (_, waited), end in zip(trainer.waits[warmup:], ends[warmup:])
-                     for t, version in engine_changes if version > 0 and waited <= t <= end and end > waited]
-  # Each step's parts: the learner update (to the publish's start) and the publish (export + engines).
-  publish_s = [done - began for began, done in zip(trainer.publish_started, trainer.published_at)]
-  return {"mode": mode, "traj_per_s": len(measured) * config.rollout.batch_size / wall,
-          "busy": 1.0 - waiting / wall, "wall_s": wall, "steps": len(measured),
-          "stale_rejected": stats.get("rejected_by_reason", {}).get("STALE_POLICY", 0),
-          "staleness_mean": sum(staleness) / max(len(staleness), 1), "staleness": staleness,
-          "train_step_s": train_s[warmup:], "warmup_train_step_s": train_s[:warmup],
-          "episode_s": [d for t, d in trainer.episode_s if t >= start],
-          "publish_fraction_mean": sum(publish_fraction) / len(publish_fraction) if publish_fraction else 1.0,
-          "engine_publish_fraction_mean": (sum(engine_fraction) / len(engine_fraction) if engine_fraction
-                                           else float("nan")),
-          "publish_s": publish_s,
-          # Times in seconds from the first measured step's wait: the steps' (wait start, wait end), the publishes'
-          # (start, end), the engine's version changes (time, version), the first training lease (the simulated
-          # twin's time 0), and every trajectory taken.
-          "timeline": {"waits": [(a - start, b - start) for a, b in trainer.waits],
-                       "first_lease": min(trainer.leased_at.values(), default=start) - start,
-                       "publishes": [(a - start, b - start) for a, b in zip(trainer.publish_started,
-                                                                             trainer.published_at)],
-                       "engine_versions": [(t - start, v) for t, v in engine_changes],
-                       "end": trainer.end_time - start},
-          "taken": [{k: (v - start if k.endswith("_at") else v) for k, v in t.items()} for t in trainer.taken],
-          "turns_mean": sum(trainer.turns[warmup:]) / max(len(trainer.turns[warmup:]), 1),
-          # The agent loop's own seconds per trajectory (engine calls, env steps, the whole episode incl. reset).
-          **{f"{k}_mean": sum(t[k] for t in trainer.timings[warmup:]) / max(len(trainer.timings[warmup:]), 1)
-             for k in ("generate_s", "tool_s", "total_s")},
+  return {**pipeline_recording.summarize_mode(mode, trainer, engine_changes, warmup, config.rollout.batch_size),
           "concurrency": _CONCURRENCY.value, "batch_size": _BATCH.value,
           "max_outstanding": config.server.max_outstanding, "buffer_capacity": config.server.buffer_capacity,
           "max_staleness": config.server.max_staleness, "warmup_steps": warmup,
@@ -400,8 +222,9 @@ def main(argv):
   if _OUT.value:
     with open(_OUT.value, "w", encoding="utf-8") as f:
       json.dump([{k: v for k, v in r.items() if k != "base_dir"} for r in results], f, indent=1)
-  print(f"\nslow_number_search n={_N.value}, delay {_SCALE.value}s × Pareto(α={_ALPHA.value}) (cap {_MAX_DELAY.value}s), "
-        f"batch {_BATCH.value}, {_CONCURRENCY.value} agent loops; total {time.monotonic() - start:.0f}s")
+  print(f"\nslow_number_search n={_N.value}, delay {_SCALE.value}s × Pareto(α={_ALPHA.value}) "
+        f"(cap {_MAX_DELAY.value}s), batch {_BATCH.value}, {_CONCURRENCY.value} agent loops; "
+        f"total {time.monotonic() - start:.0f}s")
   print(f"{'mode':<6} {'traj/s':>8} {'busy':>7} {'wall_s':>7}")
   for r in results:
     print(f"{r['mode']:<6} {r['traj_per_s']:8.2f} {r['busy']:7.1%} {r['wall_s']:7.1f}")
