@@ -28,7 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 def define_flags() -> None:
   """The command's flags, defined when it runs (not on import: tests import this module beside other commands
   whose flags share names, e.g. `--topology`, `--batch`)."""
-  global _MODEL, _TOPOLOGY, _MESH, _BLOCK, _BATCH, _LENGTHS, _DTYPE, _REMAT, _TOP, _OUT  # pylint: disable=global-statement
+  global _MODEL, _TOPOLOGY, _MESH, _BLOCK, _BATCH, _LENGTHS, _DTYPE  # pylint: disable=global-statement
+  global _REMAT, _TOP, _OUT  # pylint: disable=global-statement
   _MODEL = flags.DEFINE_string("model", "Qwen/Qwen3.5-35B-A3B",
                                "A hub id `sao.models.known_configs` knows, or tiny:<model_type> (ModelConfig.tiny).")
   _TOPOLOGY = flags.DEFINE_string("topology", "v5p:4x4x8", "TPU topology, <chip>:<shape>.")

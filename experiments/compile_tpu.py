@@ -84,8 +84,8 @@ def format_table(rows, chip) -> str:
   header = (f"{'program':<18}{'T':>7}{'B':>5}{'calls':>6} {'args':>8}{'temp':>9}{'out':>8}{'total':>9}"
             f"{'/cap':>5}  {'fits':<5}{'xla TF':>11}{'program TF':>11}{'model TF':>11}{'est s':>10}{'MFU':>7}")
   lines = [f"HBM GiB per chip ({chip.name}: {chip.hbm_bytes / GIB:.0f} GiB); TFLOPs per step over all chips; est s "
-           f"and MFU are XLA's cost-model estimate, not a measurement (r: roofline of XLA's FLOP and byte counts, where "
-           f"XLA's own time was not positive)", header, "-" * len(header)]
+           f"and MFU are XLA's cost-model estimate, not a measurement (r: roofline of XLA's FLOP and byte counts, "
+           f"where XLA's own time was not positive)", header, "-" * len(header)]
   lines += [row_line(r, chip) for r in rows]
   for r in rows:
     if not r.fits:

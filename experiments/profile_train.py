@@ -257,7 +257,8 @@ def best_seconds(fn, *args, repeats: int) -> float:
   return best
 
 
-def training_matmul_shapes(tokens: int, batch: int, seq_len: int, model: ModelConfig) -> list[tuple[str, tuple, tuple, int]]:
+def training_matmul_shapes(tokens: int, batch: int, seq_len: int,
+                           model: ModelConfig) -> list[tuple[str, tuple, tuple, int]]:
   """`(name, lhs shape, rhs shape, count per training step)` of the actor's forward and backward matmuls."""
   h, ff, v = model.hidden_size, model.intermediate_size, model.vocab_size
   q, kv = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim

@@ -23,8 +23,8 @@ from sao.train.config import default_learner_config
 FULL_MODEL = "Qwen/Qwen3.5-35B-A3B"
 # The router `launch/tpu_pod.py` starts in front of the SGLang fleet; override with --config.engine_urls.
 ROUTER_URL = "http://sglang-router:30000"
-# Validation still rose after 160 RL steps with the decaying actor LR (docs/results.md, runs P and R): +28 points over the
-# base policy's after 240 (the GSPO toy keeps the shared 160).
+# Validation still rose after 160 RL steps with the decaying actor LR (docs/results.md, runs P and R): +28 points over
+# the base policy's after 240 (the GSPO toy keeps the shared 160).
 SAO_TOY_RL_STEPS = 240
 # The proxied SWE scaffolds this repository registers (`sao.rollout.harnesses`): the OpenHands-style function-calling
 # `openai_tools` and the mini-swe-agent-style `bash_only`.

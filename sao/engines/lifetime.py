@@ -1,9 +1,9 @@
 """Child processes that end with the process that started them (Linux `PR_SET_PDEATHSIG`).
 
 A launcher (`sao.engines.processes.ChildProcess`, `start_local_engine`) starts engines and rollout workers as
-subprocesses with `child_env()`; each child calls `exit_with_parent()` first thing, which asks the kernel for SIGTERM when its parent
-dies — so killing the launcher alone (even with SIGKILL) does not leave orphaned engines and workers behind. The
-request is made in the child after exec (not in a `preexec_fn`, which is unsafe in a threaded parent).
+subprocesses with `child_env()`; each child calls `exit_with_parent()` first thing, which asks the kernel for SIGTERM
+when its parent dies — so killing the launcher alone (even with SIGKILL) does not leave orphaned engines and workers
+behind. The request is made in the child after exec (not in a `preexec_fn`, which is unsafe in a threaded parent).
 
 The kernel ties the signal to the parent *thread* that forked the child, so launchers spawn from their main thread.
 """

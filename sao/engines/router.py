@@ -9,8 +9,9 @@ its worker admin API (which servers are in its rotation; take one out, put it ba
 The router (sglang-router 0.3.x, `python -m sglang_router.launch_router`; started here as
 `python -m sao.engines.router <its flags>`, which first arranges to end with its launcher, `lifetime`) forwards
 `/generate` to one server and returns its body unchanged (log-probs and `meta_info.weight_version` included); a
-request whose server refuses the connection is retried on another (`--retry-max-retries`). It does NOT forward `/update_weights_from_disk` (404):
-`sao.engines.fleet` updates every server itself. Its admin API, checked against the 0.3.2 binary:
+request whose server refuses the connection is retried on another (`--retry-max-retries`). It does NOT forward
+`/update_weights_from_disk` (404): `sao.engines.fleet` updates every server itself. Its admin API, checked against the
+0.3.2 binary:
 
   GET    /workers                 {"workers": [{"id": <uuid>, "url", "is_healthy", ...}], "total", ...}
   POST   /workers                 {"url": <server URL>} → 202 {"worker_id", ...}: added in the background

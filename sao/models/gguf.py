@@ -169,7 +169,8 @@ def build_tokenizer(reader: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
 
   Returns `(tokenizers.Tokenizer, tokenizer_config dict, generation_config dict)`.
   """
-  from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors  # pylint: disable=g-import-not-at-top
+  from tokenizers import (AddedToken, Tokenizer, decoders, models,  # pylint: disable=g-import-not-at-top
+                          pre_tokenizers, processors)
 
   kind = _field(reader, "tokenizer.ggml.model", required=True)
   if kind != "gpt2":

@@ -18,8 +18,9 @@ equals the tokenisation in context when the boundary does not merge across token
 in ChatML-style templates); that is checked too, on a short tail of the prefix.
 
 The template environment and the message normalisation are `sao.models.chat_template`'s (its errors are importable
-from here too). `toy_tokenizer()` builds the tiny tokenizer of the toy tasks (vocabulary and template in `sao.models.toy_vocab`);
-it goes through exactly this class, and `save_pretrained` writes it as an ordinary HF tokenizer directory.
+from here too). `toy_tokenizer()` builds the tiny tokenizer of the toy tasks (vocabulary and template in
+`sao.models.toy_vocab`); it goes through exactly this class, and `save_pretrained` writes it as an ordinary HF
+tokenizer directory.
 """
 from __future__ import annotations
 

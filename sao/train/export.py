@@ -9,18 +9,20 @@ single-process run being the case P = 1.
     gather      for each param in plan order: if its owner's devices hold every shard (one process; params
                 replicated over a data axis spanning the hosts), the owner assembles it from its own shards; else all
                 processes take part in resharding it so each process holds all of it, spread over its own devices
-                (a collective; one copy per process, transiently), and the owner assembles it from its shards. The owner writes
-                its HF tensors at their offsets: our linear kernels are stored in HF's layout, so they are the param's
-                own bytes (`sao.models.hf.param_to_hf` is a reshape; only the small conv1d weight is transposed)
+                (a collective; one copy per process, transiently), and the owner assembles it from its shards. The
+                owner writes its HF tensors at their offsets: our linear kernels are stored in HF's layout, so they
+                are the param's own bytes (`sao.models.hf.param_to_hf` is a reshape; only the small conv1d weight is
+                transposed)
     finish      after a barrier, process 0 writes `config.json`, `model.safetensors.index.json` (more than one file)
                 and the tokenizer, then renames `<directory>.tmp` to `<directory>` (engines never see a half-written
                 directory); a last barrier, so no process returns before the directory exists
 
 Host memory: one param at a time on its owner (on a CPU device a param one shard holds is read in place and written
 from there; a transposed tensor goes through a reused ~1 MB block), never the model (measured: docs/tpu.md, "Multi-host
-weight export"). Device memory: one copy of one param per process while it is gathered by the collective. The directory must be on a filesystem every process sees (one
-machine, or NFS / a FUSE-mounted bucket on a pod). One process and one file (≤ `max_shard_bytes`) gives
-`model.safetensors` with no index, as `sao.models.hf.save_pretrained` writes.
+weight export"). Device memory: one copy of one param per process while it is gathered by the collective. The
+directory must be on a filesystem every process sees (one machine, or NFS / a FUSE-mounted bucket on a pod). One
+process and one file (≤ `max_shard_bytes`) gives `model.safetensors` with no index, as
+`sao.models.hf.save_pretrained` writes.
 """
 from __future__ import annotations
 

@@ -62,7 +62,8 @@ def count_params(params: Any, labels: Any) -> ParamCounts:
 def learning_rate_schedule(opt: ml_collections.ConfigDict) -> optax.Schedule:
   """Linear warmup `0 → lr` over `warmup_steps`, then constant, or cosine to `end_lr_fraction·lr` at `total_steps`.
 
-  `lr(s) = lr·(s+1)/W` for `s < W` (the first update already moves); constant: `lr`; cosine: `lr·(f + (1−f)·½(1 + cos(π·(s−W)/(S−W))))`.
+  `lr(s) = lr·(s+1)/W` for `s < W` (the first update already moves); constant: `lr`; cosine:
+  `lr·(f + (1−f)·½(1 + cos(π·(s−W)/(S−W))))`.
   With `S ≤ W` (a run shorter than its warmup) the cosine spans one step: `S − W` is taken as at least 1.
   """
   lr = float(opt.learning_rate)

@@ -10,7 +10,8 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PHASES = ("export_ms", "load_ms", "swap_ms", "http_ms", "total_ms", "copy_write_ms", "copy_read_ms", "copy_ms",
-          "ratio", "export_cpu_ms", "load_cpu_ms", "copy_cpu_ms", "cpu_ratio", "publish_bytes_per_s", "copy_bytes_per_s", "publish_ns_per_byte", "copy_ns_per_byte")
+          "ratio", "export_cpu_ms", "load_cpu_ms", "copy_cpu_ms", "cpu_ratio", "publish_bytes_per_s",
+          "copy_bytes_per_s", "publish_ns_per_byte", "copy_ns_per_byte")
 
 
 def test_bench_publishes_two_versions_of_a_tiny_policy(tmp_path):

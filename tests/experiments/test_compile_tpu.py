@@ -140,7 +140,8 @@ def test_compile_tpu_reports_every_program_of_sao_and_gspo(tmp_path):
   out = tmp_path / "rows.json"
   result = subprocess.run(
       [sys.executable, str(ROOT / "experiments" / "compile_tpu.py"),
-       "--config=experiments/configs/sao_openswe.py:toy,rollout.batch_size=8", "--config.model.toy.model_type=qwen3_moe",
+       "--config=experiments/configs/sao_openswe.py:toy,rollout.batch_size=8",
+       "--config.model.toy.model_type=qwen3_moe",
        "--topology=v5p:2x2x1", "--buckets=64", f"--out={out}"],
       cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert result.returncode == 0, result.stderr[-3000:]

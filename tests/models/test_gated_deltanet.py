@@ -141,7 +141,8 @@ def _autodiff_of_the_loop(monkeypatch):
   """The chunked rule as it was before `solve_unit_lower` had a custom VJP: jax differentiates the substitution loop
   itself (the oracle for the VJP's gradients)."""
   from sao.models import gated_deltanet  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(gated_deltanet, "solve_unit_lower", gated_deltanet._forward_substitution)  # pylint: disable=protected-access
+  forward_substitution = gated_deltanet._forward_substitution  # pylint: disable=protected-access
+  monkeypatch.setattr(gated_deltanet, "solve_unit_lower", forward_substitution)
 
 
 def test_unit_lower_solve_vjp_matches_float64_and_autodiff():

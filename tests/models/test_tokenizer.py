@@ -162,7 +162,8 @@ def test_toy_matches_transformers(toy, toy_dir):
 
 def test_toy_template_renders_tool_turns(toy):
   text = toy.render_chat(CHAT, TOOLS, add_generation_prompt=False)
-  assert '<|im_start|>assistant\n<tool_call>{"name": "compare", "arguments": {"guess": 32}}</tool_call><|im_end|>\n' in text
+  assert ('<|im_start|>assistant\n<tool_call>{"name": "compare", "arguments": {"guess": 32}}</tool_call>'
+          '<|im_end|>\n') in text
   assert "<|im_start|>tool\n<tool_response>higher</tool_response><|im_end|>\n" in text
   assert text.startswith("<|im_start|>system\nYou are a helpful assistant.\n\nTools:\n{\"name\": \"compare\"")
   assert text.count("<|im_start|>system") == 1

@@ -126,7 +126,8 @@ def test_wall_clock_timeout(served, tokenizer):
       return traj, elapsed
 
   traj, elapsed = asyncio.run(main())
-  assert traj.status == Status.TIMEOUT and not traj.is_trainable and elapsed < 9  # < the env's 10 s wait: stopped at the timeout, not waited out
+  # elapsed < the env's 10 s wait: stopped at the timeout, not waited out.
+  assert traj.status == Status.TIMEOUT and not traj.is_trainable and elapsed < 9
   assert "exceeded 3.0s" in traj.metadata["error"]
 
 

@@ -2,9 +2,10 @@
 of tests/train/test_multihost_learner.py, several per job because process start-up and compilation dominate.
 
     run     SAO on mesh (data=2, fsdp=2, tensor=2): `UPDATES` updates (critic epochs, whitening, DIS, a padding row,
-            traced rows), a checkpoint after update `CHECKPOINT_AT`, the critic saved and reloaded; one GSPO update; one SAO update on a mesh whose
-            batch axis does not span processes (tensor does), with policy exports before and after it. With `--kill`, every process SIGKILLs itself at the
-            end (nothing may depend on a clean shutdown).
+            traced rows), a checkpoint after update `CHECKPOINT_AT`, the critic saved and reloaded; one GSPO update;
+            one SAO update on a mesh whose batch axis does not span processes (tensor does), with policy exports
+            before and after it. With `--kill`, every process SIGKILLs itself at the end (nothing may depend on a
+            clean shutdown).
     resume  a fresh SAO learner restores the checkpoint and runs the remaining updates.
 
 Each process writes `<out>/<mode>-p<process>.npz`: state leaves, metrics, traces — values every process must agree on.

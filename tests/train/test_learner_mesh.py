@@ -35,7 +35,8 @@ def test_actor_step_under_the_mesh_equals_the_step_without():
   batch, _ = learner.make_batch(helpers.trajectories(seed=4))
   keys = actor_losses.get("gspo").batch_keys
   seq_advantages = np.random.default_rng(0).normal(size=batch["valid"].shape).astype(np.float32)
-  actor_batch = learner._device(steps.select(dict(batch, seq_advantages=seq_advantages), keys, "test"), keys)  # pylint: disable=protected-access
+  selected = steps.select(dict(batch, seq_advantages=seq_advantages), keys, "test")
+  actor_batch = learner._device(selected, keys)  # pylint: disable=protected-access
   step = learner._actor_steps["gspo"]  # pylint: disable=protected-access
   assert isinstance(step, steps.MeshJit)
   state0 = learner.actor.state

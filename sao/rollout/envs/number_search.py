@@ -33,10 +33,10 @@ def range_key(size: int, offset: int) -> str:
 @register("number_search")
 class NumberSearch(Env):
   """Config: `n` (range size), `sizes` (several range sizes instead of `n`), `max_turns` (default: binary search's
-  worst case + `spare_turns` (default 1), per size), `offsets` (each gives the ranges offset+1..offset+size; default (0,)), `show_interval`
-  (observations carry the remaining interval), `split_fractions` (train, validation, test shares of the task keys;
-  default `base.SPLIT_FRACTIONS`: a small pool holds out more so that its validation set is not a handful of
-  targets), `split_by` ("target": each task's key decides its split; "range": the range's key
+  worst case + `spare_turns` (default 1), per size), `offsets` (each gives the ranges offset+1..offset+size; default
+  (0,)), `show_interval` (observations carry the remaining interval), `split_fractions` (train, validation, test shares
+  of the task keys; default `base.SPLIT_FRACTIONS`: a small pool holds out more so that its validation set is not a
+  handful of targets), `split_by` ("target": each task's key decides its split; "range": the range's key
   `number_search/n{size}[/o{offset}]` does, so a held-out range holds out all of its targets).
 
   Why "range": the policy never sees the target, only the range and the answers. Holding out targets of ranges it
