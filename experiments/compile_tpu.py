@@ -14,13 +14,17 @@ Columns: HBM per chip in GiB (arguments, temporaries, new outputs, total) agains
 the whole step over all chips: `xla` is XLA's `cost_analysis()` (it counts each loop body once), `program` the
 matmul FLOPs of the program with loops multiplied out, `model` the analytic count (6·N_active·tokens for a train
 step, 2·N_active·tokens for a forward, plus attention); `est s` and `MFU` are XLA's cost-model estimate (scaled
-by the loop trip counts XLA leaves out) — an estimate, not a measurement. Exits 1 when a program does not fit,
-naming it; `--out` writes the rows as JSON.
+by the loop trip counts XLA leaves out) — an estimate, not a measurement. Exits 1 when a program does not fit or
+its compile failed, naming it.
+
+`--out` writes the rows as JSON, each as soon as it is compiled (`sao.train.aot_report`); `--resume` keeps the rows
+already in that file (refusing a file compiled for other settings) and compiles only the missing ones, largest bucket
+first; a failed row counts as done unless `--retry_failed`. The table at the end covers every row of the file.
 """
 from __future__ import annotations
 
-import json
 import os
+import subprocess
 import sys
 import time
 
@@ -34,10 +38,18 @@ def define_flags() -> None:
   """The command's flags, defined when it runs (not on import: a module may be imported beside other commands
   whose flags share names)."""
   global _CONFIG, _TOPOLOGY, _OUT, _BUCKETS, _PROGRAMS, _MODEL_DTYPE, _NUM_LAYERS  # pylint: disable=global-statement
+  global _RESUME, _RETRY_FAILED, _ALLOW_CODE_CHANGE  # pylint: disable=global-statement
   _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (get_config(arg)).",
                                             lock_config=True)
   _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology, <chip>:<shape>: v5p:4x4x8, v6e:16x16, v4:4x4x4 …")
-  _OUT = flags.DEFINE_string("out", "", "Write the report rows here as JSON.")
+  _OUT = flags.DEFINE_string("out", "", "Write the report rows here as JSON, each as soon as it is compiled (without "
+                             "--resume an existing file is replaced).")
+  _RESUME = flags.DEFINE_bool("resume", False, "Keep the rows already in --out and compile only the missing ones; "
+                              "refused when the file was compiled for another topology, config, overrides, dtype, "
+                              "layer count or code version.")
+  _RETRY_FAILED = flags.DEFINE_bool("retry_failed", False, "With --resume: compile the rows whose compile failed again.")
+  _ALLOW_CODE_CHANGE = flags.DEFINE_bool("allow_code_change", False, "With --resume: keep rows compiled by another "
+                                         "git commit / jax / libtpu (each row records its own).")
   _BUCKETS = flags.DEFINE_list("buckets", [], "Bucket lengths to compile (default: the config's).")
   _PROGRAMS = flags.DEFINE_list("programs", [], "Programs to compile (default: every program of the update).")
   _MODEL_DTYPE = flags.DEFINE_enum("model_dtype", "", ["", "float32", "bfloat16"],
@@ -88,7 +100,9 @@ def format_table(rows, chip) -> str:
            f"where XLA's own time was not positive)", header, "-" * len(header)]
   lines += [row_line(r, chip) for r in rows]
   for r in rows:
-    if not r.fits:
+    if _failed(r):
+      lines.append(f"failed: {r.program} at T={r.bucket}: {r.error}")
+    elif not r.fits:
       lines.append(f"does not fit: {r.program} at T={r.bucket}: {r.error}")
       for b in r.largest_buffers:
         lines.append(f"    {b['size'] / GIB:9.2f} GiB {b['kind']:<9} {b['shape']:<28} {b['instruction']} "
@@ -96,11 +110,16 @@ def format_table(rows, chip) -> str:
   return "\n".join(lines)
 
 
+def _failed(row) -> bool:
+  return getattr(row, "status", "") == "failed"  # an `aot_report.ReportRow` whose compile raised
+
+
 def row_line(r, chip) -> str:
+  fits = "FAIL" if _failed(r) else "yes" if r.fits else "NO"
   return (
         f"{r.program:<18}{r.bucket:>7}{r.batch:>5}{r.calls:>6} {r.argument_bytes / GIB:>8.2f}{r.temp_bytes / GIB:>9.2f}"
         f"{r.output_bytes / GIB:>8.2f}{r.hbm_bytes_per_chip / GIB:>9.2f}{chip.hbm_bytes / GIB:>5.0f}  "
-        f"{'yes' if r.fits else 'NO':<5}{_fmt(r.xla_flops / 1e12 if r.xla_flops else None, '.3e'):>11}"
+        f"{fits:<5}{_fmt(r.xla_flops / 1e12 if r.xla_flops else None, '.3e'):>11}"
         f"{r.flops / 1e12:>11.3e}{r.analytic_flops / 1e12:>11.3e}{_fmt(r.estimated_seconds, '.3e'):>10}"
         f"{_fmt(None if r.estimated_mfu is None else 100 * r.estimated_mfu, '.1f'):>6}%"
         f"{'' if r.estimate_source != 'roofline_of_xla_counts' else ' r'}")
@@ -112,7 +131,11 @@ def update_summary(rows, chip, chips: int) -> list[str]:
   for bucket in sorted({r.bucket for r in rows}):
     at = [r for r in rows if r.bucket == bucket and r.calls]
     if not all(r.fits for r in at):
-      lines.append(f"update at T={bucket}: does not fit ({', '.join(r.program for r in at if not r.fits)})")
+      failed = [r.program for r in at if _failed(r)]
+      too_big = [r.program for r in at if not r.fits and not _failed(r)]
+      lines.append(f"update at T={bucket}: " + "; ".join(
+          ([f"does not fit ({', '.join(too_big)})"] if too_big else []) +
+          ([f"compile failed ({', '.join(failed)})"] if failed else [])))
       continue
     seconds = sum(r.calls * (r.estimated_seconds or 0.0) for r in at)
     model = sum(r.calls * r.analytic_flops for r in at)
@@ -122,9 +145,57 @@ def update_summary(rows, chip, chips: int) -> list[str]:
   return lines
 
 
+def config_overrides(argv) -> str:
+  """The config's overrides on the command line: the argument after `:` of --config and every --config.<key>."""
+  parts = []
+  for arg in argv[1:]:
+    if arg.startswith("--config="):
+      parts.append(arg.partition(":")[2])
+    elif arg.startswith("--config."):
+      parts.append(arg[len("--"):])
+  return " ".join(p for p in parts if p)
+
+
+def code_version() -> str:
+  """This checkout's git commit (`+dirty` with uncommitted changes to tracked files), or "unknown" without git."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  try:
+    head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                          timeout=30).stdout.strip()
+    dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                           text=True, check=True, timeout=30).stdout.strip()
+  except (OSError, subprocess.SubprocessError) as e:
+    print(f"compile_tpu: no git commit for the rows ({e}); code_version = unknown", file=sys.stderr)
+    return "unknown"
+  return head + ("+dirty" if dirty else "")
+
+
+def run_settings(config, model_config, topology: str, chips: int, chip) -> dict:
+  """What each row records about how it was compiled (`aot_report.SETTINGS_KEYS`, `CODE_KEYS` and the command)."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  import importlib.metadata  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  try:
+    libtpu_version = importlib.metadata.version("libtpu")
+  except importlib.metadata.PackageNotFoundError:
+    libtpu_version = "none"
+  return {"topology": topology, "config": config.name, "config_overrides": config_overrides(sys.argv),
+          "config_sha256": hashlib.sha256(config.to_json_best_effort(sort_keys=True).encode()).hexdigest(),
+          "command": " ".join(sys.argv), "chips": chips, "peak_bf16_flops_per_chip": chip.peak_bf16_flops,
+          "model_dtype": model_config.dtype, "param_dtype": model_config.param_dtype, "remat": model_config.remat,
+          "scan_layers": model_config.scan_layers,
+          "master_weights": bool(config.learner.actor.optimizer.master_weights), "mesh": dict(config.learner.mesh),
+          "num_layers": model_config.num_layers, "code_version": code_version(), "jax_version": jax.__version__,
+          "libtpu_version": libtpu_version}
+
+
 def main(argv):
   del argv
-  from sao.train import aot, tpu_topology  # pylint: disable=g-import-not-at-top
+  from sao.train import aot_report, tpu_topology  # pylint: disable=g-import-not-at-top
+  if (_RESUME.value or _RETRY_FAILED.value or _ALLOW_CODE_CHANGE.value) and not _OUT.value:
+    raise app.UsageError("--resume, --retry_failed and --allow_code_change need --out")
+  if (_RETRY_FAILED.value or _ALLOW_CODE_CHANGE.value) and not _RESUME.value:
+    raise app.UsageError("--retry_failed and --allow_code_change only apply with --resume")
   config = _CONFIG.value
   start = time.perf_counter()
   chip, devices = tpu_topology.topology_devices(_TOPOLOGY.value)
@@ -137,33 +208,44 @@ def main(argv):
         f"{config.learner.actor.optimizer.master_weights}, {model_config.num_layers} layers), "
         f"{_TOPOLOGY.value} = {len(devices)} chips, mesh {dict(config.learner.mesh)}, "
         f"micro_batch_size {config.learner.batching.micro_batch_size}", flush=True)
-  meta = {"topology": _TOPOLOGY.value, "config": config.name, "command": " ".join(sys.argv), "chips": len(devices),
-          "peak_bf16_flops_per_chip": chip.peak_bf16_flops, "model_dtype": model_config.dtype,
-          "param_dtype": model_config.param_dtype, "remat": model_config.remat,
-          "scan_layers": model_config.scan_layers,
-          "master_weights": bool(config.learner.actor.optimizer.master_weights), "mesh": dict(config.learner.mesh),
-          "num_layers": model_config.num_layers}
-  done = []
-
-  def progress(row):  # each row as soon as it is compiled (a full config takes many minutes per program)
-    print(f"  [{row.compile_seconds:.0f} s] {row_line(row, chip)}", flush=True)
-    done.append(row)
-    if _OUT.value:
-      with open(_OUT.value, "w") as f:
-        json.dump([dict(vars(r), **meta) for r in done], f, indent=1)
-
+  settings = run_settings(config, model_config, _TOPOLOGY.value, len(devices), chip)
   try:
-    rows = aot.compile_update(config, model_config, devices, chip, [int(b) for b in _BUCKETS.value] or None,
-                              _PROGRAMS.value, progress)
+    row_file = aot_report.RowFile(_OUT.value, settings, _RESUME.value, _ALLOW_CODE_CHANGE.value) if _OUT.value \
+        else None
+  except ValueError as e:  # a file of other settings, or not a report
+    print(f"compile_tpu: {e}", file=sys.stderr)
+    sys.exit(2)
+  done = row_file.done(_RETRY_FAILED.value) if row_file else set()
+  if row_file and row_file.rows:
+    print(f"resuming {_OUT.value}: {len(row_file.rows)} rows already there, {len(done)} of them skipped", flush=True)
+  new_rows = []
+
+  def on_row(row):  # each row as soon as it is compiled (a full config takes many minutes per program)
+    new_rows.append(row)
+    print(f"  [{row.compile_seconds:.0f} s, peak RSS {row.peak_rss_bytes / GIB:.1f} GiB ({row.peak_rss_scope}), "
+          f"{time.perf_counter() - start:.0f} s elapsed] {row_line(row, chip)}", flush=True)
+    if row_file:
+      row_file.put(row)
+
+  buckets = [int(b) for b in _BUCKETS.value] or [int(b) for b in config.learner.batching.bucket_lengths]
+  try:
+    aot_report.compile_missing(config, model_config, devices, chip, buckets, _PROGRAMS.value, done, on_row,
+                               log=lambda message: print(message, flush=True))
   except ValueError as e:  # a config the learner rejects on this topology: say so, as the trainer would
     print(f"compile_tpu: {config.name} on {_TOPOLOGY.value}: {e}", file=sys.stderr)
     sys.exit(2)
+  rows = row_file.report_rows() if row_file else sorted(new_rows, key=lambda r: r.bucket)
   print(format_table(rows, chip))
   print("\n".join(update_summary(rows, chip, len(devices))))
-  print(f"compiled {len(rows)} programs in {time.perf_counter() - start:.0f} s")
-  failed = [f"{r.program} (T={r.bucket})" for r in rows if not r.fits]
+  print(f"compiled {len(new_rows)} programs in {time.perf_counter() - start:.0f} s"
+        + (f"; {len(rows) - len(new_rows)} rows resumed from {_OUT.value}" if row_file and _RESUME.value else ""))
+  bad = [f"{r.program} (T={r.bucket})" for r in rows if not r.fits and not _failed(r)]
+  failed = [f"{r.program} (T={r.bucket})" for r in rows if _failed(r)]
+  if bad:
+    print(f"does not fit on {_TOPOLOGY.value}: {', '.join(bad)}", file=sys.stderr)
   if failed:
-    print(f"does not fit on {_TOPOLOGY.value}: {', '.join(failed)}", file=sys.stderr)
+    print(f"compile failed on {_TOPOLOGY.value}: {', '.join(failed)}", file=sys.stderr)
+  if bad or failed:
     sys.exit(1)
 
 

@@ -1,0 +1,132 @@
+"""The compile report's row file (`sao.train.aot_report`): rows written one by one, resume, refusal, failed rows.
+
+The programs compile for the host's CPU devices (no libtpu, no TPU compile lock): one real compile of the tiny
+critic's `critic_values`; the other rows come from a stand-in for `aot.compile_program` that records its calls.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import pytest
+
+from experiments.compile_tpu import model_config_of
+from experiments.configs import sao_openswe
+from sao.train import aot, aot_report
+from sao.train.tpu_topology import Chip
+
+CPU_CHIP = Chip("cpu", "cpu", 1 << 40, 1e12, 1e11, "")
+PROGRAMS = ("critic_values", "critic_targets", "critic_step")
+
+
+def _settings(**changes):
+  settings = {"topology": "v5p:2x2x1", "chips": 4, "config": "sao_openswe_toy", "config_overrides": "toy",
+              "config_sha256": "abc", "model_dtype": "float32", "param_dtype": "float32", "remat": "none",
+              "scan_layers": False, "master_weights": False, "mesh": {"fsdp": 2, "tensor": -1}, "num_layers": 2,
+              "code_version": "f89dc0d", "jax_version": "0.10.2", "libtpu_version": "0.0.42.1", "command": "x"}
+  return dict(settings, **changes)
+
+
+def _fake_row(program: str, bucket: int, status: str = "compiled") -> aot_report.ReportRow:
+  if status == "failed":
+    return aot_report.failed_row(program, bucket, 1, CPU_CHIP, 0.5, RuntimeError("boom"))
+  return aot_report.ReportRow(program, bucket, 8, 1, "critic", False, status == "compiled", 1, 2, 3, 6, 1 << 40,
+                              1e9, 1e9, 1e9, 1e-3, 0.3, 0.5, status=status)
+
+
+def test_a_resume_of_a_file_for_other_settings_is_refused(tmp_path):
+  path = str(tmp_path / "rows.json")
+  row_file = aot_report.RowFile(path, _settings(), resume=False)
+  row_file.put(_fake_row("critic_values", 64))
+  assert aot_report.RowFile(path, _settings(), resume=True).done() == {("critic_values", 64)}
+  for key, value in [("topology", "v5p:4x4x8"), ("config_overrides", "toy,rollout.batch_size=8"),
+                     ("model_dtype", "bfloat16"), ("num_layers", 4), ("config", "gspo_openswe_toy"),
+                     ("mesh", {"fsdp": 4, "tensor": -1})]:
+    with pytest.raises(aot_report.ResumeMismatch, match=f"cannot resume .*{key}: file .*, this run {value!r}"):
+      aot_report.RowFile(path, _settings(**{key: value}), resume=True)
+  # Another code version: refused, unless allowed (each row keeps its own).
+  with pytest.raises(aot_report.ResumeMismatch, match="code_version: file 'f89dc0d', this run 'deadbee'.*--allow"):
+    aot_report.RowFile(path, _settings(code_version="deadbee"), resume=True)
+  kept = aot_report.RowFile(path, _settings(code_version="deadbee"), resume=True, allow_code_change=True)
+  assert kept.done() == {("critic_values", 64)}
+  # Without --resume the file is started anew.
+  assert aot_report.RowFile(path, _settings(topology="v4:2x2x1"), resume=False).rows == []
+  (tmp_path / "bad.json").write_text('{"program": "x"}')
+  with pytest.raises(aot_report.ResumeMismatch, match="not a list of report rows"):
+    aot_report.RowFile(str(tmp_path / "bad.json"), _settings(), resume=True)
+
+
+def test_failed_rows_count_as_done_unless_retried(tmp_path):
+  path = str(tmp_path / "rows.json")
+  row_file = aot_report.RowFile(path, _settings(), resume=False)
+  row_file.put(_fake_row("critic_values", 64, "does_not_fit"))
+  row_file.put(_fake_row("critic_step", 64, "failed"))
+  resumed = aot_report.RowFile(path, _settings(), resume=True)
+  assert resumed.done() == {("critic_values", 64), ("critic_step", 64)}
+  assert resumed.done(retry_failed=True) == {("critic_values", 64)}
+  (failed,) = [r for r in resumed.report_rows() if r.program == "critic_step"]
+  assert failed.status == "failed" and not failed.fits and failed.error == "RuntimeError: boom"
+  resumed.put(_fake_row("critic_step", 64))  # the retry replaces the failed row
+  rows = json.loads(open(path).read())
+  assert [(r["program"], r["status"]) for r in rows] == [("critic_values", "does_not_fit"), ("critic_step", "compiled")]
+
+
+def test_rows_reach_the_file_one_by_one_and_a_resume_compiles_only_the_missing(tmp_path, monkeypatch):
+  config = sao_openswe.get_config("toy,rollout.batch_size=8")
+  config.unlock()
+  config.model.toy.model_type = "qwen3_moe"
+  config.lock()
+  model_config = model_config_of(config, "float32")
+  devices = jax.devices("cpu")[:1]
+  real_compile = aot.compile_program
+  compiled = []
+
+  def compile_program(name, jitted, args, calls, learner, model_config, chip, bucket, n_active):
+    compiled.append((name, bucket))
+    if name == "critic_step":
+      raise RuntimeError(f"no {name} today")
+    if (name, bucket) == ("critic_values", 32):  # one real compile: its row must survive the JSON round trip
+      return real_compile(name, jitted, args, calls, learner, model_config, chip, bucket, n_active)
+    return _program_row(_fake_row(name, bucket))
+
+  monkeypatch.setattr(aot, "compile_program", compile_program)
+  path = str(tmp_path / "rows.json")
+
+  def run(resume: bool, retry_failed: bool = False):
+    row_file = aot_report.RowFile(path, _settings(), resume=resume)
+    in_file = []
+
+    def on_row(row):
+      row_file.put(row)
+      in_file.append(len(json.loads(open(path).read())))
+    compiled.clear()
+    new = aot_report.compile_missing(config, model_config, devices, CPU_CHIP, (16, 32), PROGRAMS,
+                                     row_file.done(retry_failed), on_row)
+    return row_file, new, in_file
+
+  row_file, new, in_file = run(resume=False)
+  # Largest bucket first, programs in the update's order; each row in the file as soon as it exists.
+  assert compiled == [(p, b) for b in (32, 16) for p in PROGRAMS]
+  assert in_file == [1, 2, 3, 4, 5, 6]
+  by_key = {(r.program, r.bucket): r for r in row_file.report_rows()}
+  real = by_key["critic_values", 32]
+  assert real.status == "compiled" and real.hbm_bytes_per_chip > 0 and real.flops > 0
+  assert real.peak_rss_bytes > 0 and real.peak_rss_scope in ("row", "process")
+  assert by_key["critic_step", 16].status == "failed" and "no critic_step today" in by_key["critic_step", 16].error
+
+  # Half of the file lost (as if the run had been killed after three rows): the resume compiles the other three.
+  rows = json.loads(open(path).read())
+  aot_report.write_json_atomically(path, rows[:3])
+  _, new, in_file = run(resume=True)
+  assert compiled == [(p, 16) for p in PROGRAMS] and in_file == [4, 5, 6]
+  _, new, _ = run(resume=True)  # nothing left: the failed rows count as done
+  assert compiled == [] and new == []
+  run(resume=True, retry_failed=True)
+  assert compiled == [("critic_step", 32), ("critic_step", 16)]
+  assert len(json.loads(open(path).read())) == 6
+
+
+def _program_row(row: aot_report.ReportRow) -> aot.ProgramRow:
+  """What `aot.compile_program` returns: the `ProgramRow` fields of `row`."""
+  return aot.ProgramRow(**{f.name: getattr(row, f.name) for f in dataclasses.fields(aot.ProgramRow)})
