@@ -164,14 +164,27 @@ def test_compile_tpu_reports_every_program_of_sao_and_gspo(tmp_path):
 
 
 @needs_libtpu
-def test_compile_tpu_exits_nonzero_naming_the_program_that_does_not_fit():
+def test_compile_tpu_exits_nonzero_naming_the_program_that_does_not_fit(tmp_path):
   """A bucket of 2^26 tokens: even with blockwise attention (linear in T) the critic's activations need ~178 GiB of
-  temporaries per chip (2^20 fitted once attention stopped materialising `[T, T]` scores)."""
-  result = subprocess.run(
-      [sys.executable, str(ROOT / "experiments" / "compile_tpu.py"),
-       "--config=experiments/configs/sao_openswe.py:toy,rollout.batch_size=8", "--topology=v5p:2x2x1",
-       "--buckets=67108864", "--programs=critic_values"],
-      cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  temporaries per chip (2^20 fitted once attention stopped materialising `[T, T]` scores). Its row goes to --out; a
+  --resume compiles nothing and still exits 1 from the resumed row; a resume for another layer count is refused."""
+  out = tmp_path / "rows.json"
+  command = [sys.executable, str(ROOT / "experiments" / "compile_tpu.py"),
+             "--config=experiments/configs/sao_openswe.py:toy,rollout.batch_size=8", "--topology=v5p:2x2x1",
+             "--buckets=67108864", "--programs=critic_values", f"--out={out}"]
+  run = lambda *extra: subprocess.run(command + list(extra), cwd=ROOT, capture_output=True, text=True, timeout=900,
+                                      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  result = run()
   assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
   assert "does not fit on v5p:2x2x1: critic_values (T=67108864)" in result.stderr
   assert "does not fit: critic_values at T=67108864" in result.stdout  # with the largest buffers below it
+  (row,) = json.loads(out.read_text())
+  assert (row["program"], row["status"], row["num_layers"]) == ("critic_values", "does_not_fit", 2)
+  assert row["compile_seconds"] > 0 and row["peak_rss_bytes"] > 0
+
+  resumed = run("--resume")
+  assert resumed.returncode == 1, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+  assert "compiled 0 programs" in resumed.stdout and "1 rows resumed" in resumed.stdout
+  assert "does not fit on v5p:2x2x1: critic_values (T=67108864)" in resumed.stderr
+  refused = run("--resume", "--num_layers=1")
+  assert refused.returncode == 2 and "num_layers: file 2, this run 1" in refused.stderr, refused.stderr[-3000:]
