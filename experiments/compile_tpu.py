@@ -47,7 +47,8 @@ def define_flags() -> None:
   _RESUME = flags.DEFINE_bool("resume", False, "Keep the rows already in --out and compile only the missing ones; "
                               "refused when the file was compiled for another topology, config, overrides, dtype, "
                               "layer count or code version.")
-  _RETRY_FAILED = flags.DEFINE_bool("retry_failed", False, "With --resume: compile the rows whose compile failed again.")
+  _RETRY_FAILED = flags.DEFINE_bool("retry_failed", False,
+                                    "With --resume: compile the rows whose compile failed again.")
   _ALLOW_CODE_CHANGE = flags.DEFINE_bool("allow_code_change", False, "With --resume: keep rows compiled by another "
                                          "git commit / jax / libtpu (each row records its own).")
   _BUCKETS = flags.DEFINE_list("buckets", [], "Bucket lengths to compile (default: the config's).")

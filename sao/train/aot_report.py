@@ -143,7 +143,10 @@ class RowFile:
     # JSON turns tuples into lists: compare as JSON does.
     now = json.loads(json.dumps({k: self.settings[k] for k in keys}))
     for row in rows:
-      row_from_dict(row)  # a malformed row stops the resume here, not at the table
+      try:
+        row_from_dict(row)  # a malformed row stops the resume here, not at the table
+      except (TypeError, ValueError) as e:
+        raise ResumeMismatch(f"cannot resume {self.path}: {e}") from e
       differ = [f"{k}: file {row.get(k, '<absent>')!r}, this run {now[k]!r}" for k in keys if row.get(k) != now[k]]
       if differ:
         hint = (" (rows from another code version can be kept with --allow_code_change)"

@@ -55,6 +55,9 @@ def test_a_resume_of_a_file_for_other_settings_is_refused(tmp_path):
   (tmp_path / "bad.json").write_text('{"program": "x"}')
   with pytest.raises(aot_report.ResumeMismatch, match="not a list of report rows"):
     aot_report.RowFile(str(tmp_path / "bad.json"), _settings(), resume=True)
+  (tmp_path / "bad.json").write_text('[{"program": "critic_values", "bucket": 64}]')
+  with pytest.raises(aot_report.ResumeMismatch, match="bad.json: report row 'critic_values' .*missing fields"):
+    aot_report.RowFile(str(tmp_path / "bad.json"), _settings(), resume=True)
 
 
 def test_failed_rows_count_as_done_unless_retried(tmp_path):
