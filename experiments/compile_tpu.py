@@ -213,7 +213,7 @@ def main(argv):
   try:
     row_file = aot_report.RowFile(_OUT.value, settings, _RESUME.value, _ALLOW_CODE_CHANGE.value) if _OUT.value \
         else None
-  except ValueError as e:  # a file of other settings, or not a report
+  except (OSError, ValueError) as e:  # a file of other settings, not a report, or a path that cannot be written
     print(f"compile_tpu: {e}", file=sys.stderr)
     sys.exit(2)
   done = row_file.done(_RETRY_FAILED.value) if row_file else set()

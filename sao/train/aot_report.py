@@ -108,6 +108,7 @@ def write_json_atomically(path: str, value: Any) -> None:
   directory = os.path.dirname(os.path.abspath(path))
   fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
   try:
+    os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the report from other users
     with os.fdopen(fd, "w") as f:
       json.dump(value, f, indent=1)
       f.flush()
@@ -130,6 +131,7 @@ class RowFile:
     self.rows: list[dict[str, Any]] = []
     if resume and os.path.exists(path):
       self.rows = self._load(allow_code_change)
+    write_json_atomically(path, self.rows)  # now, so that a path that cannot be written fails before any compile
 
   def _load(self, allow_code_change: bool) -> list[dict[str, Any]]:
     try:

@@ -50,8 +50,11 @@ def test_a_resume_of_a_file_for_other_settings_is_refused(tmp_path):
     aot_report.RowFile(path, _settings(code_version="deadbee"), resume=True)
   kept = aot_report.RowFile(path, _settings(code_version="deadbee"), resume=True, allow_code_change=True)
   assert kept.done() == {("critic_values", 64)}
-  # Without --resume the file is started anew.
+  # Without --resume the file is started anew, at once.
   assert aot_report.RowFile(path, _settings(topology="v4:2x2x1"), resume=False).rows == []
+  assert json.loads(open(path).read()) == []
+  with pytest.raises(FileNotFoundError):  # an unwritable --out fails before the first compile
+    aot_report.RowFile(str(tmp_path / "missing" / "rows.json"), _settings(), resume=False)
   (tmp_path / "bad.json").write_text('{"program": "x"}')
   with pytest.raises(aot_report.ResumeMismatch, match="not a list of report rows"):
     aot_report.RowFile(str(tmp_path / "bad.json"), _settings(), resume=True)
