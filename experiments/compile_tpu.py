@@ -147,28 +147,26 @@ def update_summary(rows, chip, chips: int) -> list[str]:
 
 
 def config_overrides(argv) -> str:
-  """The config's overrides on the command line: the argument after `:` of --config and every --config.<key>."""
-  parts = []
-  for arg in argv[1:]:
-    if arg.startswith("--config="):
-      parts.append(arg.partition(":")[2])
-    elif arg.startswith("--config."):
-      parts.append(arg[len("--"):])
-  return " ".join(p for p in parts if p)
+  """The config's overrides on the command line: the argument after `:` of --config, then every --config.<key>=…
+  (sorted: their order does not matter)."""
+  argument = [arg.partition(":")[2] for arg in argv[1:] if arg.startswith("--config=")]
+  keys = sorted(arg[len("--"):] for arg in argv[1:] if arg.startswith("--config."))
+  return " ".join(p for p in argument + keys if p)
 
 
 def code_version() -> str:
-  """This checkout's git commit (`+dirty` with uncommitted changes to tracked files), or "unknown" without git."""
+  """This checkout's git commit, with `+dirty.<sha256 of the diff>` when tracked files have uncommitted changes, or
+  "unknown" without git."""
+  import hashlib  # pylint: disable=g-import-not-at-top
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  git = lambda *args: subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, check=True,
+                                     timeout=60).stdout
   try:
-    head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                          timeout=30).stdout.strip()
-    dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                           text=True, check=True, timeout=30).stdout.strip()
+    head, diff = git("rev-parse", "HEAD").strip(), git("diff", "HEAD")
   except (OSError, subprocess.SubprocessError) as e:
     print(f"compile_tpu: no git commit for the rows ({e}); code_version = unknown", file=sys.stderr)
     return "unknown"
-  return head + ("+dirty" if dirty else "")
+  return head + (f"+dirty.{hashlib.sha256(diff.encode()).hexdigest()[:12]}" if diff else "")
 
 
 def run_settings(config, model_config, topology: str, chips: int, chip) -> dict:

@@ -136,3 +136,14 @@ def test_rows_reach_the_file_one_by_one_and_a_resume_compiles_only_the_missing(t
 def _program_row(row: aot_report.ReportRow) -> aot.ProgramRow:
   """What `aot.compile_program` returns: the `ProgramRow` fields of `row`."""
   return aot.ProgramRow(**{f.name: getattr(row, f.name) for f in dataclasses.fields(aot.ProgramRow)})
+
+
+def test_the_overrides_a_row_records_do_not_depend_on_the_flag_order():
+  from experiments.compile_tpu import config_overrides  # pylint: disable=g-import-not-at-top
+  a = config_overrides(["compile_tpu.py", "--config=c.py:toy,rollout.batch_size=8", "--config.b=2", "--config.a=1",
+                        "--topology=v5p:2x2x1"])
+  assert a == "toy,rollout.batch_size=8 config.a=1 config.b=2"
+  assert config_overrides(["compile_tpu.py", "--config.a=1", "--config.b=2", "--config=c.py:toy,rollout.batch_size=8"
+                           ]) == a
+  assert config_overrides(["compile_tpu.py", "--config=c.py:full"]) != config_overrides(["compile_tpu.py",
+                                                                                         "--config=c.py:toy"])
