@@ -85,6 +85,9 @@ def failed_row(program: str, bucket: int, calls: int, chip: Chip, seconds: float
 class PeakRss:
   """Peak resident memory of this process over a stretch of work (Linux `/proc/self`, see `ReportRow`)."""
 
+  def __init__(self):
+    self.scope = "process"  # until a reset succeeds
+
   def reset(self) -> None:
     try:
       with open("/proc/self/clear_refs", "w") as f:  # "5" resets the peak RSS (VmHWM), Linux ≥ 4.0
@@ -94,12 +97,11 @@ class PeakRss:
       self.scope = "process"
 
   def read(self) -> tuple[int, str]:
-    scope = getattr(self, "scope", "process")
-    if scope == "row":
+    if self.scope == "row":
       with open("/proc/self/status") as f:
         for line in f:
           if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024, scope
+            return int(line.split()[1]) * 1024, "row"
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process"  # Linux reports KiB
 
 
