@@ -1,11 +1,12 @@
 """`sao.models.scan.shard_residual`: under a context mesh with `tensor` > 1 the layer scan's inputs (the carry, and the
 per-layer inputs that remat saves for the backward pass) are sharded E over `tensor` — the compiled program's saved
 stack is [N, B / fsdp, T, E / tensor] per device, where without the constraint it was [N, B / fsdp, T, E] — and the
-model computes the same log-probs and gradients as without a mesh; without a mesh, with `tensor` of size 1 or not
-dividing E, it is the identity."""
+constrained model computes the same log-probs and gradients as the unconstrained one; without a mesh, with `tensor`
+of size 1 or not dividing E, it is the identity."""
 import re
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -60,8 +61,6 @@ def test_layer_inputs_sharded_over_tensor_and_model_unchanged(monkeypatch):
   mesh = _mesh(fsdp=FSDP, tensor=TENSOR)
   ids, mask = padded_batch(np.random.default_rng(3), CONFIG.vocab_size, [16, 9, 4, 12], LENGTH)
   params = random_params(CONFIG, seed=4)
-  (_, want_logp), want_grad = _step(CONFIG)(params, ids, mask)  # no mesh: one device
-
   data = batch_sharding(mesh)
   args = (jax.device_put(params, param_shardings(CONFIG, mesh)), jax.device_put(ids, data),
           jax.device_put(mask, data))
@@ -78,7 +77,9 @@ def test_layer_inputs_sharded_over_tensor_and_model_unchanged(monkeypatch):
     constrained = compiled.as_text()
     with monkeypatch.context() as patch:  # the same program without the constraint (the code before it)
       patch.setattr(scan, "shard_residual", lambda x: x)
-      unconstrained = _step(CONFIG).lower(*args).compile().as_text()
+      compiled_before = _step(CONFIG).lower(*args).compile()
+      (_, want_logp), want_grad = compiled_before(*args)
+      unconstrained = compiled_before.as_text()
   assert saved_stacks(unconstrained, hidden), "the unconstrained program no longer saves whole-hidden stacks"
   assert not saved_stacks(constrained, hidden)
   assert saved_stacks(constrained, hidden // TENSOR)
