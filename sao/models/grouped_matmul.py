@@ -1,9 +1,13 @@
 """Grouped matmul with its own backward: `out[m] = lhs[m] @ rhs[g(m)]` for rows grouped consecutively by group.
 
-lhs [M, K], rhs [G, K, N], group_sizes [G] int32 with Σ ≤ M → out [M, N]; rows past Σ group_sizes are 0. Backward
-(`jax.custom_vjp`), with the same row grouping:
+lhs [M, K], rhs [G, K, N], group_sizes [G] int32 with Σ ≤ M → out [M, N]; rows past Σ group_sizes are 0. With
+`transpose_rhs` rhs is [G, N, K] (per group `[out, in]`, HF's layout of stacked expert weights) and
+`out[m] = lhs[m] @ rhs[g(m)]ᵀ`, with no transposed copy of rhs made (megablox's `gmm` option of the same name).
+Backward (`jax.custom_vjp`), with the same row grouping:
   d_lhs = gmm(d_out, rhsᵀ)               [M, N] × [G, N, K] → [M, K]   (a grouped matmul again)
   d_rhs[g] = Σ_{m in g} lhs[m]ᵀ d_out[m]   [K, M] × [M, N] → [G, K, N]  (the transposed grouped matmul, `tgmm`)
+  (transpose_rhs: d_lhs = gmm(d_out, rhs) and d_rhs[g] = Σ_{m in g} d_out[m]ᵀ lhs[m] → [G, N, K], tgmm with its
+  operands swapped, so neither pass transposes a weight-sized array.)
 
 Why not `jax.lax.ragged_dot`'s own transpose: its d_rhs is a ragged dot whose *contracting* dimension is ragged, and
 XLA's TPU compiler (libtpu 0.0.42.1) lowers that as a masked convolution dense over the groups, with a
@@ -40,17 +44,22 @@ _CPU_MAX_TILE = 128
 _MEGABLOX_TILING = (512, 1024, 1024)  # MaxText's default MoE tiles (rows, contracting, output)
 
 
-def grouped_matmul(lhs: Array, rhs: Array, group_sizes: Array, impl: str = "auto") -> Array:
-  """lhs [M, K], rhs [G, K, N], group_sizes [G] (Σ ≤ M) → [M, N] in lhs.dtype; rows past Σ are 0 (module doc)."""
+def grouped_matmul(lhs: Array, rhs: Array, group_sizes: Array, impl: str = "auto",
+                   transpose_rhs: bool = False) -> Array:
+  """lhs [M, K], rhs [G, K, N] (transpose_rhs: [G, N, K], used as its per-group transpose), group_sizes [G]
+  (Σ ≤ M) → [M, N] in lhs.dtype; rows past Σ are 0 (module doc)."""
   if impl not in IMPLS:
     raise ValueError(f"impl: unsupported {impl!r}; expected one of {IMPLS}")
-  if lhs.ndim != 2 or rhs.ndim != 3 or group_sizes.shape != (rhs.shape[0],) or lhs.shape[1] != rhs.shape[1]:
-    raise ValueError(f"grouped_matmul: expected lhs [M, K], rhs [G, K, N], group_sizes [G]; got {lhs.shape}, "
+  contracting = 2 if transpose_rhs else 1
+  if (lhs.ndim != 2 or rhs.ndim != 3 or group_sizes.shape != (rhs.shape[0],)
+      or lhs.shape[1] != rhs.shape[contracting]):
+    expected = "[G, N, K]" if transpose_rhs else "[G, K, N]"
+    raise ValueError(f"grouped_matmul: expected lhs [M, K], rhs {expected}, group_sizes [G]; got {lhs.shape}, "
                      f"{rhs.shape}, {group_sizes.shape}")
   lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes, jnp.int32)
   if impl == "ragged_dot":
-    return jax.lax.ragged_dot(lhs, rhs, group_sizes)
-  return _gmm_vjp(lhs, rhs.astype(lhs.dtype), group_sizes, impl)
+    return jax.lax.ragged_dot(lhs, rhs.swapaxes(1, 2) if transpose_rhs else rhs, group_sizes)
+  return _gmm_vjp(lhs, rhs.astype(lhs.dtype), group_sizes, impl, bool(transpose_rhs))
 
 
 def transposed_grouped_matmul(lhs: Array, d_out: Array, group_sizes: Array, impl: str = "auto") -> Array:
@@ -61,20 +70,22 @@ def transposed_grouped_matmul(lhs: Array, d_out: Array, group_sizes: Array, impl
   return _tgmm(jnp.asarray(lhs), jnp.asarray(d_out), jnp.asarray(group_sizes, jnp.int32), impl, jnp.float32)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _gmm_vjp(lhs: Array, rhs: Array, group_sizes: Array, impl: str) -> Array:
-  return _gmm(lhs, rhs, group_sizes, impl, transpose_rhs=False)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _gmm_vjp(lhs: Array, rhs: Array, group_sizes: Array, impl: str, transpose_rhs: bool) -> Array:
+  return _gmm(lhs, rhs, group_sizes, impl, transpose_rhs)
 
 
-def _gmm_fwd(lhs, rhs, group_sizes, impl):
-  return _gmm(lhs, rhs, group_sizes, impl, transpose_rhs=False), (lhs, rhs, group_sizes)
+def _gmm_fwd(lhs, rhs, group_sizes, impl, transpose_rhs):
+  return _gmm(lhs, rhs, group_sizes, impl, transpose_rhs), (lhs, rhs, group_sizes)
 
 
-def _gmm_bwd(impl, residuals, d_out):
+def _gmm_bwd(impl, transpose_rhs, residuals, d_out):
   lhs, rhs, group_sizes = residuals
-  d_out = jnp.asarray(d_out)
-  d_lhs = _gmm(d_out.astype(lhs.dtype), rhs, group_sizes, impl, transpose_rhs=True)
-  d_rhs = _tgmm(lhs, d_out.astype(lhs.dtype), group_sizes, impl, rhs.dtype)
+  d_out = jnp.asarray(d_out).astype(lhs.dtype)
+  d_lhs = _gmm(d_out, rhs, group_sizes, impl, not transpose_rhs)
+  # rhs [G, N, K] when transposed: Σ d_outᵀ lhs has its layout, Σ lhsᵀ d_out the [G, K, N] one.
+  d_rhs = (_tgmm(d_out, lhs, group_sizes, impl, rhs.dtype) if transpose_rhs
+           else _tgmm(lhs, d_out, group_sizes, impl, rhs.dtype))
   return d_lhs.astype(lhs.dtype), d_rhs, None  # group_sizes: integers, no cotangent
 
 
@@ -84,8 +95,8 @@ _gmm_vjp.defvjp(_gmm_fwd, _gmm_bwd)
 def _gmm(lhs: Array, rhs: Array, group_sizes: Array, impl: str, transpose_rhs: bool) -> Array:
   """lhs @ rhs[g] per group; rhs [G, K, N], or [G, N, K] used transposed when transpose_rhs."""
   kernels = {
-      "tiled": lambda a, b, s: _tiled_matmul(a, b.swapaxes(1, 2) if transpose_rhs else b, s, _CPU_MAX_TILE),
-      "xla": lambda a, b, s: jax.lax.ragged_dot(a, b.swapaxes(1, 2) if transpose_rhs else b, s),
+      "tiled": lambda a, b, s: _tiled_matmul(a, b, s, _CPU_MAX_TILE, transpose_rhs),
+      "xla": lambda a, b, s: _ragged_dot(a, b, s, transpose_rhs),
       "megablox": lambda a, b, s: _megablox_gmm(a, b, s, transpose_rhs, interpret=False),
       "megablox_interpret": lambda a, b, s: _megablox_gmm(a, b, s, transpose_rhs, interpret=True),
   }
@@ -141,16 +152,26 @@ def _tile_layout(group_sizes: Array, m: int, max_tile: int | None):
   return tile, group_of_tile, src, valid, row_end, row_start, tile_start
 
 
-def _tiled_matmul(lhs: Array, rhs: Array, group_sizes: Array, max_tile: int | None) -> Array:
-  """Grouped matmul as a batched matmul over tiles (`_tile_layout`), one gathered weight [K, N] per tile:
-  FLOPs ≤ 2·(2·M·K·N); the gathered weights are [T, K, N]."""
+def _ragged_dot(lhs: Array, rhs: Array, group_sizes: Array, transpose_rhs: bool) -> Array:
+  """`jax.lax.ragged_dot` of lhs [M, K] with rhs [G, K, N], or [G, N, K] contracted on its last dim."""
+  contract = 2 if transpose_rhs else 1
+  dims = jax.lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(([1], [contract]), ([], [])),
+                                           lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
+  return jax.lax.ragged_dot_general(lhs, rhs, group_sizes, dims)
+
+
+def _tiled_matmul(lhs: Array, rhs: Array, group_sizes: Array, max_tile: int | None,
+                  transpose_rhs: bool = False) -> Array:
+  """Grouped matmul as a batched matmul over tiles (`_tile_layout`), one gathered weight [K, N] (transpose_rhs:
+  [N, K]) per tile: FLOPs ≤ 2·(2·M·K·N); the gathered weights are [T, K, N] ([T, N, K])."""
   m, n_groups = lhs.shape[0], rhs.shape[0]
   if n_groups == 0:
-    return jnp.zeros((m, rhs.shape[2]), lhs.dtype)
+    return jnp.zeros((m, rhs.shape[1] if transpose_rhs else rhs.shape[2]), lhs.dtype)
   tile, group_of_tile, src, valid, row_end, row_start, tile_start = _tile_layout(group_sizes, m, max_tile)
   n_tiles = src.shape[0]
   lhs_tiles = jnp.where(valid[..., None], lhs[src], 0)  # [T, tile, K]
-  out_tiles = jnp.einsum("tmk,tkn->tmn", lhs_tiles, rhs[group_of_tile])  # [T, tile, N]
+  out_tiles = jnp.einsum("tmk,tnk->tmn" if transpose_rhs else "tmk,tkn->tmn", lhs_tiles,
+                         rhs[group_of_tile])  # [T, tile, N]
   # Row m of the result: its group, tile and position in the tile (a gather, so its transpose is a scatter-add).
   rows = jnp.arange(m, dtype=jnp.int32)
   group_of_row = jnp.minimum(_count_at_most(row_end, m), n_groups - 1)

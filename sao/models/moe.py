@@ -6,8 +6,8 @@ when `norm_topk_prob`. Experts: `y_n = Σ_{j<k} p_nj · down_e(silu(gate_e(x_n))
 `routed_experts` computes each token only with its k experts (FLOPs ∝ N·k, not N·X) and drops nothing (any number
 of tokens may pick one expert):
   1. the N·k assignments are sorted by expert (stable argsort); row m of the sorted list is token `order[m] // k`;
-  2. `group_sizes[e]` rows per expert, grouped matmuls `[M, D] × [X, D, F] → [M, F]` (`grouped_matmul`; the
-     weights are stored `[X, F, D]`, HF's layout, and swapped at the call);
+  2. `group_sizes[e]` rows per expert, grouped matmuls `[M, D] × [X, F, D]ᵀ → [M, F]` (`grouped_matmul` with
+     `transpose_rhs`: the weights stay in HF's `[X, out, in]` layout, no per-call swapped copy);
   3. the rows are un-sorted (the inverse permutation, a gather) to `[N, k, D]` and summed with the router weights.
 `dense_experts` runs every expert on every token and weights the unselected ones by 0: the test oracle
 (`ModelConfig.moe_impl = "dense"`).
@@ -138,11 +138,11 @@ def _local_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up
   order = jnp.argsort(key, stable=True)  # [M = N·k]
   group_sizes = jnp.bincount(key, length=n_local + 1)[:n_local].astype(jnp.int32)  # [X_local]
   xs = x[order // k]  # [M, D]
-  # The weights are stored [X, out, in] (HF's layout); grouped_matmul takes rhs [G, in, out].
-  h = jax.nn.silu(grouped_matmul(xs, w_gate.astype(x.dtype).swapaxes(1, 2), group_sizes))
-  h = h * grouped_matmul(xs, w_up.astype(x.dtype).swapaxes(1, 2), group_sizes)
+  # The weights are stored [X, out, in] (HF's layout): grouped_matmul reads them transposed, no swapped copy.
+  h = jax.nn.silu(grouped_matmul(xs, w_gate.astype(x.dtype), group_sizes, transpose_rhs=True))
+  h = h * grouped_matmul(xs, w_up.astype(x.dtype), group_sizes, transpose_rhs=True)
   # [M, D]; rows outside every group are not ours
-  ys = grouped_matmul(h, w_down.astype(x.dtype).swapaxes(1, 2), group_sizes)
+  ys = grouped_matmul(h, w_down.astype(x.dtype), group_sizes, transpose_rhs=True)
   if not all_local:  # (with every expert here there are no such rows: no [M, D] select)
     ys = jnp.where(here[order][:, None], ys, 0)
   unsorted = ys[jnp.argsort(order)].reshape(n_tok, k, -1)  # inverse permutation: back to [N, k, D]

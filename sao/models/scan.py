@@ -11,19 +11,36 @@ stack (its transpose slices the stacked cotangent back into layers).
 
 Cost: the stacked copy of the layer params (one extra copy in the param dtype, made each step) and, in the backward
 pass, the stacked gradient before it is sliced back.
+
+The residual stream between layers (`shard_residual`): under a context mesh (`jax.set_mesh`, as the learner traces
+its steps) whose `tensor` axis is automatic and larger than 1, every layer's input x [B, T, E] is constrained to
+B over the batch axes (`data`, `fsdp`, `expert`, those dividing B) and E over `tensor`. These inputs are what the
+per-layer remat saves for the backward pass (stacked [N, B, T, E] per period position by the scan) and what the
+carry's cotangent is; without the constraint XLA kept them whole over `tensor` (every tensor chip holding the same
+copy: 4 × 5 GiB per chip for Qwen3.5-35B-A3B at T = 131,072, docs/tpu.md session 18). The hidden dim rather than the
+sequence: each layer opens with an RMSNorm over E (a partial sum and an all-reduce of [B, T] when E is split) and
+ends with the `tensor`-sharded output projections' partial sums (a reduce-scatter onto E), while every mixer
+(attention, Gated DeltaNet's chunked recurrence and causal conv) needs the whole sequence; the MoE's shard_map
+takes its tokens by rows over the batch axes and E whole, an all-gather over `tensor` either way. Without a mesh,
+on one device, or with `tensor` of size 1 / manual / not dividing E, it is the identity (CPU toy, engines).
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import math
+
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from sao.models.config import ModelConfig
 
 Array = jax.Array
 # (layer params, hidden [B, T, E]) → hidden [B, T, E]: one decoder layer applied functionally.
 LayerFn = Callable[[Any, Array], Array]
+TENSOR_AXIS = "tensor"
+BATCH_AXES = ("data", "fsdp", "expert")  # the batch rule's mesh axes (`sao.models.sharding`), in its order
 
 
 def layer_kind(config: ModelConfig, i: int) -> tuple[str, bool]:
@@ -50,22 +67,39 @@ def stack_periods(layer_params: Sequence[Any], period: int) -> tuple[Any, ...]:
                for j in range(period))
 
 
+def shard_residual(x: Array) -> Array:
+  """x [B, T, E] constrained to B over the batch axes and E over `tensor` of the context mesh (module docstring);
+  the identity where that mesh has no automatic `tensor` axis of size > 1 dividing E."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or TENSOR_AXIS not in mesh.auto_axes:
+    return x
+  n_tensor = mesh.shape[TENSOR_AXIS]
+  if n_tensor == 1 or x.shape[-1] % n_tensor:
+    return x
+  batch_axes = [a for a in BATCH_AXES if a in mesh.auto_axes and mesh.shape[a] > 1]
+  while batch_axes and x.shape[0] % math.prod(mesh.shape[a] for a in batch_axes):
+    batch_axes.pop()  # as the batch rule does: drop axes from the end until they divide B
+  batch = None if not batch_axes else batch_axes[0] if len(batch_axes) == 1 else tuple(batch_axes)
+  return jax.lax.with_sharding_constraint(x, P(batch, *([None] * (x.ndim - 2)), TENSOR_AXIS))
+
+
 def scan_periods(layer_fns: Sequence[LayerFn], stacked: tuple[Any, ...], x: Array) -> Array:
   """`x ← f_{P−1}(θ_{P−1}[n], ... f_0(θ_0[n], x))` for n = 0..N−1, as one `lax.scan` over n.
 
   layer_fns: f_j for each period position j; stacked: `stack_periods`' output; x: [B, T, E]. The carry must keep
-  its dtype and shape through a period (a decoder layer maps [B, T, E] in the compute dtype to the same)."""
+  its dtype and shape through a period (a decoder layer maps [B, T, E] in the compute dtype to the same). Every
+  layer's input goes through `shard_residual`."""
   if len(layer_fns) != len(stacked):
     raise ValueError(f"layer_fns: {len(layer_fns)} functions for a period of {len(stacked)} stacked layers")
 
   def period(carry: Array, params: tuple[Any, ...]) -> tuple[Array, None]:
     for fn, layer_params in zip(layer_fns, params):
-      out = fn(layer_params, carry)
+      out = fn(layer_params, shard_residual(carry))
       if out.shape != carry.shape or out.dtype != carry.dtype:
         raise ValueError(f"scan_layers: a decoder layer maps {carry.shape} {carry.dtype} to {out.shape} "
                          f"{out.dtype}; the scan carry needs them equal")
       carry = out
     return carry, None
 
-  x, _ = jax.lax.scan(period, x, stacked)
-  return x
+  x, _ = jax.lax.scan(period, shard_residual(x), stacked)
+  return shard_residual(x)

@@ -171,7 +171,7 @@ def _scanned_layers(cfg: ModelConfig, layer_params: list[dict], x: Array, positi
   x = scan.scan_periods([layer_fn(j, True) for j in range(period)],
                         scan.stack_periods(layer_params[:num_scanned], period), x)
   for i in range(num_scanned, cfg.num_layers):
-    x = layer_fn(i, False)(layer_params[i], x)
+    x = layer_fn(i, False)(layer_params[i], scan.shard_residual(x))
   return x
 
 

@@ -142,3 +142,27 @@ def test_tpu_lowering_in_a_manual_mesh_uses_megablox():
   with jax.set_mesh(mesh):
     text = jax.jit(per_shard).trace(*_ARGS).lower(lowering_platforms=("tpu",)).as_text()
   assert text.count("tpu_custom_call") == 2 and not _ragged_dots(text)
+
+
+@pytest.mark.parametrize("impl", ["tiled", "xla", "auto", "megablox_interpret", "ragged_dot"])
+@pytest.mark.parametrize("seed,m,k,n,groups", [SHAPES[1], (5, 150, 24, 16, 6)])
+def test_transpose_rhs_reads_the_out_in_layout(impl, seed, m, k, n, groups):
+  """rhs given as [G, N, K] with transpose_rhs = the [G, K, N] call (values, d_lhs, and d_rhs in the [G, N, K]
+  layout), against the float64 loop and ragged_dot's autodiff of the untransposed operand."""
+  lhs, rhs, sizes, d_out = _case(seed, m, k, n, groups)
+  rhs_t = np.ascontiguousarray(rhs.swapaxes(1, 2))
+
+  def pullback(a, b):
+    out, vjp = jax.vjp(lambda a, b: gm.grouped_matmul(a, b, jnp.asarray(sizes), impl=impl, transpose_rhs=True), a, b)
+    return (out,) + vjp(d_out)
+  out, d_lhs, d_rhs_t = (np.asarray(x, np.float64) for x in jax.jit(pullback)(lhs, rhs_t))
+  assert d_rhs_t.shape == (groups, n, k)
+  got = [out, d_lhs, d_rhs_t.swapaxes(1, 2)]
+  _assert_close(got, _reference(lhs, rhs, sizes, d_out), 1e-5)
+  _assert_close(got, _value_and_grads("ragged_dot", lhs, rhs, sizes, d_out), 1e-5)
+
+
+def test_transpose_rhs_checks_the_contracting_dim():
+  lhs, sizes = np.zeros((4, 3), np.float32), np.array([1, 2], np.int32)
+  with pytest.raises(ValueError, match=r"rhs \[G, N, K\]"):
+    gm.grouped_matmul(lhs, np.zeros((2, 3, 5), np.float32), sizes, transpose_rhs=True)
