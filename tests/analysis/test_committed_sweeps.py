@@ -52,3 +52,31 @@ def test_toy_matched_concurrency_tables():
           "74.5 (n=1) |") in text
   assert "| sao | seconds per RL step | 1.17 (n=1) |" in text
   assert "| gspo | minutes to ≥ 60 % | 0.41 (n=1) |" in text
+
+
+def test_toy_ablations_tables():
+  text = _report("toy_ablations")  # the stabilized arm is toy_algorithms' sao-seed{0,1,2} (same config, same code)
+  assert "code version e4f743b5aba6447dd9608f41567be09d667be6e8" in text
+  assert "27 runs started: 27 complete, 0 incomplete" in text
+  assert ("| stabilized | the stabilized recipe | 3/3 | 78.3 [68.9, 87.7] | 76.9 [68.9, 84.8] | — | — | "
+          "82.6 [74.7, 90.4] | 0.152 [0.102, 0.203] |") in text
+  assert ("| no_whitening | advantages not whitened | 3/3 | 76.9 [67.1, 86.7] | 78.0 [71.7, 84.4] | "
+          "-1.4 [-2.1, -0.6] (paired t, n=3) | +1.2 [-3.3, 5.7] (paired t, n=3) |") in text
+  assert ("| cold_critic | no critic warm start (cold critic) | 3/3 | 78.2 [70.2, 86.2] | 78.2 [71.1, 85.3] | "
+          "-0.1 [-7.2, 7.0] (paired t, n=3) | +1.3 [-4.1, 6.8] (paired t, n=3) |") in text
+  assert ("| fixed_lambda | fixed policy λ = 0.95 (vs length-adaptive) | 3/3 | 73.9 [65.9, 81.9] | "
+          "73.9 [69.3, 78.6] | -4.4 [-7.8, -1.1] (paired t, n=3) | -2.9 [-6.9, 1.1] (paired t, n=3) |") in text
+  assert ("| stabilized-seed1 | stabilized | 1 | complete | 249 / 249 | 46.1 → 74.0 | v220 | the toy_algorithms "
+          "sweep's sao-seed1 run (same config and code version), not re-run |") in text
+  assert "| warmup0-seed1 | warmup0 | 1 | complete | 249 / 249 | 45.1 → 72.4 | v240 |  |" in text
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_toy_ablations_stabilized_arm_is_the_toy_algorithms_sao_run(seed):
+  """docs/results.md says the stabilized arm reuses toy_algorithms' SAO runs: their committed files must agree."""
+  for name in ("metrics.jsonl", "evaluation/v220.json"):
+    with open(os.path.join(sweeps.RUNS_ROOT, "toy_ablations", f"stabilized-seed{seed}", name), "rb") as f:
+      reused = f.read()
+    with open(os.path.join(sweeps.RUNS_ROOT, "toy_algorithms", f"sao-seed{seed}", name), "rb") as f:
+      original = f.read()
+    assert reused == original, name
