@@ -41,17 +41,17 @@ def test_toy_algorithms_tables():
 
 
 def test_toy_matched_concurrency_tables():
-  text = _report("toy_matched_concurrency")  # seed 0 of each arm so far; seed 1 still to run (same version)
+  text = _report("toy_matched_concurrency")  # seeds 0 (session 17) and 1 (session 18), same code version
   assert "code version e4f743b5aba6447dd9608f41567be09d667be6e8" in text
-  assert "4 runs started: 4 complete, 0 incomplete" in text
-  assert ("Not started (or not committed) yet: 4 of the sweep's runs — sao-loops16-seed1, gspo-loops16-seed1, "
-          "sao-loops64-seed1, gspo-loops64-seed1.") in text
-  assert ("| sao-loops16 | 1/1 | 1.3 (n=1) (1/1) | 0.691 (n=1) | 0.84 (n=1) | 0.85 (n=1) | 3.6 (n=1) | "
-          "79.2 (n=1) |") in text
-  assert ("| gspo-loops64 | 1/1 | 0.8 (n=1) (1/1) | 0.469 (n=1) | 1.21 (n=1) | 0.55 (n=1) | 2.2 (n=1) | "
-          "74.5 (n=1) |") in text
-  assert "| sao | seconds per RL step | 1.17 (n=1) |" in text
-  assert "| gspo | minutes to ≥ 60 % | 0.41 (n=1) |" in text
+  assert "8 runs started: 8 complete, 0 incomplete" in text
+  assert "Not started" not in text
+  assert ("| sao-loops16 | 2/2 | 1.2 [0.1, 2.3] (2/2) | 0.712 [0.439, 0.985] | 0.85 [0.79, 0.91] | "
+          "0.76 [-0.47, 1.98] | 3.2 [-2.4, 8.7] | 77.2 [52.4, 102.0] |") in text
+  assert ("| gspo-loops64 | 2/2 | 0.9 [-0.3, 2.1] (2/2) | 0.435 [0.003, 0.867] | 1.08 [-0.60, 2.75] | "
+          "0.49 [-0.26, 1.24] | 1.9 [-1.0, 4.9] | 69.4 [4.9, 133.9] |") in text
+  assert "| sao | seconds per RL step | 1.16 [1.03, 1.29] (n=2) |" in text
+  assert "| gspo | seconds per RL step | 1.00 [0.50, 1.49] (n=2) |" in text
+  assert "| gspo-loops64-seed1 | gspo-loops64 | 1 | complete | 239 / 239 | 48.8 → 64.3 | v240 |  |" in text
 
 
 def test_toy_ablations_tables():
