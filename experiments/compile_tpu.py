@@ -24,7 +24,6 @@ first; a failed row counts as done unless `--retry_failed`. The table at the end
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 
@@ -155,18 +154,14 @@ def config_overrides(argv) -> str:
 
 
 def code_version() -> str:
-  """This checkout's git commit, with `+dirty.<sha256 of the diff>` when tracked files have uncommitted changes, or
-  "unknown" without git."""
-  import hashlib  # pylint: disable=g-import-not-at-top
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  git = lambda *args: subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, check=True,
-                                     timeout=60).stdout
+  """`launch.sweep.code_version` of this checkout (commit, `+dirty.<hash>` with uncommitted changes), or "unknown"
+  without git."""
+  from launch import sweep  # pylint: disable=g-import-not-at-top
   try:
-    head, diff = git("rev-parse", "HEAD").strip(), git("diff", "HEAD")
-  except (OSError, subprocess.SubprocessError) as e:
+    return sweep.code_version()
+  except RuntimeError as e:
     print(f"compile_tpu: no git commit for the rows ({e}); code_version = unknown", file=sys.stderr)
     return "unknown"
-  return head + (f"+dirty.{hashlib.sha256(diff.encode()).hexdigest()[:12]}" if diff else "")
 
 
 def run_settings(config, model_config, topology: str, chips: int, chip) -> dict:
