@@ -5,3 +5,5 @@ stacked experts of MoE layers), `tensor` (heads and hidden units). The trainer's
 builds all four; an axis of size 1 costs nothing. `sao.models.sharding` maps logical axis names onto them.
 """
 MESH_AXES = ("data", "fsdp", "expert", "tensor")
+BATCH_AXES = ("data", "fsdp", "expert")  # a data batch's rows, in this order (the `batch` sharding rule)
+TENSOR_AXIS = "tensor"

@@ -51,11 +51,10 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from sao.models.grouped_matmul import grouped_matmul
+from sao.models.mesh_axes import BATCH_AXES, TENSOR_AXIS
 
 Array = jax.Array
 EXPERT_AXIS = "expert"
-TENSOR_AXIS = "tensor"
-BATCH_AXES = ("data", "fsdp", "expert")  # the batch rule's mesh axes (`sao.models.sharding`), in its order
 
 
 def route(router_logits: Array, k: int, norm_topk_prob: bool) -> tuple[Array, Array]:

@@ -35,12 +35,11 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from sao.models.config import ModelConfig
+from sao.models.mesh_axes import BATCH_AXES, TENSOR_AXIS
 
 Array = jax.Array
 # (layer params, hidden [B, T, E]) → hidden [B, T, E]: one decoder layer applied functionally.
 LayerFn = Callable[[Any, Array], Array]
-TENSOR_AXIS = "tensor"
-BATCH_AXES = ("data", "fsdp", "expert")  # the batch rule's mesh axes (`sao.models.sharding`), in its order
 
 
 def layer_kind(config: ModelConfig, i: int) -> tuple[str, bool]:

@@ -15,12 +15,12 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from sao.models.config import ModelConfig
-from sao.models.mesh_axes import MESH_AXES  # noqa: F401  (re-exported: the rules below name these axes)
+from sao.models.mesh_axes import BATCH_AXES, MESH_AXES  # noqa: F401  (MESH_AXES re-exported: the rules name them)
 from sao.models.transformer import abstract_params
 
 LOGICAL_AXIS_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     # logical name   mesh axes (in order)
-    ("batch",        ("data", "fsdp", "expert")),  # activations / data batches
+    ("batch",        BATCH_AXES),  # activations / data batches
     ("vocab",        ("tensor",)),
     ("embed",        ("fsdp",)),
     ("heads",        ("tensor",)),
