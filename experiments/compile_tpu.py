@@ -37,7 +37,7 @@ def define_flags() -> None:
   """The command's flags, defined when it runs (not on import: a module may be imported beside other commands
   whose flags share names)."""
   global _CONFIG, _TOPOLOGY, _OUT, _BUCKETS, _PROGRAMS, _MODEL_DTYPE, _NUM_LAYERS  # pylint: disable=global-statement
-  global _RESUME, _RETRY_FAILED, _ALLOW_CODE_CHANGE  # pylint: disable=global-statement
+  global _RESUME, _RETRY_FAILED, _ALLOW_CODE_CHANGE, _HLO_DIR  # pylint: disable=global-statement
   _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (get_config(arg)).",
                                             lock_config=True)
   _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology, <chip>:<shape>: v5p:4x4x8, v6e:16x16, v4:4x4x4 …")
@@ -50,6 +50,9 @@ def define_flags() -> None:
                                     "With --resume: compile the rows whose compile failed again.")
   _ALLOW_CODE_CHANGE = flags.DEFINE_bool("allow_code_change", False, "With --resume: keep rows compiled by another "
                                          "git commit / jax / libtpu (each row records its own).")
+  _HLO_DIR = flags.DEFINE_string("hlo_dir", "", "Also write each compiled program's HLO text here "
+                                  "(<program>_T<bucket>.hlo.txt.gz), for reading what XLA's estimate spends its time "
+                                  "on without compiling again.")
   _BUCKETS = flags.DEFINE_list("buckets", [], "Bucket lengths to compile (default: the config's).")
   _PROGRAMS = flags.DEFINE_list("programs", [], "Programs to compile (default: every program of the update).")
   _MODEL_DTYPE = flags.DEFINE_enum("model_dtype", "", ["", "float32", "bfloat16"],
@@ -224,7 +227,7 @@ def main(argv):
   buckets = [int(b) for b in _BUCKETS.value] or [int(b) for b in config.learner.batching.bucket_lengths]
   try:
     aot_report.compile_missing(config, model_config, devices, chip, buckets, _PROGRAMS.value, done, on_row,
-                               log=lambda message: print(message, flush=True))
+                               log=lambda message: print(message, flush=True), hlo_dir=_HLO_DIR.value)
   except ValueError as e:  # a config the learner rejects on this topology: say so, as the trainer would
     print(f"compile_tpu: {config.name} on {_TOPOLOGY.value}: {e}", file=sys.stderr)
     sys.exit(2)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import gzip
+import os
 import time
 from typing import Any, Callable, Sequence
 
@@ -180,8 +182,10 @@ def _role_of(learner: Learner, first_arg: Any) -> tuple[str, bool]:
 
 
 def compile_program(name: str, jitted: Any, args: tuple, calls: int, learner: Learner, model_config: ModelConfig,
-                    chip: Chip, bucket: int, n_active: dict[str, float]) -> ProgramRow:
-  """Lowers and compiles one recorded program; a program XLA finds too big for the chip gives `fits=False`."""
+                    chip: Chip, bucket: int, n_active: dict[str, float], hlo_dir: str = "") -> ProgramRow:
+  """Lowers and compiles one recorded program; a program XLA finds too big for the chip gives `fits=False`.
+  With `hlo_dir`, the compiled (optimised, partitioned) HLO goes to `<hlo_dir>/<name>_T<bucket>.hlo.txt.gz`, so what
+  XLA's estimate spends its time on can be read later without compiling again (`hlo_path`)."""
   role, train = _role_of(learner, args[0]) if args else ("", False)
   chips = learner.mesh.devices.size
   batches = [a for a in args if isinstance(a, dict) and "action_mask" in a or isinstance(a, dict) and "input_ids" in a]
@@ -195,6 +199,8 @@ def compile_program(name: str, jitted: Any, args: tuple, calls: int, learner: Le
   seconds = time.perf_counter() - start
   largest = [dataclasses.asdict(b) for b in report.largest] if report else []
   if compiled is not None:
+    if hlo_dir:
+      write_hlo(compiled, hlo_path(hlo_dir, name, bucket))
     memory = compiled.memory_analysis()
     outputs = memory.output_size_in_bytes - memory.alias_size_in_bytes
     arguments, temps = memory.argument_size_in_bytes, memory.temp_size_in_bytes
@@ -226,6 +232,18 @@ def compile_program(name: str, jitted: Any, args: tuple, calls: int, learner: Le
     total = required[0] if required else 0
   return ProgramRow(name, bucket, batch, calls, role, train, False, arguments, outputs, temps, total,
                     chip.hbm_bytes, flops, 0.0, analytic, None, None, seconds, error, largest)
+
+
+def hlo_path(hlo_dir: str, program: str, bucket: int) -> str:
+  return os.path.join(hlo_dir, f"{program}_T{bucket}.hlo.txt.gz")
+
+
+def write_hlo(compiled: Any, path: str) -> None:
+  """The compiled module's HLO text, gzipped (a full-depth train step is tens of MB of text), written atomically."""
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  with gzip.open(path + ".tmp", "wt", compresslevel=6) as f:
+    f.write(compiled.as_text())
+  os.replace(path + ".tmp", path)
 
 
 def compile_update(config: ml_collections.ConfigDict, model_config: ModelConfig, devices: Sequence[jax.Device],

@@ -177,10 +177,11 @@ class RowFile:
 def compile_missing(config: ml_collections.ConfigDict, model_config: ModelConfig, devices: Sequence[jax.Device],
                     chip: Chip, buckets: Iterable[int], programs: Sequence[str] = (),
                     done: set[tuple[str, int]] = frozenset(), on_row: Callable[[ReportRow], None] = lambda row: None,
-                    log: Callable[[str], None] = lambda message: None) -> list[ReportRow]:
+                    log: Callable[[str], None] = lambda message: None, hlo_dir: str = "") -> list[ReportRow]:
   """The rows of `aot.compile_update` that are not in `done`, largest bucket first, each handed to `on_row` as soon
   as it exists. A compile that raises (anything but XLA's out-of-memory, which `aot.compile_program` reports as a
-  row that does not fit) gives a `failed` row; KeyboardInterrupt and the like still stop the run."""
+  row that does not fit) gives a `failed` row; KeyboardInterrupt and the like still stop the run. `hlo_dir`: where
+  each compiled program's HLO text goes (`aot.compile_program`)."""
   learner = aot.abstract_learner(config, model_config, devices)
   n_active = {role.name: compile_stats.active_params(model_config, role.abstract_params)
               for role in (learner.actor, learner.critic) if role is not None}
@@ -203,7 +204,7 @@ def compile_missing(config: ml_collections.ConfigDict, model_config: ModelConfig
       start = time.perf_counter()
       try:
         row = ReportRow(**vars(aot.compile_program(name, jitted, args, calls, learner, model_config, chip, bucket,
-                                                   n_active)))
+                                                   n_active, hlo_dir=hlo_dir)))
         row.status = "compiled" if row.fits else "does_not_fit"
       except Exception as e:  # pylint: disable=broad-except  # recorded on the row, and the exit code says so
         row = failed_row(name, bucket, calls, chip, time.perf_counter() - start, e)

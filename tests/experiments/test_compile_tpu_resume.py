@@ -6,6 +6,7 @@ critic's `critic_values`; the other rows come from a stand-in for `aot.compile_p
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 
 import jax
@@ -88,12 +89,12 @@ def test_rows_reach_the_file_one_by_one_and_a_resume_compiles_only_the_missing(t
   real_compile = aot.compile_program
   compiled = []
 
-  def compile_program(name, jitted, args, calls, learner, model_config, chip, bucket, n_active):
+  def compile_program(name, jitted, args, calls, learner, model_config, chip, bucket, n_active, hlo_dir=""):
     compiled.append((name, bucket))
     if name == "critic_step":
       raise RuntimeError(f"no {name} today")
     if (name, bucket) == ("critic_values", 32):  # one real compile: its row must survive the JSON round trip
-      return real_compile(name, jitted, args, calls, learner, model_config, chip, bucket, n_active)
+      return real_compile(name, jitted, args, calls, learner, model_config, chip, bucket, n_active, hlo_dir)
     return _program_row(_fake_row(name, bucket))
 
   monkeypatch.setattr(aot, "compile_program", compile_program)
@@ -108,7 +109,7 @@ def test_rows_reach_the_file_one_by_one_and_a_resume_compiles_only_the_missing(t
       in_file.append(len(json.loads(open(path).read())))
     compiled.clear()
     new = aot_report.compile_missing(config, model_config, devices, CPU_CHIP, (16, 32), PROGRAMS,
-                                     row_file.done(retry_failed), on_row)
+                                     row_file.done(retry_failed), on_row, hlo_dir=str(tmp_path / "hlo"))
     return row_file, new, in_file
 
   row_file, new, in_file = run(resume=False)
@@ -119,6 +120,8 @@ def test_rows_reach_the_file_one_by_one_and_a_resume_compiles_only_the_missing(t
   real = by_key["critic_values", 32]
   assert real.status == "compiled" and real.hbm_bytes_per_chip > 0 and real.flops > 0
   assert real.peak_rss_bytes > 0 and real.peak_rss_scope in ("row", "process")
+  with gzip.open(aot.hlo_path(str(tmp_path / "hlo"), "critic_values", 32), "rt") as f:  # the compiled module's text
+    assert "ENTRY" in f.read()
   assert by_key["critic_step", 16].status == "failed" and "no critic_step today" in by_key["critic_step", 16].error
 
   # Half of the file lost (as if the run had been killed after three rows): the resume compiles the other three.
