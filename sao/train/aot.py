@@ -192,7 +192,7 @@ def compile_program(name: str, jitted: Any, args: tuple, calls: int, learner: Le
   batch = int(next(iter(batches[0].values())).shape[0]) if batches else 0  # B of the program's batch argument
   start = time.perf_counter()
   traced = jitted.trace(*args)
-  flops = compile_stats.jaxpr_flops(traced.jaxpr)
+  flops = compile_stats.jaxpr_flops(traced.jaxpr, platform=learner.mesh.devices.flat[0].platform)
   lowered = traced.lower()
   analytic = compile_stats.analytic_flops(model_config, n_active[role], batch, bucket, train) if role else 0.0
   compiled, error, report = compile_stats.compile_with_report(lowered, prefix="sao_aot_")

@@ -23,7 +23,7 @@ import glob
 import math
 import os
 import re
-from typing import Any
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
@@ -34,10 +34,17 @@ from sao.models.config import ModelConfig
 
 
 # --------------------------------------------------------------------------------------------- FLOPs of a program
-def jaxpr_flops(jaxpr: Any) -> float:
-  """Matmul FLOPs of a (closed) jaxpr, loops multiplied out; `cond` counts its most expensive branch, a `while`
-  of unknown trip count its body once."""
+def jaxpr_flops(jaxpr: Any, platform: str | None = None) -> float:
+  """Matmul FLOPs of a (closed) jaxpr, loops multiplied out.
+
+  Counted: `dot_general` and convolutions (`2·M·N·K`); `ragged_dot_general` (a grouped matmul: each row meets one
+  group's matrix, so `2·M·K·N`, not `G` times that); a Pallas kernel (`pallas_call`, e.g. megablox's `gmm`) by
+  the `cost_estimate` it declares — its body is one grid step and its grid may be data-dependent — or, without
+  one, its body times a static grid. A `cond` counts its most expensive branch, except the branches of
+  `lax.platform_dependent` when `platform` ("tpu", "cpu", …) is given: then the branch that platform runs. A
+  `while` of unknown trip count counts its body once."""
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+  platform_index = {}  # outvar of a `platform_index` eqn -> its `platforms` (one tuple of names per branch)
   total = 0.0
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
@@ -45,21 +52,63 @@ def jaxpr_flops(jaxpr: Any) -> float:
       (contract, _), _ = eqn.params["dimension_numbers"]
       lhs = eqn.invars[0].aval.shape
       total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in contract)
+    elif name == "ragged_dot_general":
+      total += _ragged_dot_flops(eqn)
     elif name == "conv_general_dilated":
       rhs = eqn.invars[1].aval.shape  # [out_features, in_features / groups, *window] in the default layout
       spec = eqn.params["dimension_numbers"]
       window = math.prod(rhs[d] for d in spec.rhs_spec[2:])
       total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * window * rhs[spec.rhs_spec[1]]
+    elif name == "pallas_call":
+      total += _pallas_flops(eqn, platform)
+    elif name == "platform_index":
+      platform_index[eqn.outvars[0]] = eqn.params["platforms"]
     elif name == "scan":
-      total += eqn.params["length"] * jaxpr_flops(eqn.params["jaxpr"])
+      total += eqn.params["length"] * jaxpr_flops(eqn.params["jaxpr"], platform)
     elif name == "cond":
-      total += max(jaxpr_flops(b) for b in eqn.params["branches"])
+      branches = eqn.params["branches"]
+      index = eqn.invars[0]
+      chosen = _platform_branch(platform_index[index], platform) if platform and index in platform_index else None
+      total += (jaxpr_flops(branches[chosen], platform) if chosen is not None
+                else max(jaxpr_flops(b, platform) for b in branches))
     else:  # jit, checkpoint (remat), custom_jvp/vjp calls, while: recurse into every sub-jaxpr once
       for value in eqn.params.values():
         for sub in value if isinstance(value, (tuple, list)) else (value,):
           if isinstance(sub, (jax_core.Jaxpr, jax_core.ClosedJaxpr)):
-            total += jaxpr_flops(sub)
+            total += jaxpr_flops(sub, platform)
   return total
+
+
+def _ragged_dot_flops(eqn: Any) -> float:
+  """`2·Σ_rows K·N` of a `ragged_dot_general`: with the ragged dimension among the lhs's contracting dims (the
+  weight gradient, output `[G, K, N]`) each contracted row belongs to one group, so the output's `G` copies share one
+  contraction; otherwise it is a dot_general's count."""
+  numbers = eqn.params["ragged_dot_dimension_numbers"]
+  (contract, _), _ = numbers.dot_dimension_numbers
+  lhs = eqn.invars[0].aval.shape
+  flops = 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in contract)
+  if any(d in contract for d in numbers.lhs_ragged_dimensions):
+    flops /= eqn.invars[2].aval.shape[0]  # the group count G (group_sizes is [G])
+  return flops
+
+
+def _pallas_flops(eqn: Any, platform: str | None) -> float:
+  estimate = eqn.params.get("cost_estimate")
+  if estimate is not None and estimate.flops is not None:
+    return float(estimate.flops)
+  grid = eqn.params["grid_mapping"].grid
+  if not all(isinstance(n, int) for n in grid):
+    raise ValueError(f"pallas_call without a cost_estimate and with a dynamic grid {grid}: its FLOPs are unknown "
+                     "(give the kernel a pl.CostEstimate)")
+  return math.prod(grid) * jaxpr_flops(eqn.params["jaxpr"], platform)
+
+
+def _platform_branch(platforms: Sequence[Sequence[str] | None], platform: str) -> int | None:
+  """The `cond` branch `lax.platform_dependent` runs on `platform` (`None` in `platforms` marks the default)."""
+  for i, names in enumerate(platforms):
+    if names is not None and platform in names:
+      return i
+  return next((i for i, names in enumerate(platforms) if names is None), None)
 
 
 def program_flops(fn: Any, *args: Any) -> float:

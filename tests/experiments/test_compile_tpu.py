@@ -18,6 +18,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from experiments.compile_tpu import model_config_of, truncated
@@ -69,6 +70,31 @@ def test_jaxpr_flops_multiplies_loops_out():
   assert compile_stats.program_flops(scan, w, xs) == 5 * 2 * 4 * 8 * 16
   grad = jax.grad(lambda w, x: (x @ w).sum())  # the forward matmul, and one more for dL/dw (none for dL/dx)
   assert compile_stats.program_flops(grad, w, jax.ShapeDtypeStruct((4, 8), "float32")) == 2 * (2 * 4 * 8 * 16)
+
+
+@pytest.mark.parametrize("impl", ["ragged_dot", "xla", "megablox_interpret", "auto"])
+def test_jaxpr_flops_counts_grouped_matmuls_once_per_row(impl):
+  """A grouped matmul `[M, K] × [G, K, N]` does `2·M·K·N` FLOPs (each row meets one group), forward, and the same
+  again for each of d_lhs and d_rhs; whatever the kernel: `ragged_dot_general` (its d_rhs has the ragged dimension
+  contracting), megablox's Pallas kernels (by their cost estimate; the grid is data-dependent), and for "auto" the
+  branch `lax.platform_dependent` takes on the named platform (the CPU branch pads rows into tiles)."""
+  from sao.models import grouped_matmul as gm  # pylint: disable=g-import-not-at-top
+  m, k, n, g = 256, 128, 64, 4
+  group_sizes = jnp.array([100, 0, 60, 96], jnp.int32)
+  loss = lambda a, b: gm.grouped_matmul(a, b, group_sizes, impl=impl).sum()
+  lhs, rhs = jax.ShapeDtypeStruct((m, k), "float32"), jax.ShapeDtypeStruct((g, k, n), "float32")
+  jaxpr = jax.make_jaxpr(loss)(lhs, rhs)
+  grads = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(lhs, rhs)
+  platform = "tpu" if impl == "auto" else None
+  assert compile_stats.jaxpr_flops(jaxpr, platform) == 2 * m * k * n
+  d_rhs_tiles = impl in ("xla", "auto")  # "xla"'s weight gradient is the tiled tgmm: its padded tiles count
+  expected = 3 * 2 * m * k * n
+  if d_rhs_tiles:
+    assert expected <= compile_stats.jaxpr_flops(grads, platform) <= expected + 2 * (2 * g * (m // g) * k * n)
+  else:
+    assert compile_stats.jaxpr_flops(grads, platform) == expected
+  if impl == "auto":  # on the CPU the tiled kernel runs; it pads each group to whole tiles
+    assert compile_stats.jaxpr_flops(jaxpr, "cpu") >= 2 * m * k * n
 
 
 def test_known_hf_configs_build_the_published_models():
