@@ -3,7 +3,8 @@
 Every parameter is created with logical axis names (see `sao.models.layers`). `LOGICAL_AXIS_RULES` maps each name to
 mesh axes; a mesh axis the mesh lacks is dropped, a mesh axis already used by an earlier dim of the same param is
 dropped, and mesh axes are dropped from the end until the dim size divides evenly — so one table serves any mesh
-(a 1-device CPU run, data × fsdp × tensor, or an expert-parallel mesh) and tiny test shapes.
+(a 1-device CPU run, data × fsdp × tensor, or an expert-parallel mesh) and tiny test shapes. The rule itself is
+`sao.models.mesh_axes.logical_mesh_axes` (JAX-free; `sao.models.scan` uses it too, below this module).
 """
 from __future__ import annotations
 
