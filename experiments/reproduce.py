@@ -14,8 +14,10 @@ A sweep's committed runs (issue 21: `toy_algorithms`, `toy_matched_concurrency`,
 
 reads `experiments/paper/runs/<sweep>/<run>/` (`--runs_dir` elsewhere; written by `experiments/paper/trim.py`), prints
 the tables the sweep file's `ANALYSIS` names (`sao.analysis.sweep_tables`) and, with `--out_dir`, writes
-`<sweep>.md` and `<sweep>_arms.png` (mean curve and 95 % band per arm). Runs of different code versions are refused
-unless `--by_version`, which prints one set of tables per version.
+`<sweep>.md`, `<sweep>_arms.png` (mean curve and 95 % band per arm) and, for a sweep whose `ANALYSIS` names a
+`reference` arm, `<sweep>_factors.png` (one panel per other arm: its validation curve against the reference's).
+Runs of different code versions are refused unless `--by_version`, which prints one set of tables (and figures) per
+version.
 """
 from __future__ import annotations
 

@@ -91,8 +91,12 @@ def sweep_report(sweep: str, runs_dir: str, by_version: bool = False, threshold:
 
 
 def write_outputs(sweep: str, text: str, groups: dict[str, list], out_dir: str) -> list[str]:
-  """`<out_dir>/<sweep>.md` and one `<sweep>[_v<i>]_arms.png` per code version; returns the paths."""
+  """`<out_dir>/<sweep>.md` and, per code version, `<sweep>[_v<i>]_arms.png` and — when the sweep's `ANALYSIS` names
+  a `reference` arm — `<sweep>[_v<i>]_factors.png` (`arm_figures.plot_factors`: each other arm against it); returns
+  the paths."""
   name = sweep_name(sweep)
+  analysis = sweep_lib.load_analysis(sweep_lib.sweep_path(sweep))
+  reference = analysis.get("reference")
   os.makedirs(out_dir, exist_ok=True)
   paths = [os.path.join(out_dir, f"{name}.md")]
   with open(paths[0], "w", encoding="utf-8") as f:
@@ -101,4 +105,14 @@ def write_outputs(sweep: str, text: str, groups: dict[str, list], out_dir: str) 
     suffix = "" if len(groups) == 1 else f"_v{i}"
     paths.append(arm_figures.plot_arms(group, os.path.join(out_dir, f"{name}{suffix}_arms.png"),
                                        f"{name} — code version {version[:12]}"))
+    if reference is None:
+      continue
+    arms = arm_figures.complete_by_arm(group)
+    if reference not in arms or len(arms) < 2:
+      print(f"[reproduce] no {name}{suffix}_factors.png: it needs complete runs of the reference arm {reference!r} "
+            f"and of another arm (arms with complete runs: {sorted(arms)})")
+      continue
+    paths.append(arm_figures.plot_factors(group, reference, os.path.join(out_dir, f"{name}{suffix}_factors.png"),
+                                          f"{name}: each arm against {reference} — code version {version[:12]}",
+                                          analysis.get("factors")))
   return paths

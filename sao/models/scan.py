@@ -28,14 +28,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-import math
-
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from sao.models.config import ModelConfig
-from sao.models.mesh_axes import BATCH_AXES, TENSOR_AXIS
+from sao.models.mesh_axes import BATCH_AXES, TENSOR_AXIS, logical_mesh_axes
 
 Array = jax.Array
 # (layer params, hidden [B, T, E]) → hidden [B, T, E]: one decoder layer applied functionally.
@@ -66,20 +64,25 @@ def stack_periods(layer_params: Sequence[Any], period: int) -> tuple[Any, ...]:
                for j in range(period))
 
 
+# The residual stream's logical axes under the shared rule (`mesh_axes.logical_mesh_axes`): rows as the `batch` rule
+# of `sao.models.sharding.LOGICAL_AXIS_RULES` (not imported: sharding imports the transformer, which imports this
+# module), the hidden dim E over `tensor`.
+RESIDUAL_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (("batch", BATCH_AXES), ("residual_hidden", (TENSOR_AXIS,)))
+
+
 def shard_residual(x: Array) -> Array:
   """x [B, T, E] constrained to B over the batch axes and E over `tensor` of the context mesh (module docstring);
   the identity where that mesh has no automatic `tensor` axis of size > 1 dividing E."""
   mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or TENSOR_AXIS not in mesh.auto_axes:
+  if mesh.empty:
     return x
-  n_tensor = mesh.shape[TENSOR_AXIS]
-  if n_tensor == 1 or x.shape[-1] % n_tensor:
+  # Only automatic axes of size > 1 can take the constraint; the rule drops the axes this view lacks.
+  axes = {a: n for a, n in mesh.shape.items() if a in mesh.auto_axes and n > 1}
+  spec = logical_mesh_axes(("batch",) + (None,) * (x.ndim - 2) + ("residual_hidden",), x.shape, axes,
+                           RESIDUAL_RULES)
+  if spec[-1] is None:
     return x
-  batch_axes = [a for a in BATCH_AXES if a in mesh.auto_axes and mesh.shape[a] > 1]
-  while batch_axes and x.shape[0] % math.prod(mesh.shape[a] for a in batch_axes):
-    batch_axes.pop()  # as the batch rule does: drop axes from the end until they divide B
-  batch = None if not batch_axes else batch_axes[0] if len(batch_axes) == 1 else tuple(batch_axes)
-  return jax.lax.with_sharding_constraint(x, P(batch, *([None] * (x.ndim - 2)), TENSOR_AXIS))
+  return jax.lax.with_sharding_constraint(x, P(*spec))
 
 
 def scan_periods(layer_fns: Sequence[LayerFn], stacked: tuple[Any, ...], x: Array) -> Array:

@@ -3,7 +3,8 @@
 Every parameter is created with logical axis names (see `sao.models.layers`). `LOGICAL_AXIS_RULES` maps each name to
 mesh axes; a mesh axis the mesh lacks is dropped, a mesh axis already used by an earlier dim of the same param is
 dropped, and mesh axes are dropped from the end until the dim size divides evenly — so one table serves any mesh
-(a 1-device CPU run, data × fsdp × tensor, or an expert-parallel mesh) and tiny test shapes.
+(a 1-device CPU run, data × fsdp × tensor, or an expert-parallel mesh) and tiny test shapes. The rule itself is
+`sao.models.mesh_axes.logical_mesh_axes` (JAX-free; `sao.models.scan` uses it too, below this module).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from sao.models.config import ModelConfig
-from sao.models.mesh_axes import BATCH_AXES, MESH_AXES  # noqa: F401  (MESH_AXES re-exported: the rules name them)
+from sao.models.mesh_axes import BATCH_AXES, MESH_AXES, logical_mesh_axes  # noqa: F401  (MESH_AXES re-exported)
 from sao.models.transformer import abstract_params
 
 LOGICAL_AXIS_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -37,21 +38,9 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 def logical_to_spec(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
                     rules: Sequence[tuple[str, tuple[str, ...]]] = LOGICAL_AXIS_RULES) -> PartitionSpec:
-  """PartitionSpec for one array with logical axis `names` and `shape` on `mesh` (see the module docstring)."""
-  table = dict(rules)
-  if len(names) != len(shape):
-    raise ValueError(f"logical axes {tuple(names)} do not match shape {tuple(shape)}")
-  used: set[str] = set()
-  spec = []
-  for name, size in zip(names, shape):
-    if name is not None and name not in table:
-      raise ValueError(f"logical axis {name!r}: no entry in the sharding rules")
-    axes = [a for a in (table[name] if name else ()) if a in mesh.shape and a not in used]
-    while axes and size % int(np.prod([mesh.shape[a] for a in axes])):
-      axes.pop()
-    used.update(axes)
-    spec.append(None if not axes else axes[0] if len(axes) == 1 else tuple(axes))
-  return PartitionSpec(*spec)
+  """PartitionSpec for one array with logical axis `names` and `shape` on `mesh` (the rule:
+  `sao.models.mesh_axes.logical_mesh_axes`)."""
+  return PartitionSpec(*logical_mesh_axes(names, shape, mesh.shape, rules))
 
 
 def _is_boxed(x: Any) -> bool:

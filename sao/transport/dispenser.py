@@ -1,7 +1,8 @@
 """The task dispenser: which task each rollout worker runs next, with leases that survive dead workers.
 
 Pure Python and thread-safe (one re-entrant lock). The trainer-side server (`sao.transport.server`) calls it; it
-knows nothing about gRPC or trajectories' contents beyond the lease bookkeeping.
+knows nothing about gRPC or trajectories' contents beyond the lease bookkeeping (the live leases and the samples they
+hold: `sao.transport.lease_table`).
 
 Modes:
   sao:   each task is leased once per epoch, with one sample (`sample_indices == (0,)`).
@@ -44,6 +45,7 @@ import numpy as np
 
 from sao.transport import dispenser_state
 from sao.transport.evaluation import EvalCollector, EvalResult
+from sao.transport.lease_table import LeaseTable
 from sao.transport.leases import DispenserConfig, Group, Lease, Work
 from sao.transport.task_catalog import encode_tasks, epoch_order
 from sao.transport.trajectory import ReasonCode, Trajectory, TrajectoryError
@@ -75,11 +77,7 @@ class TaskDispenser:
     self._policy_version = 0
     self._retry: collections.deque[Work] = collections.deque()
     self._eval_queue: collections.deque[Work] = collections.deque()
-    self._leases: dict[str, Lease] = {}
-    # Samples the live leases hold and have not had accepted (their `pending`), by group and in all: kept as leases
-    # change, so flow control reads them in O(open groups) (`leased_samples`), not O(leases) per lease call.
-    self._leased_by_group: collections.Counter[str] = collections.Counter()
-    self._leased_total = 0
+    self._leases = LeaseTable()
     self._groups: dict[str, Group] = {}
     self._evals = EvalCollector(self.config.success_threshold)
 
@@ -138,35 +136,15 @@ class TaskDispenser:
         temperature=temperature, env_name=self.config.env_name, eval_version=work.eval_version,
         expires_at=self._clock() + self.config.lease_ttl_s if expires_at is None else expires_at, work=work,
         pending=set(work.sample_indices))
-    self._leases[lease.lease_id] = lease
-    self._count_leased(lease.group_id, len(lease.pending))
+    self._leases.add(lease)
     return lease
 
-  def _count_leased(self, group_id: str, delta: int) -> None:
-    self._leased_total += delta
-    self._leased_by_group[group_id] += delta
-    if self._leased_by_group[group_id] <= 0:
-      del self._leased_by_group[group_id]
-
-  def _settle(self, lease: Lease, sample_index: int) -> None:
-    """`sample_index` leaves `lease.pending` (accepted, or rejected for good); a live lease with nothing pending
-    ends."""
-    if sample_index not in lease.pending:
-      return
-    lease.pending.discard(sample_index)
-    if self._leases.get(lease.lease_id) is lease:
-      self._count_leased(lease.group_id, -1)
-      if not lease.pending:
-        del self._leases[lease.lease_id]
-
   def _expire(self, now: float) -> None:
-    # A lease with a submission in flight is held: it expires (if still due) once the submission ends.
-    for lease_id in [k for k, v in self._leases.items() if v.expires_at <= now and not v.submitting]:
-      lease = self._leases.pop(lease_id)
-      self._count_leased(lease.group_id, -len(lease.pending))
+    # A lease with a submission in flight is held (`LeaseTable.pop_expired`): it expires once the submission ends.
+    for lease in self._leases.pop_expired(now):
       missing = tuple(sorted(lease.pending))
       logger.info("lease %s (task %s, worker %s) expired with samples %s missing; re-leasing them",
-                  lease_id, lease.task_id, lease.worker_id, missing)
+                  lease.lease_id, lease.task_id, lease.worker_id, missing)
       self._retry.append(dataclasses.replace(lease.work, sample_indices=missing))
 
   def heartbeat(self, lease_ids: Sequence[str], worker_id: str | None = None) -> tuple[list[str], list[str]]:
@@ -236,7 +214,7 @@ class TaskDispenser:
       lease.submitting.discard(traj.sample_index)
       if traj.sample_index not in lease.pending:
         return
-      self._settle(lease, traj.sample_index)
+      self._leases.settle(lease, traj.sample_index)
       logger.info("sample %d of lease %s (task %s) rejected as stale; re-leasing it", traj.sample_index,
                   lease.lease_id, lease.task_id)
       self._retry.append(dataclasses.replace(lease.work, sample_indices=(traj.sample_index,)))
@@ -246,7 +224,7 @@ class TaskDispenser:
     group (all G samples accepted)."""
     with self._lock:
       lease.submitting.discard(traj.sample_index)
-      self._settle(lease, traj.sample_index)
+      self._leases.settle(lease, traj.sample_index)
       group = self._groups.get(lease.group_id)
       if group is None or traj.sample_index in group.accepted:
         # Cannot happen through begin_submission (the hold keeps the sample from being re-leased); kept loud.
@@ -273,7 +251,7 @@ class TaskDispenser:
         return None
       live = self._leases.get(traj.lease_id)
       if live is not None:
-        self._settle(live, traj.sample_index)
+        self._leases.settle(live, traj.sample_index)
       # A pending re-lease of this group skips the index itself (`_next_work` filters by `group.accepted`).
       group.accepted.add(traj.sample_index)
       if len(group.accepted) < group.size:
@@ -338,7 +316,7 @@ class TaskDispenser:
     only its missing samples), leaving out the groups in `excluding` (for flow control: the groups whose buffer
     reservation already counts them, `sao.transport.flow.outstanding_samples`). O(len(excluding))."""
     with self._lock:
-      return self._leased_total - sum(self._leased_by_group.get(group_id, 0) for group_id in excluding)
+      return self._leases.leased_samples(excluding)
 
   def lease_info(self, lease_id: str) -> Lease | None:
     with self._lock:
@@ -371,7 +349,7 @@ class TaskDispenser:
           "epoch": self._epoch, "position": self._position, "policy_version": self._policy_version,
           "retry": [dispenser_state.work_record(w) for w in self._retry],
           "eval_queue": [dispenser_state.work_record(w) for w in self._eval_queue],
-          "leases": [dispenser_state.lease_record(l, now) for l in self._leases.values()],
+          "leases": [dispenser_state.lease_record(l, now) for l in self._leases],
           "groups": {gid: dispenser_state.group_record(g) for gid, g in self._groups.items()},
           **self._evals.state_dict(),
       }
@@ -392,11 +370,9 @@ class TaskDispenser:
       self._retry = collections.deque(work(w) for w in state["retry"])
       self._eval_queue = collections.deque(work(w) for w in state["eval_queue"])
       self._groups = {gid: dispenser_state.group_from_record(g) for gid, g in state["groups"].items()}
-      self._leases = {}
-      self._leased_by_group, self._leased_total = collections.Counter(), 0
+      self._leases = LeaseTable()
       for l in state["leases"]:
         lease = self._issue(l["worker_id"], work(l["work"]), lease_id=l["lease_id"],
                             expires_at=now + float(l["ttl_left_s"]))
-        self._count_leased(lease.group_id, len(l["pending"]) - len(lease.pending))
-        lease.pending = set(l["pending"])
+        self._leases.set_pending(lease, l["pending"])
       self._evals.load_state_dict(state)
