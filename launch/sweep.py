@@ -25,7 +25,8 @@ refuses to start or resume any run of a sweep whose directories hold another ver
 share one sweep's tables (continue a sweep at a new commit in a new workdir; `reproduce.py` refuses mixed versions).
 
 A sweep file may also define `ANALYSIS = {"kind": ..., ...}`: which tables `reproduce.py --sweep=<name>` prints
-for it (`load_analysis`).
+for it (`load_analysis`); with `"reference": <arm>` it also draws each other arm against that one
+(`<sweep>_factors.png`).
 """
 from __future__ import annotations
 
