@@ -12,10 +12,11 @@ staleness of trained batches. `compare` puts the two side by side with relative 
 
 With per-trajectory records the twin also gets the engine's stalls (`sao.simulation.bench_stalls`: compilations,
 in which the engine serves nobody), and its per-turn engine time comes from the steady-state trajectories that were
-not stalled; and the engine's slowdown while the trainer computes (`sao.simulation.bench_contention`: the per-turn
-engine time of those turns that ran outside the trainer's steps, and the factor for those that ran inside). Stalls of the warm-up keep their time from the first lease; those in the measured window keep their
-time from the window's start, so `simulate_bench` runs a seed twice: with the warm-up's stalls only, to find where
-the simulated window starts, then with the window's stalls from there (they cannot change the warm-up).
+not stalled and ran outside the trainer's steps; those that ran inside one give the factor by which the engine
+slows while the trainer computes (`sao.simulation.bench_contention`). Stalls of the warm-up keep their time from the
+first lease; those in the measured window keep their time from the window's start, so `simulate_bench` runs a seed
+twice: with the warm-up's stalls only, to find where the simulated window starts, then with the window's stalls
+from there (they cannot change the warm-up).
 """
 from __future__ import annotations
 
