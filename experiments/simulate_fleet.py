@@ -13,7 +13,8 @@ utilisation, and the simulated hours to the write-up's trajectories-to-best), an
 
 instead compares the simulator with `experiments/bench_pipeline.py --out=...` measurements of the real pipeline
 (`sao.simulation.validation`, the engine's stalls derived from each measurement's trajectory records;
-`--novalidation_stalls`: without them) and exits 1 if any metric is off by more than `--tolerance`.
+`--novalidation_stalls`: without them; the engine's slowdown while the trainer computes, measured the same way;
+`--novalidation_contention`: without it) and exits 1 if any metric is off by more than `--tolerance`.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from sao.simulation.model import EpisodeModel, FleetConfig  # pylint: disable=g-
 def define_flags() -> None:
   """The command's flags, defined when it runs (not on import: tests import every command in one process, and
   commands share flag names, e.g. `--config`, `--out`, `--batch`)."""
-  global _CONFIG, _OUT_DIR, _VALIDATE, _TOLERANCE, _SEEDS, _STALLS  # pylint: disable=global-statement
+  global _CONFIG, _OUT_DIR, _VALIDATE, _TOLERANCE, _SEEDS, _STALLS, _CONTENTION  # pylint: disable=global-statement
   _CONFIG = config_flags.DEFINE_config_file("config", os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                                    "configs", "simulation", "fleet_sim.py:full"),
                                             "Fleet simulation config (get_config(arg)).", lock_config=True)
@@ -46,6 +47,9 @@ def define_flags() -> None:
   _SEEDS = flags.DEFINE_integer("validation_seeds", 20, "Simulated runs averaged per bench measurement.")
   _STALLS = flags.DEFINE_boolean("validation_stalls", True, "--validate: give the simulated twin the engine stalls "
                                  "derived from the measurement (sao.simulation.bench_stalls).")
+  _CONTENTION = flags.DEFINE_boolean("validation_contention", True, "--validate: let the simulated twin's engine "
+                                     "slow down while the trainer computes, by the factor measured "
+                                     "(sao.simulation.bench_contention).")
 
 
 def fleet_config(config, algorithm: str, loops: int, flow_control: str) -> FleetConfig:
@@ -98,7 +102,7 @@ def run_grid(config) -> list[dict]:
   return rows
 
 
-def run_validation(paths, tolerance: float, seeds: int, stalls: bool = True) -> bool:
+def run_validation(paths, tolerance: float, seeds: int, stalls: bool = True, contention: bool = True) -> bool:
   table, ok = [], True
   for path in paths:
     with open(path, encoding="utf-8") as f:
@@ -107,7 +111,7 @@ def run_validation(paths, tolerance: float, seeds: int, stalls: bool = True) -> 
       if measured.get("mode") != "async":
         continue
       observed = validation.measured_metrics(measured)
-      comparisons = validation.compare(validation.predict(measured, range(seeds), stalls), observed,
+      comparisons = validation.compare(validation.predict(measured, range(seeds), stalls, contention), observed,
                                        [m for m in validation.METRICS if m in observed])
       load = f"load {measured['loadavg_before'][0]:.0f}→{measured['loadavg_after'][0]:.0f}"
       name = os.path.splitext(os.path.basename(path))[0]
@@ -124,7 +128,8 @@ def main(argv):
   # Leases of samples rejected as stale lapse and are re-leased by design; one INFO line each would drown the table.
   logging.getLogger("sao.transport.dispenser").setLevel(logging.WARNING)
   if _VALIDATE.value:
-    ok = run_validation(_VALIDATE.value, _TOLERANCE.value, _SEEDS.value, _STALLS.value)
+    ok = run_validation(_VALIDATE.value, _TOLERANCE.value, _SEEDS.value, _STALLS.value,
+                        _CONTENTION.value)
     print(f"\nall within {_TOLERANCE.value:.0%}: {'yes' if ok else 'NO'}")
     sys.exit(0 if ok else 1)
   config = _CONFIG.value

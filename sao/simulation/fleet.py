@@ -6,7 +6,10 @@ re-leases, groups; its clock is the simulated one), `GroupBuffer` (the bounded b
 staleness bound and backpressure, `accept`, and the trainer's `is_fresh` filter). No socket, thread or sleep: events
 are popped from a heap in time order (ties in the order they were scheduled), so a run is a function of its
 `FleetConfig` (seed included). Engine stalls (`FleetConfig.stalls`) move the end of every generation they meet
-(`StallSchedule.finish`); without them the event times are what they were before stalls existed, to the bit.
+(`StallSchedule.finish`); without them the event times are what they were before stalls existed, to the bit. With
+`FleetConfig.trainer_contention` != 1 the engines also serve more slowly while the trainer computes
+(`sao.simulation.contention.EngineClock`): every step taken moves the end of the generations in flight, so their
+events carry a token and a superseded one is ignored; with 1 (the default) the run is what it was without it.
 
 The worker side follows `sao.rollout.worker` (which this package cannot import): a loop's slot is held from the
 lease until the trainer acknowledges the sample (accepted or rejected), a pushed-back sample is re-sent after
@@ -26,6 +29,7 @@ import math
 
 import numpy as np
 
+from sao.simulation.contention import EngineClock
 from sao.simulation.model import FleetConfig
 from sao.simulation.report import FleetReport
 from sao.simulation.stalls import StallSchedule
@@ -48,6 +52,14 @@ class _Episode:
   version: int = 0
   end: float = 0.0
   traj: Trajectory | None = None
+  # With trainer contention: the engine phase in flight (its start, engine seconds and tool seconds per turn), when
+  # it is due, the event kind that ends it, and the token of its live event (an older one is superseded).
+  phase_start: float = 0.0
+  phase_engine_s: tuple[float, ...] = ()
+  phase_tool_s: tuple[float, ...] = ()
+  due: float = 0.0
+  due_kind: str = ""
+  token: int = 0
 
 
 class FleetSimulator:
@@ -58,6 +70,8 @@ class FleetSimulator:
     self.now = 0.0
     self._rng = np.random.default_rng(c.seed)
     self._stalls = StallSchedule(c.stalls, c.seed) if c.stalls.active else None
+    self._clock = EngineClock(self._stalls, c.trainer_contention) if c.trainer_contention != 1.0 else None
+    self._in_engine: dict[_Episode, None] = {}  # with the clock: episodes in their turns, in start order
     tasks = [{"id": f"t{i}"} for i in range(c.num_tasks)]
     self.dispenser = TaskDispenser(tasks, DispenserConfig(
         mode="sao" if c.group_size == 1 else "group", group_size=c.group_size, seed=c.seed,
@@ -104,7 +118,7 @@ class FleetSimulator:
     handlers = {"poll": self._poll, "setup_done": self._setup_done, "first_turn": self._first_turn,
                 "end": self._end, "submit": self._first_submit, "retry": self._retry, "train_end": self._train_end,
                 "publish_end": self._publish_end, "step_done": self._step_done, "heartbeat": self._heartbeat,
-                "engines": self._engines_updated}
+                "engines": self._engines_updated, "phase_done": self._phase_done}
     while self._events and not self._done():
       t, _, kind, payload = heapq.heappop(self._events)
       if t > horizon:
@@ -171,6 +185,8 @@ class FleetSimulator:
   def _setup_done(self, episode: _Episode) -> None:
     self._turning += 1
     gen = self.config.episode.gen_s.sample(self._rng) * self._slowdown()
+    if self._clock is not None:
+      return self._engine_phase(episode, "first_turn", self.now, (gen,), (0.0,))
     self._at(self.now + gen if self._stalls is None else self._stalls.finish(self.now, gen), "first_turn", episode)
 
   def _first_turn(self, episode: _Episode) -> None:
@@ -182,12 +198,44 @@ class FleetSimulator:
       n = episode.turns - 1
       gens, tools = e.gen_s.sample(self._rng, n), e.tool_s.sample(self._rng, n)
       slowdown = self._slowdown()
+      if self._clock is not None:
+        return self._engine_phase(episode, "end", self.now + first_tool, tuple(gens * slowdown), tuple(tools))
       rest += float(np.sum(gens) * slowdown + np.sum(tools))
       if self._stalls is not None and self._stalls.overlaps(self.now, self.now + rest):
         # Turn by turn: each generation waits out the stalls it meets, the tool calls run on through them.
         self._at(self._stalls.run(self.now + first_tool, gens * slowdown, tools), "end", episode)
         return
     self._at(self.now + rest, "end", episode)
+
+  def _engine_phase(self, episode: _Episode, kind: str, start: float, engine_s: tuple[float, ...],
+                    tool_s: tuple[float, ...]) -> None:
+    """With the engine clock: turns that start at `start` (engine seconds, then tool seconds, each) end the
+    `kind` stage ("first_turn" or "end") when the clock says; a step taken meanwhile recomputes it."""
+    episode.phase_start, episode.phase_engine_s, episode.phase_tool_s = start, engine_s, tool_s
+    episode.due_kind = kind
+    self._in_engine[episode] = None
+    self._schedule_phase(episode, self._clock.run(start, engine_s, tool_s))
+
+  def _schedule_phase(self, episode: _Episode, due: float) -> None:
+    episode.due = due
+    episode.token += 1
+    self._at(due, "phase_done", (episode, episode.token))
+
+  def _phase_done(self, payload: tuple[_Episode, int]) -> None:
+    episode, token = payload
+    if token != episode.token:
+      return  # superseded: a step taken since moved this phase's end
+    del self._in_engine[episode]
+    (self._first_turn if episode.due_kind == "first_turn" else self._end)(episode)
+
+  def _trainer_busy(self, duration_s: float) -> None:
+    """The trainer computes from now for `duration_s`: the generations in flight are recomputed from their start
+    (the clock before now is unchanged)."""
+    self._clock.add_busy(self.now, self.now + duration_s)
+    for episode in self._in_engine:
+      due = self._clock.run(episode.phase_start, episode.phase_engine_s, episode.phase_tool_s)
+      if due != episode.due:
+        self._schedule_phase(episode, due)
 
   def _end(self, episode: _Episode) -> None:
     self._turning -= 1
@@ -300,8 +348,11 @@ class FleetSimulator:
       step_s = c.step_s.sample(self._rng)
     f = c.publish_fraction
     fe = f if c.engine_publish_fraction is None else c.engine_publish_fraction
-    if fresh and fe < f and self._updates + 1 > c.actor_warmup_steps:  # this step publishes: engines first
+    publishes = bool(fresh) and self._updates + 1 > c.actor_warmup_steps
+    if publishes and fe < f:  # engines first
       self._at(self.now + fe * step_s, "engines", self.version + 1)
+    if self._clock is not None and fresh:
+      self._trainer_busy(step_s + (c.publish_s if publishes else 0.0))
     self._at(self.now + f * step_s, "train_end", (1.0 - f) * step_s)
     self._schedule_retry()  # room in the buffer: pushed-back samples may go in now
     self._poll()

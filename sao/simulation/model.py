@@ -8,7 +8,8 @@ turn's slowdown max(1, generating / engine_slots) is taken when the turn starts 
 the episode, when the first turn ends: a mean-field model, not a token-level one. The trajectory's policy version is
 the engines' version when its first turn ends (`sao.rollout.agent` records the minimum over turns). The engines may
 also stall (`sao.simulation.stalls`: compilations, CUDA-graph captures): every generation in flight then waits, and
-so does every new one, until the stall ends.
+so does every new one, until the stall ends; and they may serve more slowly while the trainer computes
+(`trainer_contention`, `sao.simulation.contention`: one machine's processors shared by the engine and the trainer).
 
 The trainer takes `batch_size` trajectories when the buffer holds them, trains for `step_s`, and publishes a new
 version (`publish_s`) after every update past `actor_warmup_steps` (SAO's critic warm-up updates leave the actor,
@@ -53,6 +54,9 @@ class FleetConfig:
     batch_size: trajectories per learner step (a multiple of `group_size`).
     episode: the episode model; engine_slots: concurrent generations at full speed (0 = unlimited).
     stalls: when the engines serve nothing (`StallModel`; the default: never).
+    trainer_contention: while the trainer computes (a step, from its take to its end), a turn's engine seconds
+      take this many times as long (`sao.simulation.contention`: the local engine shares the trainer's processors).
+      1 (the default): the engines run at one speed, as a GPU fleet's do.
     submit_latency_s: from an episode's end to its submission reaching the trainer (the loop stays held).
     step_s: the trainer's time per step (take to next take, publishing included); publish_s: weights to the
       engines after an update, on top of step_s (0 when step_s includes it).
@@ -79,6 +83,7 @@ class FleetConfig:
   batch_size: int = 64
   engine_slots: int = 0
   stalls: StallModel = StallModel()
+  trainer_contention: float = 1.0
   submit_latency_s: float = 0.0
   publish_s: float = 0.0
   publish_fraction: float = 1.0
@@ -122,6 +127,9 @@ class FleetConfig:
     if not (self.lease_ttl_s > 0 and self.max_hours > 0):
       raise ValueError(f"FleetConfig.lease_ttl_s and max_hours must be > 0, got {self.lease_ttl_s}, "
                        f"{self.max_hours}")
+    if not (math.isfinite(self.trainer_contention) and self.trainer_contention > 0):
+      raise ValueError(f"FleetConfig.trainer_contention must be finite and > 0 (1: none), got "
+                       f"{self.trainer_contention}")
     if not 0.0 <= self.publish_fraction <= 1.0:
       raise ValueError(f"FleetConfig.publish_fraction must lie in [0, 1], got {self.publish_fraction}")
     if self.engine_publish_fraction is not None and not 0.0 <= self.engine_publish_fraction <= self.publish_fraction:

@@ -125,6 +125,16 @@ class StallSchedule:
       t = self.finish(t, float(gen)) + float(other)
     return t
 
+  def state_at(self, t: float) -> tuple[bool, float]:
+    """(whether the engines stall at t, a time before which that does not change: the stall's end, else the next
+    stall's start as far as drawn, ∞ when no stall follows)."""
+    self._extend(t)
+    i = bisect.bisect_right(self._ends, t)  # the first stall that ends after t
+    if i < len(self._stalls) and self._stalls[i][0] <= t:
+      return True, self._stalls[i][1]
+    following = self._stalls[i][0] if i < len(self._stalls) else math.inf
+    return False, min(following, self._known_until)
+
   def overlaps(self, start: float, end: float) -> bool:
     """Whether any stall intersects [start, end] (a half-open test: a stall that ends at `start` does not)."""
     self._extend(end)

@@ -12,9 +12,11 @@ staleness of trained batches. `compare` puts the two side by side with relative 
 
 With per-trajectory records the twin also gets the engine's stalls (`sao.simulation.bench_stalls`: compilations,
 in which the engine serves nobody), and its per-turn engine time comes from the steady-state trajectories that were
-not stalled. Stalls of the warm-up keep their time from the first lease; those in the measured window keep their
-time from the window's start, so `simulate_bench` runs a seed twice: with the warm-up's stalls only, to find where
-the simulated window starts, then with the window's stalls from there (they cannot change the warm-up).
+not stalled and ran outside the trainer's steps; those that ran inside one give the factor by which the engine
+slows while the trainer computes (`sao.simulation.bench_contention`). Stalls of the warm-up keep their time from the
+first lease; those in the measured window keep their time from the window's start, so `simulate_bench` runs a seed
+twice: with the warm-up's stalls only, to find where the simulated window starts, then with the window's stalls
+from there (they cannot change the warm-up).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from sao.simulation import bench_stalls
+from sao.simulation import bench_contention, bench_stalls
 from sao.simulation.distributions import Distribution
 from sao.simulation.fleet import simulate
 from sao.simulation.model import EpisodeModel, FleetConfig
@@ -42,10 +44,12 @@ BENCH_ACTOR_WARMUP_STEPS = 1
 
 
 def bench_config(measured: Mapping[str, Any], seed: int = 0, stalls: bool = True,
-                 window_start_s: float | None = None) -> FleetConfig:
+                 window_start_s: float | None = None, contention: bool = True) -> FleetConfig:
   """The simulated twin of one bench mode's measurement (module docstring). `stalls` False: no engine stalls, and
   the per-turn engine time is the mean over all steady-state trajectories (the simulator before stalls existed).
-  window_start_s: where the simulated measured window starts (`bench_stalls.simulated_stalls`; None: as measured)."""
+  window_start_s: where the simulated measured window starts (`bench_stalls.simulated_stalls`; None: as measured).
+  contention False: the engine runs at one speed (`bench_contention`: else, with per-trajectory records, at the
+  idle turns' speed, slowed by the measured factor while the trainer computes)."""
   for key in ("concurrency", "batch_size", "steps", "warmup_steps", "delay", "episode_s", "train_step_s",
               "turns_mean", "max_outstanding", "buffer_capacity", "max_staleness"):
     if key not in measured:
@@ -60,7 +64,7 @@ def bench_config(measured: Mapping[str, Any], seed: int = 0, stalls: bool = True
     raise ValueError("bench measurement has no episode or step times")
   threshold = bench_stalls.stall_threshold_s(measured) if stalls else None
   steady = steady_state_timings(measured, max_engine_s=math.inf if threshold is None else threshold)
-  stall_model = StallModel()
+  stall_model, trainer_contention = StallModel(), 1.0
   if threshold is not None and steady is not None:  # else the step means below carry the stalls' time already
     stall_model = StallModel(intervals=bench_stalls.simulated_stalls(
         bench_stalls.derive_stalls(measured), bench_stalls.first_lease_s(measured), window_start_s))
@@ -71,6 +75,10 @@ def bench_config(measured: Mapping[str, Any], seed: int = 0, stalls: bool = True
     # the unstalled ones (the stalls' time is in the stall schedule).
     turns = max(1, int(round(steady["turns"])))
     gen_s, tool_s = steady["generate_s"] / turns, steady["tool_s"] / turns
+    speed = bench_contention.engine_speed(measured, math.inf if threshold is None else threshold) \
+        if contention else None
+    if speed is not None:  # the turns served outside the trainer's steps; those inside, by the factor
+      gen_s, trainer_contention = speed.idle_s, speed.contention
     submit_s = max(0.0, steady["lease_to_accept_s"] - steady["total_s"])
   elif "generate_s_mean" in measured:
     # The agent loop's own timings: engine time and env-step time per turn; the rest of lease-to-acceptance
@@ -91,6 +99,7 @@ def bench_config(measured: Mapping[str, Any], seed: int = 0, stalls: bool = True
                          tool_s=Distribution("constant", tool_s))
   return FleetConfig(
       loops=int(measured["concurrency"]), episode=episode, stalls=stall_model, submit_latency_s=submit_s,
+      trainer_contention=trainer_contention,
       publish_fraction=publish_fraction, engine_publish_fraction=engine_fraction,
       step_s=Distribution("choice", values=tuple(float(t) for t in measured["train_step_s"])),
       batch_size=int(measured["batch_size"]), actor_warmup_steps=BENCH_ACTOR_WARMUP_STEPS,
@@ -129,11 +138,12 @@ def measured_metrics(measured: Mapping[str, Any]) -> dict[str, float]:
   return out
 
 
-def predict(measured: Mapping[str, Any], seeds: Iterable[int] = range(20), stalls: bool = True) -> dict[str, float]:
+def predict(measured: Mapping[str, Any], seeds: Iterable[int] = range(20), stalls: bool = True,
+            contention: bool = True) -> dict[str, float]:
   """The simulator's mean over `seeds` of each metric in `METRICS` for the bench's settings (`bench_config`)."""
   runs = []
   for seed in seeds:
-    report = simulate_bench(measured, seed, stalls)
+    report = simulate_bench(measured, seed, stalls, contention)
     runs.append({"traj_per_s": report.traj_per_hour / 3600.0, "busy": report.busy,
                  "staleness_mean": report.staleness_mean, "staleness_steady_mean": report.staleness_steady_mean})
   if not runs:
@@ -141,12 +151,13 @@ def predict(measured: Mapping[str, Any], seeds: Iterable[int] = range(20), stall
   return {k: float(np.mean([r[k] for r in runs])) for k in METRICS}
 
 
-def simulate_bench(measured: Mapping[str, Any], seed: int, stalls: bool = True) -> FleetReport:
+def simulate_bench(measured: Mapping[str, Any], seed: int, stalls: bool = True,
+                   contention: bool = True) -> FleetReport:
   """One simulated twin of the measurement, the measured window's stalls placed from where its simulated window
   starts: found by a run with the warm-up's stalls only (module docstring)."""
-  warmup = bench_config(measured, seed, stalls, window_start_s=math.inf)  # the warm-up's stalls only
+  warmup = bench_config(measured, seed, stalls, window_start_s=math.inf, contention=contention)  # warm-up's stalls
   report = simulate(warmup)
-  aligned = bench_config(measured, seed, stalls, window_start_s=report.measured_from_s)
+  aligned = bench_config(measured, seed, stalls, window_start_s=report.measured_from_s, contention=contention)
   if aligned.stalls == warmup.stalls:
     return report
   start = report.measured_from_s
