@@ -18,6 +18,7 @@ the order the update calls them.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import resource
@@ -211,4 +212,9 @@ def compile_missing(config: ml_collections.ConfigDict, model_config: ModelConfig
       row.peak_rss_bytes, row.peak_rss_scope = peak.read()
       on_row(row)
       rows.append(row)
+      # jax keeps every traced and lowered program in its caches: a process compiling full-depth rows grew by about
+      # 2 GiB per row (21 GiB after 12 rows, 2026-12-01), so drop them between rows. How much this returns at full
+      # depth is not measured yet: the complete report (docs/tpu.md) runs one bucket per process.
+      jax.clear_caches()
+      gc.collect()
   return rows
