@@ -1,6 +1,6 @@
 r"""Pipeline throughput: SAO fully asynchronous vs synchronous, on a toy task with heavy-tailed episode durations.
 
-    python experiments/bench_pipeline.py [--steps=6] [--batch_size=16] [--delay_pareto_alpha=1.2]
+    python experiments/bench_pipeline.py [--steps=6] [--batch_size=16] [--delay_pareto_alpha=1.2] [--critic_epochs=K]
 
 Both modes run the real trainer (`sao.train.trainer.Trainer`: gRPC service, task dispenser, learner, weight
 publishing) against one local JAX engine and one rollout worker process, on `slow_number_search`: number search
@@ -45,7 +45,7 @@ def define_flags() -> None:
   """The command's flags, defined when it runs (not on import: tests import every command in one process, and
   commands share flag names, e.g. `--config`, `--out`, `--batch`)."""
   global _WORKDIR, _MODES, _STEPS, _WARMUP, _BATCH, _CONCURRENCY, _ALPHA, _SCALE  # pylint: disable=global-statement
-  global _MAX_DELAY, _N, _SFT_STEPS, _CACHE, _OUT  # pylint: disable=global-statement
+  global _MAX_DELAY, _N, _SFT_STEPS, _CRITIC_EPOCHS, _CACHE, _OUT  # pylint: disable=global-statement
   _WORKDIR = flags.DEFINE_string("workdir", "/tmp/sao_bench_pipeline", "Scratch directory (wiped per mode).")
   _MODES = flags.DEFINE_list("modes", ["async", "sync"], "Modes to run, in order.")
   _STEPS = flags.DEFINE_integer("steps", 6, "Measured learner steps per mode.")
@@ -57,6 +57,10 @@ def define_flags() -> None:
   _MAX_DELAY = flags.DEFINE_float("delay_max_s", 30.0, "Cap on the per-episode delay, seconds.")
   _N = flags.DEFINE_integer("n", 16, "number_search range 1..n (n=16: 6-turn budget).")
   _SFT_STEPS = flags.DEFINE_integer("sft_steps", 5, "Supervised warm-start steps of the toy base policy.")
+  _CRITIC_EPOCHS = flags.DEFINE_integer(
+      "critic_epochs", 0, "SAO critic epochs per learner step (0 = the toy config's own, 2). More epochs make the "
+      "trainer's step longer with real work and leave the rollout side as it is: the engine serves the actor, "
+      "never the critic. How to measure a trainer-bound fleet (docs/fleet.md, 'a busy trainer').")
   _CACHE = flags.DEFINE_string("jax_cache_dir", "", "Persistent compilation cache ('' = <workdir>/jax_cache).")
   _OUT = flags.DEFINE_string("out", "", "Write every mode's measurements (distributions included) to this JSON file.")
 
@@ -64,14 +68,22 @@ def define_flags() -> None:
 _CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "sao_openswe.py")
 
 
+def config_arg(total_steps: int, sft_steps: int, batch_size: int, concurrency: int, critic_epochs: int = 0) -> str:
+  """The bench's settings as a `sao_openswe.py` config arg (the rollout worker is started with the same one).
+  `critic_epochs` > 0 overrides the toy config's K critic epochs per learner step; 0 keeps the config's own."""
+  if critic_epochs < 0:
+    raise ValueError(f"critic_epochs must be >= 0 (0 = the config's own), got {critic_epochs}")
+  arg = (f"toy,total_steps={total_steps},recipe.sft_steps={sft_steps},recipe.num_demonstrations=50,"
+         f"recipe.value_pretrain_steps=0,learner.sao.critic_warmup_steps=1,rollout.batch_size={batch_size},"
+         f"rollout.concurrency={concurrency},rollout.max_new_tokens=16,rollout.max_total_tokens=160,"
+         f"rollout.eval_every=0,env.num_validation_tasks=1,checkpoint_every=100000,log_every=1,"
+         f"server.buffer_capacity={4 * batch_size}")
+  return arg + (f",learner.sao.critic_epochs={critic_epochs}" if critic_epochs else "")
+
+
 def _config_arg() -> str:
-  """The bench's settings as a `sao_openswe.py` config arg (the rollout worker is started with the same one)."""
-  steps = _WARMUP.value + _STEPS.value
-  return (f"toy,total_steps={steps},recipe.sft_steps={_SFT_STEPS.value},recipe.num_demonstrations=50,"
-          f"recipe.value_pretrain_steps=0,learner.sao.critic_warmup_steps=1,rollout.batch_size={_BATCH.value},"
-          f"rollout.concurrency={_CONCURRENCY.value},rollout.max_new_tokens=16,rollout.max_total_tokens=160,"
-          f"rollout.eval_every=0,env.num_validation_tasks=1,checkpoint_every=100000,log_every=1,"
-          f"server.buffer_capacity={4 * _BATCH.value}")
+  return config_arg(_WARMUP.value + _STEPS.value, _SFT_STEPS.value, _BATCH.value, _CONCURRENCY.value,
+                    _CRITIC_EPOCHS.value)
 
 
 def _config(mode: str):
@@ -184,6 +196,7 @@ def _run_mode(mode: str, processes: _Processes, base_dir: str | None) -> dict[st
           "concurrency": _CONCURRENCY.value, "batch_size": _BATCH.value,
           "max_outstanding": config.server.max_outstanding, "buffer_capacity": config.server.buffer_capacity,
           "max_staleness": config.server.max_staleness, "warmup_steps": warmup,
+          "critic_epochs": config.learner.sao.critic_epochs,
           "delay": {"kind": "pareto", "alpha": _ALPHA.value, "scale_s": _SCALE.value, "max_s": _MAX_DELAY.value},
           "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
           "base_dir": os.path.join(workdir, "base_model")}

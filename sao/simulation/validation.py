@@ -20,6 +20,7 @@ from there (they cannot change the warm-up).
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from typing import Any, Iterable, Mapping, Sequence
@@ -92,7 +93,9 @@ def bench_config(measured: Mapping[str, Any], seed: int = 0, stalls: bool = True
     gen_s, tool_s, submit_s = max(0.0, float(np.mean(measured["episode_s"])) - delay.mean()) / turns, 0.0, 0.0
   publish_fraction = min(1.0, max(0.0, float(measured.get("publish_fraction_mean", 1.0))))
   # Where the engine itself first reported each new version (the bench polls it): it stamps trajectories from then.
-  engine_fraction = measured.get("engine_publish_fraction_mean")
+  engine_fraction = engine_publish_fraction(measured.get("timeline", {}))
+  if engine_fraction is None:  # no publish records: the bench's own per-step mean
+    engine_fraction = measured.get("engine_publish_fraction_mean")
   engine_fraction = (min(publish_fraction, max(0.0, float(engine_fraction)))
                      if engine_fraction is not None and math.isfinite(float(engine_fraction)) else None)
   episode = EpisodeModel(setup_s=delay, turns=Distribution("constant", turns), gen_s=Distribution("constant", gen_s),
@@ -108,6 +111,35 @@ def bench_config(measured: Mapping[str, Any], seed: int = 0, stalls: bool = True
       no_work_retry_s=BENCH_NO_WORK_RETRY_S, num_tasks=1000, seed=seed, max_hours=24.0,  # a stalled twin stops
       max_steps=int(measured["warmup_steps"]) + int(measured["steps"]), warmup_steps=int(measured["warmup_steps"]),
       warmup_step_s=tuple(float(t) for t in measured.get("warmup_train_step_s", ())))
+
+
+def engine_publish_fraction(timeline: Mapping[str, Any]) -> float | None:
+  """Mean over the measured window's publishes that the engine was seen to serve of where in the publishing step it
+  first reported the new version: (t − take) / (step end − take). Each report at t is charged to the last publish
+  that started at or before t (the one that sent that version) and so to the step that publish ended in, not to
+  the step the bench's poller saw it in: with the trainer busy, steps run back to back and a report 10 ms after a
+  step's end (poll and lock lag) falls in the next step at fraction ~0, which the bench's own
+  `engine_publish_fraction_mean` averages in. t is capped at that publish's end: the trainer's publish call returns
+  after the engines swapped, so a later report is the poller's lag. None without the timeline's waits, end,
+  publishes and engine_versions, or with no report charged to a measured step (begin of its wait >= 0)."""
+  if not all(k in timeline for k in ("waits", "end", "publishes", "engine_versions")):
+    return None
+  waits = [(float(b), float(w)) for b, w in timeline["waits"]]
+  ends = [b for b, _ in waits[1:]] + [float(timeline["end"])]
+  steps = [(w, e) for (b, w), e in zip(waits, ends) if b >= 0.0 and e > w]
+  publishes = sorted((float(a), float(b)) for a, b in timeline["publishes"])
+  starts = [a for a, _ in publishes]
+  fractions = []
+  for t, version in timeline["engine_versions"]:
+    i = bisect.bisect_right(starts, float(t)) - 1
+    if version <= 0 or i < 0:
+      continue
+    sent_by = publishes[i][1]
+    for take, end in steps:
+      if take <= sent_by <= end:
+        fractions.append((min(float(t), sent_by) - take) / (end - take))
+        break
+  return float(np.mean(fractions)) if fractions else None
 
 
 def steady_state_timings(measured: Mapping[str, Any], min_trajectories: int = 32,

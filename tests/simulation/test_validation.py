@@ -150,3 +150,20 @@ def test_bench_config_uses_the_steady_state_trajectories():
   assert observed["staleness_steady_mean"] == pytest.approx(0.5) and observed["staleness_mean"] == 1.0
   assert "staleness_steady_mean" not in validation.measured_metrics(_measurement())
   assert validation.bench_config(_measurement(taken=early)).episode.gen_s.mean() == pytest.approx(0.1)
+
+
+def test_engine_publish_fraction_charges_each_report_to_the_step_that_sent_it():
+  """Back-to-back steps (a busy trainer): the engine's report of a version comes ~10 ms after the step that published
+  it ended, inside the next step. It counts for the publishing step (capped at that publish's end), not as ~0 of
+  the next one; a report of a warm-up step's publish counts for none."""
+  timeline = dict(waits=[(-3.0, -2.0), (0.0, 0.0), (2.0, 2.0), (4.0, 4.5)], end=6.5,
+                  publishes=[(-0.2, -0.05), (1.9, 1.98), (3.9, 3.98), (6.4, 6.48)],
+                  engine_versions=[(0.01, 1), (1.99, 2), (4.01, 3), (6.45, 4)])
+  expected = (1.98 / 2 + 1.98 / 2 + 1.95 / 2) / 3  # capped at 1.98 twice; 6.45 within its publish
+  assert validation.engine_publish_fraction(timeline) == pytest.approx(expected)
+  busy = _measurement(timeline=timeline, publish_fraction_mean=0.99, engine_publish_fraction_mean=0.5)
+  assert validation.bench_config(busy).engine_publish_fraction == pytest.approx(expected)
+  # Without the publish records: the bench's own mean (capped at the server's fraction).
+  no_records = _measurement(publish_fraction_mean=0.99, engine_publish_fraction_mean=0.5)
+  assert validation.bench_config(no_records).engine_publish_fraction == pytest.approx(0.5)
+  assert validation.engine_publish_fraction(dict(timeline, engine_versions=[(0.01, 1)])) is None
