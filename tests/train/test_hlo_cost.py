@@ -1,4 +1,4 @@
-"""`sao.train.hlo_cost` / `hlo_text`: a hand-written HLO module priced by hand, and one real TPU compile whose matmul
+"""`sao.train.hlo_cost` / `hlo_flops` / `hlo_text`: a hand-written HLO module priced by hand, and one real TPU compile whose matmul
 FLOPs the parser must find as the jaxpr count and XLA's cost analysis do."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from sao.train import hlo_cost, hlo_text
+from sao.train import hlo_cost, hlo_flops, hlo_text
 from sao.train.tpu_topology import CHIPS, Chip
 
 # Round numbers to price by hand: 1 TFLOP/s, 1 TB/s HBM, ICI 6 GB/s over 6 links → a 1 GB/s ring.
@@ -179,7 +179,7 @@ def test_batched_matmul_as_dilated_convolution_counts_real_taps():
       hlo_text.parse_instruction("  %r = f32[4,2,32,16]{3,2,1,0} parameter(1)"),
       hlo_text.parse_instruction("  ROOT %c = f32[4,2,8,32]{3,2,1,0} convolution(%l, %r), "
                                  "window={size=4x2 stride=3x1 lhs_dilate=4x2}, dim_labels=01bf_01oi->01bf")], False)
-  assert hlo_cost.conv_flops(comp.by_name["c"], comp) == 8 * 2 * 8 * 16 * 32
+  assert hlo_flops.conv_flops(comp.by_name["c"], comp) == 8 * 2 * 8 * 16 * 32
 
 
 def test_megablox_kernels_from_their_shapes_and_unknown_kernels_listed():
