@@ -1,6 +1,7 @@
 r"""Where XLA's kind of estimate of a compiled program spends its time: every executed instruction of the program's
 optimized HLO (`compile_tpu.py --hlo_dir` writes it) priced by the chip's roofline, loops multiplied out, by kind,
 model part, phase and bound (`sao.train.hlo_cost`), with the most expensive instructions and their jax op names.
+`s at peak` is the time the group's matmul FLOPs would take at the chip's peak: what a perfect kernel would leave.
 
     python experiments/hlo_breakdown.py --hlo=reports/hlo/sao_full_v5p128/actor_step_dis_T32768.hlo.txt.gz \
         --chip=v5p --chips=128 --report=reports/sao_full_v5p128.json --top=30
@@ -101,7 +102,9 @@ def format_breakdown(result, chip, chips: int, model_flops: float, row: dict | N
   for key, title in (("kind", "by kind"), ("part", "by model part"), ("phase", "by phase"), ("bound", "by bound")):
     amounts = by(key)
     lines += [""] + _share_table(title, result.share(key), seconds,
-                                 ("TFLOP      GB", lambda k, a=amounts: f"{a[k][0] / 1e12:9.2f} {a[k][1] / 1e9:9.1f}"))
+                                 ("  TFLOP        GB  s at peak",
+                                  lambda k, a=amounts: f"{a[k][0] / 1e12:9.2f} {a[k][1] / 1e9:9.1f} "
+                                                       f"{a[k][0] / chip.peak_bf16_flops:10.3f}"))
   lines += ["", f"top {top} instructions (total seconds = count × seconds per execution)",
             f"{'seconds':>9}{'share':>7}{'count':>8} {'kind':<15}{'bound':<8}{'TFLOP/x':>9}{'GB/x':>8}  "
             f"{'instruction':<28}{'shape':<30}op name"]

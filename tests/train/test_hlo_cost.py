@@ -230,3 +230,25 @@ def test_a_real_tpu_compile_matches_the_jaxpr_count_and_xla():
   assert result.share("kind")["collective"] > 0  # the weight gradient's all-reduce over the batch shards
   assert not result.unknown_trip_counts and math.isfinite(result.total())
   assert CHIPS["v5p"].ici_ring_bytes_per_second == 200e9
+
+
+def test_breakdown_command_prints_shares_and_top_instructions(tmp_path):
+  """`experiments/hlo_breakdown.py`'s table for the hand-written module, with the report row it finds by file name."""
+  import json  # pylint: disable=g-import-not-at-top
+  from experiments import hlo_breakdown  # pylint: disable=g-import-not-at-top
+  hlo = tmp_path / "actor_step_dis_T64.hlo.txt"
+  hlo.write_text(HLO)
+  report = tmp_path / "rows.json"
+  report.write_text(json.dumps([{"program": "actor_step_dis", "bucket": 64, "chips": 4, "analytic_flops": 4e7,
+                                 "xla_flops": 4.3e7, "estimated_seconds": 1e-3}]))
+  row = hlo_breakdown.report_row(str(report), str(hlo))
+  result = hlo_cost.breakdown(hlo_text.read_module(str(hlo)), CHIP)
+  text = hlo_breakdown.format_breakdown(result, CHIP, int(row["chips"]), row["analytic_flops"], row, top=3)
+  seconds = result.total()
+  assert f"{seconds:12.3f} s      MFU {100 * 4e7 / (seconds * 4 * 1e12):.1f}%" in text
+  for heading in ("by kind", "by model part", "by phase", "by bound", "top 3 instructions"):
+    assert heading in text
+  top = text.split("top 3 instructions")[1].splitlines()[2]  # the all-reduce: the most expensive instruction
+  assert "all-reduce.1" in top and "DecoderLayer/self_attn/psum" in top
+  with pytest.raises(ValueError, match="no row for actor_step_dis at T=128"):
+    hlo_breakdown.report_row(str(report), str(tmp_path / "actor_step_dis_T128.hlo.txt.gz"))
