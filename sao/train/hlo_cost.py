@@ -199,11 +199,15 @@ def group_size(inst: Instruction) -> int:
   """Chips in each of a collective's groups, from `replica_groups` in any of XLA's three spellings:
   `{{0,1},{2,3}}`, iota `[groups,size]<=[…]`, or mesh `mesh['axis_0'=8,'axis_1'=16] {'axis_1'}`."""
   text = inst.attrs
-  mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", text)
-  if mesh:
+  mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]", text)
+  if mesh:  # the axes follow, after an optional `, device_ids=([8,16]T(1,0))`
     sizes = {k: int(v) for k, v in re.findall(r"'([^']+)'=(\d+)", mesh.group(1))}
-    names = re.findall(r"'([^']+)'", mesh.group(2))
-    return math.prod(sizes[n] for n in names)
+    # Each axis is `'name'` or a sub-axis `'name':(pre)size` (`size` chips of the axis, strided by `pre`).
+    axes = re.match(r"(?:,\s*device_ids=\(\[[\d,]*\](?:T\([\d,]*\))?\))?\s*\{((?:\s*'[^']+'(?::\(\d+\)\d+)?\s*,?)+)\}",
+                    text[mesh.end():])
+    if axes:
+      return math.prod(int(sub) if sub else sizes[name]
+                       for name, sub in re.findall(r"'([^']+)'(?::\(\d+\)(\d+))?", axes.group(1)))
   iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", text)
   if iota:
     return int(iota.group(2))

@@ -167,6 +167,8 @@ def test_replica_groups_in_each_spelling():
   assert size("[8,16]<=[128]") == 16
   assert size("mesh['axis_0'=1,'axis_1'=8,'axis_2'=1,'axis_3'=16] {'axis_1'}") == 8
   assert size("mesh['axis_0'=8,'axis_1'=16] {'axis_0','axis_1'}") == 128
+  assert size("mesh['axis_0'=1,'axis_1'=16,'axis_2'=1,'axis_3'=8], device_ids=([8,16]T(1,0)) {'axis_1'}") == 16
+  assert size("mesh['axis_0'=1,'axis_1'=8,'axis_2'=16], device_ids=([8,8,2]T(1,0,2)) {'axis_2':(8)2}") == 2
   with pytest.raises(ValueError, match="replica groups"):
     size("???")
 
