@@ -93,8 +93,8 @@ def format_breakdown(result, chip, chips: int, model_flops: float, row: dict | N
                  f"({model_flops / max(chips, 1) / 1e12:.2f} per chip; matmul FLOPs / model FLOPs per chip = "
                  f"{flops * chips / model_flops:.2f})")
   if result.conditional_seconds:
-    lines.append(f"  inside conditionals   {result.conditional_seconds:12.3f} s      (their most expensive branch counted: "
-                 f"an upper bound)")
+    lines.append(f"  inside conditionals   {result.conditional_seconds:12.3f} s      (their most expensive branch "
+                 f"counted: an upper bound)")
   if result.unknown_trip_counts:
     lines.append("  loops with no trip count found (counted once): " + "; ".join(result.unknown_trip_counts[:5]))
   by = lambda key: {k: (sum(o.count * o.flops for o in ops if getattr(o, key) == k),

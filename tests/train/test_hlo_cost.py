@@ -1,5 +1,5 @@
-"""`sao.train.hlo_cost` / `hlo_flops` / `hlo_text`: a hand-written HLO module priced by hand, and one real TPU compile whose matmul
-FLOPs the parser must find as the jaxpr count and XLA's cost analysis do."""
+"""`sao.train.hlo_cost` / `hlo_flops` / `hlo_text`: a hand-written HLO module priced by hand, and one real TPU
+compile whose matmul FLOPs the parser must find as the jaxpr count and XLA's cost analysis do."""
 from __future__ import annotations
 
 import importlib.util
@@ -143,8 +143,9 @@ def test_trip_counts_known_or_derived():
   module = hlo_text.parse_module(HLO)
   entry = module.computations[module.entry]
   assert hlo_text.trip_count(module, entry, entry.by_name["while.0"]) == (5, "derived from the loop condition")
+  known_trip_count = 'backend_config={"known_trip_count":{"n":"3"}}'
   known = hlo_text.parse_module(HLO.replace("condition=%cond, body=%body",
-                                            'condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}'))
+                                            f"condition=%cond, body=%body, {known_trip_count}"))
   entry = known.computations[known.entry]
   assert hlo_text.trip_count(known, entry, entry.by_name["while.0"]) == (3, "known_trip_count")
   # A counter that starts at 2 and a bound of 11 with `<=`: 2, 3, …, 11 is 10 iterations.
