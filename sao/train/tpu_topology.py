@@ -9,6 +9,14 @@ Chip facts (`CHIPS`), from the Google Cloud TPU documentation pages "TPU v4", "T
 (cloud.google.com/tpu/docs/v4, …/v5e, …/v5p, …/v6e): "Peak compute per chip (bf16)", "HBM capacity per chip" and
 "HBM bandwidth per chip" (the pages write GB for capacity; the chips hold that many GiB: libtpu's compiler allows
 95.74 GiB of a v5p chip's 96 GiB).
+
+ICI (`ici_bytes_per_second`, `ici_links`): "Bidirectional inter-chip interconnect (ICI) bandwidth (per chip)" and "ICI
+ports per chip" of the same pages (v5p: 1200 GBps over the 6 links of its 3D torus; v5e: 400 GBps, 4 ports; v6e:
+800 GBps, 4 ports). The v4 page gives no per-chip ICI figure: 6 links of 45 GB/s each way, from "How to Scale Your
+Model" (Austin et al. 2025, jax-ml.github.io/scaling-book/tpus, the ICI table), i.e. 540 GB/s bidirectional.
+`ici_ring_bytes_per_second` is what `sao.train.hlo_cost` prices a collective with: a bidirectional ring over one
+torus axis sends on two links at once, `2 · ici_bytes_per_second / (2 · ici_links)` per chip (a group spanning
+several axes may use more links; the ring is the conservative model).
 """
 from __future__ import annotations
 
@@ -29,13 +37,22 @@ class Chip:
   peak_bf16_flops: float  # peak dense bf16 FLOP/s per chip
   hbm_bytes_per_second: float  # HBM bandwidth per chip
   chip_config_name: str  # libtpu's name for one device per chip
+  ici_bytes_per_second: float = 0.0  # ICI bandwidth per chip, all links, both directions
+  ici_links: int = 0  # ICI ports per chip
+
+  @property
+  def ici_ring_bytes_per_second(self) -> float:
+    """Per-chip bandwidth of a bidirectional ring collective over one torus axis (two links, each one way)."""
+    if not self.ici_bytes_per_second or not self.ici_links:
+      raise ValueError(f"chip {self.name}: no ICI bandwidth in its Chip entry")
+    return self.ici_bytes_per_second / self.ici_links
 
 
 CHIPS: dict[str, Chip] = {
-    "v4": Chip("v4", "TPU v4", 32 * GIB, 275e12, 1200e9, "megacore"),
-    "v5e": Chip("v5e", "TPU v5 lite", 16 * GIB, 197e12, 819e9, "default"),
-    "v5p": Chip("v5p", "TPU v5", 95 * GIB, 459e12, 2765e9, "megacore"),
-    "v6e": Chip("v6e", "TPU v6 lite", 32 * GIB, 918e12, 1640e9, "default"),
+    "v4": Chip("v4", "TPU v4", 32 * GIB, 275e12, 1200e9, "megacore", 540e9, 6),
+    "v5e": Chip("v5e", "TPU v5 lite", 16 * GIB, 197e12, 819e9, "default", 400e9, 4),
+    "v5p": Chip("v5p", "TPU v5", 95 * GIB, 459e12, 2765e9, "megacore", 1200e9, 6),
+    "v6e": Chip("v6e", "TPU v6 lite", 32 * GIB, 918e12, 1640e9, "default", 800e9, 4),
 }
 
 _TOPOLOGY = re.compile(r"^(v4|v5e|v5p|v6e):(\d+(?:x\d+){1,2})$")

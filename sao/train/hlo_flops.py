@@ -1,0 +1,101 @@
+"""Matmul FLOPs of the instructions of an optimized HLO module (`sao.train.hlo_text`), as `sao.train.hlo_cost`
+prices them; pure arithmetic on shapes, no jax.
+
+- dot: `2 · prod(result dims) · prod(lhs contracting dims)`.
+- convolution: `2 · prod(result batch & feature dims) · (input features per group) · (window taps that land on real
+  input, summed over output positions)`. XLA on TPU writes batched matmuls as convolutions whose batch dims are
+  spatial dims with a window as large as the input over a dilated input: almost every tap hits a hole, so counting
+  the window's size would overcount by the batch size.
+- Pallas kernels (`tpu_custom_call`), from their operand shapes: megablox `gmm` (`[m, k] @ [G, k, n] → [m, n]`, or
+  `[G, n, k]` with `transpose_rhs`) and `tgmm` (`[k, m] · [m, n] → [G, k, n]`), `2·m·k·n` each (every row of the
+  ragged dimension belongs to one group); None for any other kernel, which the caller lists by name.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import re
+
+import numpy as np
+
+from sao.train.hlo_text import Computation, Instruction, Module
+
+def dot_flops(inst: Instruction, comp: Computation) -> float:
+  lhs = comp.by_name[inst.operands[0]].shape[0].dims
+  contracting = [int(d) for d in (inst.attr("lhs_contracting_dims") or "{}").strip("{}").split(",") if d]
+  return 2.0 * math.prod(inst.shape[0].dims) * math.prod(lhs[d] for d in contracting)
+
+
+@functools.lru_cache(maxsize=None)
+def _valid_taps(in_size: int, out_size: int, size: int, stride: int, pad_low: int, lhs_dilate: int,
+                rhs_dilate: int) -> int:
+  """Σ over output positions of the window taps that land on an input element (not padding, not a dilation hole)."""
+  o = np.arange(out_size, dtype=np.int64)[:, None]
+  k = np.arange(size, dtype=np.int64)[None, :]
+  total, chunk = 0, max(1, (1 << 22) // max(size, 1))  # rows per chunk: bounded memory for big windows
+  for rows in range(0, out_size, chunk):
+    pos = o[rows:rows + chunk] * stride + k * rhs_dilate - pad_low
+    total += int(np.count_nonzero((pos >= 0) & (pos <= (in_size - 1) * lhs_dilate) & (pos % lhs_dilate == 0)))
+  return total
+
+
+def conv_flops(inst: Instruction, comp: Computation) -> float:
+  labels = inst.attr("dim_labels")
+  if not labels:
+    raise ValueError(f"HLO: convolution {inst.name} without dim_labels")
+  lhs_labels, rest = labels.split("_")
+  rhs_labels, out_labels = rest.split("->")
+  lhs = comp.by_name[inst.operands[0]].shape[0].dims
+  rhs = comp.by_name[inst.operands[1]].shape[0].dims
+  out = inst.shape[0].dims
+  spatial = [c for c in out_labels if c.isdigit()]
+  window = inst.attr("window") or "{}"
+  fields = dict(re.findall(r"(\w+)=([\w_x\-]+)", window.strip("{}")))
+  per_dim = lambda key, default: ([int(v) for v in fields[key].split("x")] if key in fields
+                                  else [default] * len(spatial))
+  sizes, strides = per_dim("size", 1), per_dim("stride", 1)
+  lhs_dil, rhs_dil = per_dim("lhs_dilate", 1), per_dim("rhs_dilate", 1)
+  pads = [int(p.split("_")[0]) for p in fields["pad"].split("x")] if "pad" in fields else [0] * len(spatial)
+  taps = 1
+  for i, d in enumerate(spatial):
+    taps *= _valid_taps(lhs[lhs_labels.index(d)], out[out_labels.index(d)], sizes[i], strides[i], pads[i],
+                        lhs_dil[i], rhs_dil[i])
+  batch_feature = out[out_labels.index("b")] * out[out_labels.index("f")]
+  return 2.0 * batch_feature * rhs[rhs_labels.index("i")] * taps
+
+
+def kernel_name(inst: Instruction) -> str:
+  """A Pallas kernel's name: `jit(<name>)/pallas_call` in the op_name, else the instruction's name."""
+  match = re.search(r"jit\((\w+)\)/pallas_call", inst.op_name)
+  return match.group(1) if match else inst.name.split(".")[0]
+
+
+def custom_call_flops(inst: Instruction, comp: Computation) -> float | None:
+  """FLOPs of a known Pallas kernel from its shapes, None for a kernel this does not know."""
+  kernel = kernel_name(inst)
+  arrays = [comp.by_name[o].shape[0].dims for o in inst.operands if comp.by_name[o].shape]
+  out = inst.shape[0].dims
+  if kernel == "gmm" and len(out) == 2:  # lhs [m, k], rhs [G, k, n] (or [G, n, k] with transpose_rhs)
+    lhs = [a for a in arrays if len(a) == 2 and a[0] == out[0]]
+    if lhs:
+      return 2.0 * out[0] * lhs[0][1] * out[1]
+  if kernel == "tgmm" and len(out) == 3:  # lhs [k, m], rhs [m, n] → [G, k, n]
+    rhs = [a for a in arrays if len(a) == 2 and a[1] == out[2]]
+    if rhs:
+      return 2.0 * out[1] * out[2] * rhs[-1][0]
+  return None
+
+
+def matmul_flops(module: Module, comp: Computation) -> float:
+  """Matmul FLOPs of one run of a (fused) computation, nested fusions included."""
+  total = 0.0
+  for inst in comp.instructions:
+    if inst.opcode == "dot":
+      total += dot_flops(inst, comp)
+    elif inst.opcode == "convolution":
+      total += conv_flops(inst, comp)
+    elif inst.opcode == "fusion":
+      total += matmul_flops(module, module.computations[inst.called["calls"][0]])
+  return total
+
+

@@ -1,0 +1,257 @@
+"""`sao.train.hlo_cost` / `hlo_flops` / `hlo_text`: a hand-written HLO module priced by hand, and one real TPU
+compile whose matmul FLOPs the parser must find as the jaxpr count and XLA's cost analysis do."""
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+
+from sao.train import hlo_cost, hlo_flops, hlo_text
+from sao.train.tpu_topology import CHIPS, Chip
+
+# Round numbers to price by hand: 1 TFLOP/s, 1 TB/s HBM, ICI 6 GB/s over 6 links → a 1 GB/s ring.
+CHIP = Chip("test", "test", 1 << 30, 1e12, 1e12, "", 6e9, 6)
+STEPS = 5  # the loop's trip count
+
+# A scan over 5 layers: slice layer i of the stacked input, matmul it with w (an output fusion), all-reduce the
+# product over groups of 4 chips, add it to the carry (backward of a norm), and write the carry into row i of the
+# stacked output in place (a remat recompute of the shared expert).
+HLO = """HloModule test, is_scheduled=true
+
+FileNames
+1 "/x/sao/models/transformer.py"
+
+FunctionNames
+1 "DecoderLayer.__call__"
+
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=3 end_line=3 column=1 end_column=2}
+
+StackFrames
+1 {file_location_id=1 parent_frame_id=1}
+
+%fused_slice (param_0.2: f32[5,64,128], param_1.2: s32[]) -> f32[64,128] {
+  %param_0.2 = f32[5,64,128]{2,1,0} parameter(0)
+  %param_1.2 = s32[]{:T(128)} parameter(1)
+  %zero.2 = s32[] constant(0)
+  %ds = f32[1,64,128]{2,1,0} dynamic-slice(%param_0.2, %param_1.2, %zero.2, %zero.2), dynamic_slice_sizes={1,64,128}
+  ROOT %bc = f32[64,128]{1,0} bitcast(%ds)
+}
+
+%fused_dot (param_0: f32[64,128], param_1: f32[128,256]) -> f32[64,256] {
+  %param_0 = f32[64,128]{1,0} parameter(0)
+  %param_1 = f32[128,256]{1,0} parameter(1)
+  ROOT %dot.1 = f32[64,256]{1,0} dot(%param_0, %param_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%fused_add (param_0.1: f32[64,256], param_1.1: f32[64,256]) -> f32[64,256] {
+  %param_0.1 = f32[64,256]{1,0} parameter(0)
+  %param_1.1 = f32[64,256]{1,0} parameter(1)
+  ROOT %add.1 = f32[64,256]{1,0} add(%param_0.1, %param_1.1)
+}
+
+%fused_update (param_0.3: f32[5,64,256], param_1.3: f32[64,256], param_2.3: s32[]) -> f32[5,64,256] {
+  %param_0.3 = f32[5,64,256]{2,1,0} parameter(0)
+  %param_1.3 = f32[64,256]{1,0} parameter(1)
+  %param_2.3 = s32[] parameter(2)
+  %zero.3 = s32[] constant(0)
+  %row = f32[1,64,256]{2,1,0} bitcast(%param_1.3)
+  ROOT %dus = f32[5,64,256]{2,1,0} dynamic-update-slice(%param_0.3, %row, %param_2.3, %zero.3, %zero.3)
+}
+
+%sum (sx: f32[], sy: f32[]) -> f32[] {
+  %sx = f32[] parameter(0)
+  %sy = f32[] parameter(1)
+  ROOT %add.2 = f32[] add(%sx, %sy)
+}
+
+%body (p: (s32[], f32[5,64,128], f32[128,256], f32[64,256], f32[5,64,256])) -> (s32[], f32[5,64,128], f32[128,256], f32[64,256], f32[5,64,256]) {
+  %p = (s32[], f32[5,64,128]{2,1,0}, f32[128,256]{1,0}, /*index=3*/f32[64,256]{1,0}, f32[5,64,256]{2,1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %xs = f32[5,64,128]{2,1,0} get-tuple-element(%p), index=1
+  %w = f32[128,256]{1,0} get-tuple-element(%p), index=2
+  %acc = f32[64,256]{1,0} get-tuple-element(%p), index=3
+  %ys = f32[5,64,256]{2,1,0} get-tuple-element(%p), index=4
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  %fusion.s = f32[64,128]{1,0} fusion(%xs, %i), kind=kLoop, calls=%fused_slice, metadata={op_name="jit(step)/model/while/body/jit(dynamic_index_in_dim)/dynamic_slice" stack_frame_id=1}
+  %fusion.d = f32[64,256]{1,0} fusion(%fusion.s, %w), kind=kOutput, calls=%fused_dot, metadata={op_name="jit(step)/model/while/body/closed_call/DecoderLayer/self_attn/q_proj/dot_general" stack_frame_id=1}
+  %all-reduce.1 = f32[64,256]{1,0} all-reduce(%fusion.d), channel_id=1, replica_groups=[2,4]<=[8], use_global_device_ids=true, to_apply=%sum, metadata={op_name="jit(step)/model/while/body/closed_call/DecoderLayer/self_attn/psum"}
+  %fusion.a = f32[64,256]{1,0} fusion(%all-reduce.1, %acc), kind=kLoop, calls=%fused_add, metadata={op_name="jit(step)/transpose(jvp(model))/while/body/DecoderLayer/post_attention_layernorm/add"}
+  %fusion.u = f32[5,64,256]{2,1,0} fusion(%ys, %fusion.a, %i), kind=kLoop, calls=%fused_update, metadata={op_name="jit(step)/model/while/body/checkpoint/rematted_computation/DecoderLayer/mlp/shared_expert/up_proj/dynamic_update_slice"}
+  ROOT %t = (s32[], f32[5,64,128]{2,1,0}, f32[128,256]{1,0}, /*index=3*/f32[64,256]{1,0}, f32[5,64,256]{2,1,0}) tuple(%next, %xs, %w, %fusion.a, %fusion.u)
+}
+
+%cond (q: (s32[], f32[5,64,128], f32[128,256], f32[64,256], f32[5,64,256])) -> pred[] {
+  %q = (s32[], f32[5,64,128]{2,1,0}, f32[128,256]{1,0}, /*index=3*/f32[64,256]{1,0}, f32[5,64,256]{2,1,0}) parameter(0)
+  %j = s32[] get-tuple-element(%q), index=0
+  %n = s32[] constant(5)
+  ROOT %lt = pred[] compare(%j, %n), direction=LT
+}
+
+ENTRY %main (xs0: f32[5,64,128], w0: f32[128,256], acc0: f32[64,256], ys0: f32[5,64,256]) -> f32[5,64,256] {
+  %xs0 = f32[5,64,128]{2,1,0} parameter(0)
+  %w0 = f32[128,256]{1,0} parameter(1)
+  %acc0 = f32[64,256]{1,0} parameter(2)
+  %ys0 = f32[5,64,256]{2,1,0} parameter(3)
+  %zero = s32[] constant(0)
+  %tuple.0 = (s32[], f32[5,64,128]{2,1,0}, f32[128,256]{1,0}, /*index=3*/f32[64,256]{1,0}, f32[5,64,256]{2,1,0}) tuple(%zero, %xs0, %w0, %acc0, %ys0)
+  %while.0 = (s32[], f32[5,64,128]{2,1,0}, f32[128,256]{1,0}, /*index=3*/f32[64,256]{1,0}, f32[5,64,256]{2,1,0}) while(%tuple.0), condition=%cond, body=%body
+  ROOT %out = f32[5,64,256]{2,1,0} get-tuple-element(%while.0), index=4
+}
+"""
+
+
+def _by_name(result):
+  return {o.name: o for o in result.ops}
+
+
+def test_hand_written_module_is_priced_by_hand():
+  result = hlo_cost.breakdown(hlo_text.parse_module(HLO), CHIP)
+  ops = _by_name(result)
+  assert set(ops) == {"next", "fusion.s", "fusion.d", "all-reduce.1", "fusion.a", "fusion.u", "lt"}
+  assert all(ops[n].count == STEPS for n in ops if n != "lt") and ops["lt"].count == STEPS + 1
+
+  dot = ops["fusion.d"]  # [64, 128] @ [128, 256] in f32: 2·64·256·128 FLOPs, both inputs and the output in HBM
+  assert dot.flops == 2 * 64 * 256 * 128 and dot.bytes == 4 * (64 * 128 + 128 * 256 + 64 * 256)
+  assert (dot.kind, dot.bound, dot.part, dot.phase) == ("matmul", "compute", "attention", "forward")
+  assert dot.seconds == pytest.approx(dot.flops / 1e12)
+
+  reduce = ops["all-reduce.1"]  # 64 KiB over groups of 4: 2·(4−1)/4 of it through a 1 GB/s ring
+  assert (reduce.kind, reduce.bound, reduce.group_size, reduce.bytes) == ("collective", "ici", 4, 4 * 64 * 256)
+  assert reduce.seconds == pytest.approx(2 * 3 / 4 * 4 * 64 * 256 / 1e9)
+
+  add = ops["fusion.a"]  # two operands and the result, memory-bound
+  assert (add.kind, add.bound, add.part, add.phase) == ("elementwise", "memory", "norms", "backward")
+  assert add.bytes == 3 * 4 * 64 * 256 and add.seconds == pytest.approx(add.bytes / 1e12)
+
+  sliced = ops["fusion.s"]  # reads one layer of the stacked input (and the index), not all five
+  assert sliced.bytes == 2 * 4 * 64 * 128 + 4 and (sliced.kind, sliced.part) == ("copy/transpose", "layer scan")
+  update = ops["fusion.u"]  # writes one row in place: the row in, the row out, the index
+  assert update.bytes == 2 * 4 * 64 * 256 + 4
+  assert (update.kind, update.part, update.phase) == ("copy/transpose", "shared expert", "recompute")
+
+  per_step = sum(ops[n].seconds for n in ops if n != "lt")
+  assert result.total() == pytest.approx(STEPS * per_step + (STEPS + 1) * ops["lt"].seconds)
+  assert result.flops_once == dot.flops and sum(o.count * o.flops for o in result.ops) == STEPS * dot.flops
+  assert result.share("kind")["collective"] == pytest.approx(STEPS * reduce.seconds)
+  assert not result.unknown_trip_counts and not result.unknown_custom_calls
+
+
+def test_trip_counts_known_or_derived():
+  module = hlo_text.parse_module(HLO)
+  entry = module.computations[module.entry]
+  assert hlo_text.trip_count(module, entry, entry.by_name["while.0"]) == (5, "derived from the loop condition")
+  known_trip_count = 'backend_config={"known_trip_count":{"n":"3"}}'
+  known = hlo_text.parse_module(HLO.replace("condition=%cond, body=%body",
+                                            f"condition=%cond, body=%body, {known_trip_count}"))
+  entry = known.computations[known.entry]
+  assert hlo_text.trip_count(known, entry, entry.by_name["while.0"]) == (3, "known_trip_count")
+  # A counter that starts at 2 and a bound of 11 with `<=`: 2, 3, …, 11 is 10 iterations.
+  shifted = HLO.replace("%zero = s32[] constant(0)", "%zero = s32[] constant(2)").replace(
+      "%n = s32[] constant(5)", "%n = s32[] constant(11)").replace("direction=LT", "direction=LE")
+  module = hlo_text.parse_module(shifted)
+  entry = module.computations[module.entry]
+  assert hlo_text.trip_count(module, entry, entry.by_name["while.0"])[0] == 10
+  # A loop whose bound is not a constant is counted once and listed.
+  opaque = hlo_text.parse_module(HLO.replace("%n = s32[] constant(5)", "%n = s32[] get-tuple-element(%q), index=0"))
+  result = hlo_cost.breakdown(opaque, CHIP)
+  assert len(result.unknown_trip_counts) == 1 and "while.0" in result.unknown_trip_counts[0]
+
+
+def test_replica_groups_in_each_spelling():
+  def size(groups: str) -> int:
+    inst = hlo_text.parse_instruction(f"  %ag = f32[8]{{0}} all-gather(%x), replica_groups={groups}, dimensions={{0}}")
+    return hlo_cost.group_size(inst)
+  assert size("{{0,1,2,3},{4,5,6,7}}") == 4
+  assert size("[8,16]<=[128]") == 16
+  assert size("mesh['axis_0'=1,'axis_1'=8,'axis_2'=1,'axis_3'=16] {'axis_1'}") == 8
+  assert size("mesh['axis_0'=8,'axis_1'=16] {'axis_0','axis_1'}") == 128
+  assert size("mesh['axis_0'=1,'axis_1'=16,'axis_2'=1,'axis_3'=8], device_ids=([8,16]T(1,0)) {'axis_1'}") == 16
+  assert size("mesh['axis_0'=1,'axis_1'=8,'axis_2'=16], device_ids=([8,8,2]T(1,0,2)) {'axis_2':(8)2}") == 2
+  with pytest.raises(ValueError, match="replica groups"):
+    size("???")
+
+
+def test_batched_matmul_as_dilated_convolution_counts_real_taps():
+  """XLA on TPU writes a batched matmul as a convolution whose batch dims are spatial dims with a window the size of
+  the input over a dilated input: only one tap per output position lands on data (8 batches of [8,16] @ [16,32])."""
+  comp = hlo_text.Computation("c", [
+      hlo_text.parse_instruction("  %l = f32[4,2,8,16]{3,2,1,0} parameter(0)"),
+      hlo_text.parse_instruction("  %r = f32[4,2,32,16]{3,2,1,0} parameter(1)"),
+      hlo_text.parse_instruction("  ROOT %c = f32[4,2,8,32]{3,2,1,0} convolution(%l, %r), "
+                                 "window={size=4x2 stride=3x1 lhs_dilate=4x2}, dim_labels=01bf_01oi->01bf")], False)
+  assert hlo_flops.conv_flops(comp.by_name["c"], comp) == 8 * 2 * 8 * 16 * 32
+
+
+def test_megablox_kernels_from_their_shapes_and_unknown_kernels_listed():
+  def module(kernel: str, out: str, operands: str) -> str:
+    return ("HloModule m\n\nENTRY %main (a: bf16[1024,256], b: bf16[4,64,256], c: s32[4]) -> bf16[1] {\n"
+            "  %a = bf16[1024,256]{1,0} parameter(0)\n  %b = bf16[4,64,256]{2,1,0} parameter(1)\n"
+            "  %c = s32[4]{0} parameter(2)\n  %d = bf16[1024,64]{1,0} parameter(3)\n"
+            f"  ROOT %{kernel} = {out} custom-call({operands}), custom_call_target=\"tpu_custom_call\", "
+            f"metadata={{op_name=\"jit(step)/mlp/shard_map/jit({kernel})/pallas_call\"}}\n}}\n")
+  gmm = hlo_cost.breakdown(hlo_text.parse_module(module("gmm", "bf16[1024,64]{1,0}", "%c, %a, %b")), CHIP)
+  assert gmm.ops[0].flops == 2 * 1024 * 256 * 64 and gmm.ops[0].part == "MoE experts"  # transposed rhs [G, n, k]
+  tgmm = hlo_cost.breakdown(hlo_text.parse_module(module("tgmm", "bf16[4,256,64]{2,1,0}", "%c, %a, %d")), CHIP)
+  assert tgmm.ops[0].flops == 2 * 1024 * 256 * 64
+  other = hlo_cost.breakdown(hlo_text.parse_module(module("splash_fwd", "bf16[1024,64]{1,0}", "%a, %b")), CHIP)
+  assert other.ops[0].flops == 0 and other.unknown_custom_calls == {"splash_fwd": 1}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
+def test_a_real_tpu_compile_matches_the_jaxpr_count_and_xla():
+  """A 6-layer scanned MLP's value_and_grad, batch sharded over a v5p:2x2x1 (4 chips): the parser's matmul FLOPs
+  per chip × 4 equal the jaxpr's count of the whole program (loops multiplied out) within 2 %, and with loop bodies
+  counted once they are within 2 % of XLA's cost analysis (which counts elementwise FLOPs too, so ≥ ours)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  from sao.train import compile_stats, tpu_topology  # pylint: disable=g-import-not-at-top
+
+  chip, devices = tpu_topology.topology_devices("v5p:2x2x1")
+  mesh = Mesh(np.array(devices).reshape(4), ("batch",))
+  layers, batch, width = 6, 512, 256
+
+  def loss(w, x):
+    h, _ = jax.lax.scan(lambda h, wl: (jax.numpy.tanh(h @ wl), None), x, w)
+    return (h * h).sum()
+
+  step = jax.value_and_grad(loss)
+  w = jax.ShapeDtypeStruct((layers, width, width), "float32", sharding=NamedSharding(mesh, P()))
+  x = jax.ShapeDtypeStruct((batch, width), "float32", sharding=NamedSharding(mesh, P("batch")))
+  compiled = jax.jit(step).lower(w, x).compile()
+  result = hlo_cost.breakdown(hlo_text.parse_module(compiled.as_text()), chip)
+  program = compile_stats.program_flops(step, w, x)
+  assert program == 3 * layers * 2 * batch * width * width  # forward, d/dh and d/dw
+  parsed = 4 * sum(o.count * o.flops for o in result.ops)
+  assert parsed == pytest.approx(program, rel=0.02), (parsed, program)
+  cost = compiled.cost_analysis()
+  xla_flops = float((cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"])
+  assert result.flops_once <= xla_flops * 1.02 and result.flops_once == pytest.approx(xla_flops, rel=0.1)
+  assert result.share("kind")["collective"] > 0  # the weight gradient's all-reduce over the batch shards
+  assert not result.unknown_trip_counts and math.isfinite(result.total())
+  assert CHIPS["v5p"].ici_ring_bytes_per_second == 200e9
+
+
+def test_breakdown_command_prints_shares_and_top_instructions(tmp_path):
+  """`experiments/hlo_breakdown.py`'s table for the hand-written module, with the report row it finds by file name."""
+  import json  # pylint: disable=g-import-not-at-top
+  from experiments import hlo_breakdown  # pylint: disable=g-import-not-at-top
+  hlo = tmp_path / "actor_step_dis_T64.hlo.txt"
+  hlo.write_text(HLO)
+  report = tmp_path / "rows.json"
+  report.write_text(json.dumps([{"program": "actor_step_dis", "bucket": 64, "chips": 4, "analytic_flops": 4e7,
+                                 "xla_flops": 4.3e7, "estimated_seconds": 1e-3}]))
+  row = hlo_breakdown.report_row(str(report), str(hlo))
+  result = hlo_cost.breakdown(hlo_text.read_module(str(hlo)), CHIP)
+  text = hlo_breakdown.format_breakdown(result, CHIP, int(row["chips"]), row["analytic_flops"], row, top=3)
+  seconds = result.total()
+  assert f"{seconds:12.3f} s      MFU {100 * 4e7 / (seconds * 4 * 1e12):.1f}%" in text
+  for heading in ("by kind", "by model part", "by phase", "by bound", "top 3 instructions"):
+    assert heading in text
+  top = text.split("top 3 instructions")[1].splitlines()[2]  # the all-reduce: the most expensive instruction
+  assert "all-reduce.1" in top and "DecoderLayer/self_attn/psum" in top
+  with pytest.raises(ValueError, match="no row for actor_step_dis at T=128"):
+    hlo_breakdown.report_row(str(report), str(tmp_path / "actor_step_dis_T128.hlo.txt.gz"))
