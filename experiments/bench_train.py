@@ -3,7 +3,9 @@ r"""Throughput of one SAO learner update on CPU, beside the machine's measured f
 One update = critic forward, K critic steps, critic forward, advantages, one DIS actor step. Achieved FLOP/s counts
 `6·P·tokens` per training step (forward + backward) and `2·P·tokens` per forward, for the actor and the critic
 (attention's T² term and the head are left out, as in the usual MFU convention); the peak is a jitted
-`[n, n] @ [n, n]` float32 matmul timed in the same run, and their ratio is the MFU-like figure.
+`[n, n] @ [n, n]` float32 matmul timed in the same run (before and after the updates, the better kept), and their
+ratio is the MFU-like figure. The same ratio per CPU-second of this process is printed beside it: on a shared
+machine other jobs stretch wall time far more than CPU time.
 
   python experiments/bench_train.py --batch=8 --seq_len=256 --steps=3
 
@@ -70,17 +72,18 @@ def _param_count(params) -> int:
   return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
 
 
-def _matmul_peak(n: int, repeats: int = 5) -> float:
+def _matmul_peak(n: int, repeats: int = 5) -> tuple[float, float]:
+  """(FLOP/s, FLOP per CPU-second) of a jitted `[n, n] @ [n, n]` float32 matmul, each the best of `repeats`."""
   a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
   b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
   f = jax.jit(lambda x, y: x @ y)
   f(a, b).block_until_ready()
-  best = float("inf")
+  best, best_cpu = float("inf"), float("inf")
   for _ in range(repeats):
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), _cpu_s()
     f(a, b).block_until_ready()
-    best = min(best, time.perf_counter() - t)
-  return 2.0 * n ** 3 / best
+    best, best_cpu = min(best, time.perf_counter() - t), min(best_cpu, _cpu_s() - cpu)
+  return 2.0 * n ** 3 / best, 2.0 * n ** 3 / best_cpu
 
 
 def _trajectories(rng: np.random.Generator, batch: int, seq_len: int, vocab: int) -> list[Trajectory]:
@@ -189,20 +192,25 @@ def main(argv):
   t = time.perf_counter()
   learner.update(_trajectories(rng, _BATCH.value, _SEQ_LEN.value, _VOCAB.value))
   compile_s = time.perf_counter() - t
-  times = []
+  # The peak is timed before and after the updates and the better kept: on a shared machine a peak timed only once
+  # can land in a busier or quieter moment than the updates and move the ratio either way.
+  peak, peak_per_cpu_s = _matmul_peak(_MATMUL.value)
+  times, cpu_times = [], []
   for _ in range(_STEPS.value):
     trajs = _trajectories(rng, _BATCH.value, _SEQ_LEN.value, _VOCAB.value)
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), _cpu_s()
     learner.update(trajs)  # returns host floats: the update has finished
     times.append(time.perf_counter() - t)
-  step_s = float(np.median(times))
+    cpu_times.append(_cpu_s() - cpu)
+  step_s, step_cpu_s = float(np.median(times)), float(np.median(cpu_times))
   tokens = _BATCH.value * _SEQ_LEN.value
   p_actor = _param_count(learner.actor_params)
   p_critic = _param_count(learner.critic_params)
   k = config.sao.critic_epochs
   flops = 6 * p_actor * tokens + k * 6 * p_critic * tokens + 2 * 2 * p_critic * tokens
   achieved = flops / step_s
-  peak = _matmul_peak(_MATMUL.value)
+  after, after_per_cpu_s = _matmul_peak(_MATMUL.value)
+  peak, peak_per_cpu_s = max(peak, after), max(peak_per_cpu_s, after_per_cpu_s)
   print(f"model: qwen3 hidden={hidden} layers={_LAYERS.value} vocab={_VOCAB.value}; actor params {p_actor:,}, "
         f"critic params {p_critic:,}")
   print(f"batch [B, T] = [{_BATCH.value}, {_SEQ_LEN.value}] = {tokens} tokens; K = {k} critic epochs")
@@ -210,6 +218,10 @@ def main(argv):
   print(f"throughput: {tokens / step_s:,.0f} tokens/s; achieved {achieved / 1e9:.2f} GFLOP/s "
         f"(6·P·tokens actor + {k}·6·P·tokens + 2·2·P·tokens critic)")
   print(f"float32 matmul peak ({_MATMUL.value}³): {peak / 1e9:.2f} GFLOP/s; ratio (MFU-like) {achieved / peak:.3f}")
+  print(f"per CPU-second (this process's user + system time, which other jobs move far less than wall time): "
+        f"update median {step_cpu_s:.3f} CPU-s, {flops / step_cpu_s / 1e9:.2f} GFLOP per CPU-s vs the peak's "
+        f"{peak_per_cpu_s / 1e9:.2f}; ratio {flops / step_cpu_s / peak_per_cpu_s:.3f}; load average "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
 
 if __name__ == "__main__":

@@ -64,12 +64,33 @@ def zeros_init(*axes: str | None):
   return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
 
 
+def linear_matmul(x: Array, kernel: Array, n_in: int = 1) -> Array:
+  """`y = x · Wᵀ` for W in HF's layout, as one 2-D product. x: [lead..., in...]; kernel: [out..., in...], its last
+  `n_in` dims equal to x's; returns [lead..., out...] in the operands' dtype.
+
+  `y[l, o] = Σ_i x[l, i] · W[o, i]` over the flattened dims (L = Π lead, I = Π in, O = Π out): the same function and
+  FLOPs as one dot_general contracting x's last `n_in` dims with W's. Why flatten: in the backward pass the weight
+  gradient `dW[o, i] = Σ_l dy[l, o] · x[l, i]` contracts the leading dims of both operands. Over a single token
+  dim [L], XLA:CPU runs that product on its transposed operand directly; over [B, T] it first materialises the
+  gradient transposed (`[O, B, T]` from `[B, T, O]`), a strided elementwise fusion that on the SwiGLU gate cost as much
+  as the product itself (docs/performance.md, "Learner update"). The reshapes are free (row-major bitcasts).
+  """
+  lead, ins = x.shape[:x.ndim - n_in], x.shape[x.ndim - n_in:]
+  outs = kernel.shape[:kernel.ndim - n_in]
+  if tuple(kernel.shape[kernel.ndim - n_in:]) != tuple(ins):
+    raise ValueError(f"linear_matmul: kernel {kernel.shape} ([out..., in...]) does not end in x's last {n_in} "
+                     f"dims {tuple(ins)} (x {x.shape})")
+  y = jax.lax.dot_general(x.reshape(math.prod(lead), math.prod(ins)),
+                          kernel.reshape(math.prod(outs), math.prod(ins)), (((1,), (1,)), ((), ())))
+  return y.reshape(tuple(lead) + tuple(outs))
+
+
 class Linear(nn.Module):
   """`y = x · Wᵀ + b` with W in HF's layout: kernel `[out..., in...]`, `in` = x's last `n_in` dims.
 
-  x: [..., in...] → y: [..., out...] (`features` = the out dims). Inputs and kernel are cast to `dtype`, one
-  `dot_general` contracting x's last `n_in` dims with the kernel's last `n_in` (any contracting dims cost the same
-  as flax's `[in, out]` `nn.DenseGeneral`). `kernel_axes` / `bias_axes`: the logical names of `[out..., in...]` /
+  x: [..., in...] → y: [..., out...] (`features` = the out dims). Inputs and kernel are cast to `dtype`, one 2-D
+  product over the flattened dims (`linear_matmul`; the same FLOPs as flax's `[in, out]` `nn.DenseGeneral`).
+  `kernel_axes` / `bias_axes`: the logical names of `[out..., in...]` /
   `[out...]`; `stddev`: of the kernel's normal init (`linear_init`).
   """
   features: int | tuple[int, ...]
@@ -90,9 +111,7 @@ class Linear(nn.Module):
                        f"a [out..., in...] kernel {outs + tuple(ins)}")
     kernel = self.param("kernel", linear_init(0, len(outs), *self.kernel_axes, stddev=self.stddev), outs + tuple(ins),
                         self.param_dtype)
-    contract_x = tuple(range(x.ndim - self.n_in, x.ndim))
-    contract_w = tuple(range(len(outs), len(outs) + self.n_in))
-    y = jax.lax.dot_general(x.astype(self.dtype), kernel.astype(self.dtype), ((contract_x, contract_w), ((), ())))
+    y = linear_matmul(x.astype(self.dtype), kernel.astype(self.dtype), self.n_in)
     if self.use_bias:
       bias = self.param("bias", zeros_init(*self.bias_axes), outs, self.param_dtype)
       y = y + bias.astype(self.dtype)
