@@ -13,8 +13,10 @@ visible key (a padding query) has an unspecified output (the implementations dif
 - "blockwise": flash-attention-style online softmax in jnp (`blockwise_attention`): query blocks × key blocks, a
   running max / denominator / accumulator in float32, key blocks with nothing visible skipped (`lax.cond`), a
   custom VJP whose backward pass recomputes probabilities per block pair from the saved log-sum-exp. No array larger
-  than one [block_q, block_k] score tile per (batch, head) exists, forward or backward; K/V are never repeated per
-  query head.
+  than one [block_q, block_k] score tile per (batch, head) exists, forward or backward. K/V are not repeated per
+  query head, except under a mesh whose `tensor` axis does not divide the KV heads (`replicate_kv_heads`): there
+  each KV head is repeated to the query heads of its chips before the block loop, so that its gradient is summed
+  over those chips once per layer (the transpose of the repeat), not once per block pair inside the loop.
 - "splash": Pallas splash attention on TPU (`splash_attention`; causal mask + segment ids for padding, GQA by
   running the MQA kernel per kv head). Only the training layout (no cache, T = S).
 - "auto" (`resolve_impl`): splash on a single TPU device for the training layout, else blockwise when one score
@@ -25,12 +27,16 @@ visible key (a padding query) has an unspecified output (the implementations dif
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from jax.sharding import PartitionSpec as P
+
 from sao.models.config import ATTENTION_IMPLS as IMPLS
+from sao.models.mesh_axes import TENSOR_AXIS
 
 Array = jax.Array
 # Finite "minus infinity": masked scores never produce NaN (exp(−1e30 − m) = 0 for any finite running max m).
@@ -130,6 +136,7 @@ def blockwise_attention(q: Array, k: Array, v: Array, mask: AttentionMask, *, bl
   """
   if block_q <= 0 or block_k <= 0:
     raise ValueError(f"attention: block sizes must be positive, got block_q={block_q}, block_k={block_k}")
+  k, v = replicate_kv_heads(k, v, q.shape[2])
   b, t, h, d = q.shape
   s, kv_heads = k.shape[1], k.shape[2]
   bq, bk = min(block_q, t), min(block_k, s)
@@ -146,6 +153,37 @@ def blockwise_attention(q: Array, k: Array, v: Array, mask: AttentionMask, *, bl
   out = _flash(qb, kb, vb, slots_b, valid_b)  # [nq, B, K, G, bq, D]
   out = out.transpose(1, 0, 4, 2, 3, 5).reshape(b, tp, h, d)
   return out[:, :t]
+
+
+def kv_repeats(heads: int, kv_heads: int, tensor: int) -> int:
+  """How many copies of each KV head `replicate_kv_heads` makes: 1 (none) when `tensor` divides the KV heads
+  (each chip owns whole KV heads) or does not divide the query heads (the query heads are not split over `tensor`
+  either); else r = lcm(K, tensor) / K, so that the K·r heads split evenly over `tensor`, each chip holding copies of
+  only the KV heads its query heads read (r divides G = H / K since both K and tensor divide H)."""
+  if tensor <= 1 or kv_heads % tensor == 0 or heads % tensor:
+    return 1
+  return math.lcm(kv_heads, tensor) // kv_heads
+
+
+def replicate_kv_heads(k: Array, v: Array, heads: int) -> tuple[Array, Array]:
+  """k, v [B, S, K, D] → [B, S, K·r, D] (each head repeated r = `kv_repeats` times, adjacent), the head dim
+  constrained over the context mesh's `tensor` axis; the identity (r = 1) without such a mesh.
+
+  Exact: query head h of G = H / K reads KV head h // G; with K·r heads and G / r queries per head it reads copy
+  ⌊h·r / G⌋, which is a copy of ⌊h / G⌋. Why: with fewer KV heads than `tensor` chips the partitioner keeps each KV
+  head on all the chips of its query heads and sums its gradient over them inside attention's block loop (one
+  all-reduce per key block × query block). Made explicit here, the sum is the transpose of the repeat, once per
+  call. Per chip the repeated K/V are [B, S, K·r / tensor, D], no more than the unsplit [B, S, K, D] when
+  H >= tensor.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or TENSOR_AXIS not in mesh.shape or TENSOR_AXIS not in mesh.auto_axes:
+    return k, v
+  repeats = kv_repeats(heads, k.shape[2], int(mesh.shape[TENSOR_AXIS]))
+  if repeats == 1:
+    return k, v
+  spec = P(P.UNCONSTRAINED, P.UNCONSTRAINED, TENSOR_AXIS, P.UNCONSTRAINED)
+  return tuple(jax.lax.with_sharding_constraint(jnp.repeat(x, repeats, axis=2), spec) for x in (k, v))
 
 
 def _tile_mask(slots: Array, valid: Array, k_start: Array) -> Array:
