@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
 
 from sao.models.config import ModelConfig
-from sao.models.mesh_axes import TENSOR_AXIS, logical_mesh_axes
 from sao.models.transformer import CausalLM, unembedding
 
 Array = jax.Array
@@ -28,22 +26,6 @@ def logits_from_hidden(hidden: Array, unembed: Array, dtype) -> Array:
   return jnp.einsum("...e,ve->...v", hidden.astype(dtype), unembed.astype(dtype), preferred_element_type=jnp.float32)
 
 
-def unembedding_for_chunks(unembed: Array, dtype) -> Array:
-  """unembed [V, E] in compute `dtype`, constrained to V over the context mesh's `tensor` axis (where it divides V)
-  and E unsplit: replicated over the batch axes. Why: the parameter's E is split over `fsdp`, and left so, the
-  partitioner all-gathers it inside the chunk loop, once per chunk forward and backward; constrained before the loop
-  it is gathered once per call (and its gradient reduce-scattered once). The identity without a mesh."""
-  unembed = unembed.astype(dtype)
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
-    return unembed
-  axes = {a: n for a, n in mesh.shape.items() if a in mesh.auto_axes and n > 1}
-  if not axes:
-    return unembed
-  spec = logical_mesh_axes(("vocab", None), unembed.shape, axes, (("vocab", (TENSOR_AXIS,)),))
-  return jax.lax.with_sharding_constraint(unembed, P(*spec))
-
-
 def logprobs_from_hidden(hidden: Array, unembed: Array, input_ids: Array, attention_mask: Array | None = None,
                          temperature: float | Array = 1.0, chunk_size: int = 128, return_entropy: bool = False,
                          dtype=None) -> Array | tuple[Array, Array]:
@@ -54,8 +36,7 @@ def logprobs_from_hidden(hidden: Array, unembed: Array, input_ids: Array, attent
   Returns logprobs [B, T] float32 (and entropy [B, T] float32 of the same tempered distribution,
   `H = logsumexp(z) − Σ softmax(z)·z`, with the same zeros), aligned as in the module docstring.
   Time is processed in chunks of `chunk_size` by `lax.map` over a `jax.checkpoint`ed function, so the backward pass
-  also rebuilds one chunk's logits at a time; the unembedding is gathered once, before the loop
-  (`unembedding_for_chunks`).
+  also rebuilds one chunk's logits at a time.
   """
   b, t, e = hidden.shape
   dtype = dtype or hidden.dtype
@@ -74,7 +55,6 @@ def logprobs_from_hidden(hidden: Array, unembed: Array, input_ids: Array, attent
   # [n_chunks, B, C, ...] so lax.map walks over time chunks.
   h_chunks = prev_hidden.reshape(b, n_chunks, chunk, e).swapaxes(0, 1)
   y_chunks = targets.reshape(b, n_chunks, chunk).swapaxes(0, 1)
-  unembed = unembedding_for_chunks(unembed, dtype)
 
   @jax.checkpoint
   def score(args):

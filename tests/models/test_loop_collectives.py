@@ -1,10 +1,9 @@
-"""Collectives kept out of the time loops (issue 19, levers 1 and 5), checked on a compiled v5p:2x2x1 (4 chips) program
+"""Collectives kept out of the time loops (issue 19, lever 1), checked on a compiled v5p:2x2x1 (4 chips) program
 with `sao.train.hlo_cost`: each executed instruction carries its count, the product of the trip counts of the loops
-around it, so an all-reduce / all-gather inside a block or chunk loop has count > 1.
+around it, so an all-reduce inside a block loop has count > 1.
 
 - Blockwise attention with fewer KV heads than `tensor` chips: the KV gradient is summed over the chips sharing a KV
   head once (`attention.replicate_kv_heads`), not once per key block × query block.
-- Chunked log-probs: the fsdp-split unembedding is gathered once (`logprobs.unembedding_for_chunks`), not per chunk.
 
 And the CPU checks of the same helpers (exact numerics, the repeat count), which need no libtpu.
 """
@@ -19,7 +18,6 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from sao.models import attention as attn
-from sao.models import logprobs
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
 
@@ -80,17 +78,3 @@ def test_kv_gradient_is_not_reduced_inside_the_block_loop():
   with jax.set_mesh(mesh):
     compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(q, k, k).compile()
   assert _loop_collectives(compiled, chip, "all-reduce") == []
-
-
-@needs_libtpu
-def test_unembedding_is_not_gathered_inside_the_chunk_loop():
-  """unembed [V, E] split V over tensor = 2 and E over fsdp = 2, 8 time chunks: no all-gather runs more than once."""
-  chip, mesh = _tpu_mesh(2, 2)
-  b, t, e, vocab = 4, 513, 256, 1024
-  hidden = jax.ShapeDtypeStruct((b, t, e), "bfloat16", sharding=NamedSharding(mesh, P("fsdp")))
-  unembed = jax.ShapeDtypeStruct((vocab, e), "bfloat16", sharding=NamedSharding(mesh, P("tensor", "fsdp")))
-  ids = jax.ShapeDtypeStruct((b, t), "int32", sharding=NamedSharding(mesh, P("fsdp")))
-  loss = lambda hidden, unembed, ids: jnp.sum(logprobs.logprobs_from_hidden(hidden, unembed, ids, chunk_size=64))
-  with jax.set_mesh(mesh):
-    compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(hidden, unembed, ids).compile()
-  assert _loop_collectives(compiled, chip, "all-gather") == []
