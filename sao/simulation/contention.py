@@ -23,7 +23,7 @@ import bisect
 import math
 from typing import Sequence
 
-from sao.simulation.stalls import StallSchedule
+from sao.simulation.stalls import StallSchedule, run_turns
 
 
 class EngineClock:
@@ -82,9 +82,4 @@ class EngineClock:
   def run(self, start: float, engine_s: Sequence[float], other_s: Sequence[float]) -> float:
     """When a sequence of turns that starts at `start` ends: engine_s[i] engine-seconds at the engines' rate, then
     other_s[i] seconds of a tool call (at full speed, through stalls and steps), for each i in order."""
-    if len(engine_s) != len(other_s):
-      raise ValueError(f"EngineClock.run: {len(engine_s)} generations but {len(other_s)} tool calls")
-    t = start
-    for gen, other in zip(engine_s, other_s):
-      t = self.finish(t, float(gen)) + float(other)
-    return t
+    return run_turns(self.finish, "EngineClock.run", start, engine_s, other_s)

@@ -69,6 +69,17 @@ def merge(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]
   return out
 
 
+def run_turns(finish, name: str, start: float, engine_s: Sequence[float], other_s: Sequence[float]) -> float:
+  """When turns that start at `start` end: for each i, `finish(t, engine_s[i])` (when that much engine work, begun at
+  t, is done on the clock `finish` belongs to), then other_s[i] seconds of a tool call at full speed."""
+  if len(engine_s) != len(other_s):
+    raise ValueError(f"{name}: {len(engine_s)} generations but {len(other_s)} tool calls")
+  t = start
+  for gen, other in zip(engine_s, other_s):
+    t = finish(t, float(gen)) + float(other)
+  return t
+
+
 class StallSchedule:
   """One run's stalls: `model`'s explicit intervals merged with its process's draws, generated as far as asked."""
 
@@ -118,12 +129,7 @@ class StallSchedule:
   def run(self, start: float, engine_s: Sequence[float], other_s: Sequence[float]) -> float:
     """When a sequence of turns that starts at `start` ends: engine_s[i] engine-seconds (through the stalls), then
     other_s[i] seconds of a tool call (which runs on through a stall), for each i in order."""
-    if len(engine_s) != len(other_s):
-      raise ValueError(f"StallSchedule.run: {len(engine_s)} generations but {len(other_s)} tool calls")
-    t = start
-    for gen, other in zip(engine_s, other_s):
-      t = self.finish(t, float(gen)) + float(other)
-    return t
+    return run_turns(self.finish, "StallSchedule.run", start, engine_s, other_s)
 
   def state_at(self, t: float) -> tuple[bool, float]:
     """(whether the engines stall at t, a time before which that does not change: the stall's end, else the next
