@@ -231,10 +231,16 @@ def read_module(path: str) -> Module:
 _FLIP = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE", "EQ": "EQ", "NE": "NE"}
 
 
-def _constant(comp: Computation, name: str) -> int | None:
+def _through_casts(comp: Computation, name: str) -> Instruction | None:
+  """The instruction `name` is, looking through bitcasts, converts and copies (None if it is not in `comp`)."""
   inst = comp.by_name.get(name)
   while inst is not None and inst.opcode in ("bitcast", "convert", "copy") and inst.operands:
     inst = comp.by_name.get(inst.operands[0])
+  return inst
+
+
+def _constant(comp: Computation, name: str) -> int | None:
+  inst = _through_casts(comp, name)
   if inst is None or inst.opcode != "constant":
     return None
   try:
@@ -245,9 +251,7 @@ def _constant(comp: Computation, name: str) -> int | None:
 
 def _tuple_index(comp: Computation, name: str) -> int | None:
   """`k` when `name` is `get-tuple-element(parameter, index=k)` (through bitcasts / converts)."""
-  inst = comp.by_name.get(name)
-  while inst is not None and inst.opcode in ("bitcast", "convert", "copy") and inst.operands:
-    inst = comp.by_name.get(inst.operands[0])
+  inst = _through_casts(comp, name)
   if inst is None or inst.opcode != "get-tuple-element":
     return None
   source = comp.by_name.get(inst.operands[0])
