@@ -92,16 +92,25 @@ def sample_tokens(logits: Array, keys: Array, temperature: Array, top_p: Array,
   return tokens, jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
 
 
+def _row_keys(seed: jax.Array, batch: int) -> jax.Array:
+  """Row i's sampling key, fold_in(PRNGKey(seed), i), for i < batch: derived inside the jitted program (built
+  eagerly, these few ops cost the engine more host time per call than the rest of its dispatch)."""
+  base = jax.random.PRNGKey(seed)
+  return jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.arange(batch))
+
+
 def _prefill_and_decode(params, cache, prompt_ids, prompt_mask, temperature, top_p, top_k, stop_ids,
-                        max_new_tokens, row_keys, config: ModelConfig, max_new: int):
+                        max_new_tokens, seed, config: ModelConfig, max_new: int):
   """Prefills prompt_ids [B, P] (left-padded, mask [B, P]) on top of `cache`, then decodes up to max_new tokens.
 
   Returns (ids [B, N], logprobs [B, N], lengths [B], stopped [B], final cache) with N = max_new; the final cache
   holds every real token fed (the cache's own, the prompt's, and every generated token, the last one included).
+  `seed`: an int32 scalar; row i samples with `_row_keys(seed, B)[i]`.
   """
   model = CausalLM(config)
   variables = {"params": params}
   batch = prompt_ids.shape[0]
+  row_keys = _row_keys(seed, batch)
   hidden, cache = model.apply(variables, prompt_ids, prompt_mask, cache, method=CausalLM.hidden)
   logits = model.apply(variables, hidden[:, -1], method=CausalLM.logits)  # left padding: last slot is real
 
@@ -133,7 +142,7 @@ def _prefill_and_decode(params, cache, prompt_ids, prompt_mask, temperature, top
 
 
 @functools.partial(jax.jit, static_argnames=("config", "max_new"))
-def _generate(params, prompt_ids, prompt_mask, temperature, top_p, top_k, stop_ids, max_new_tokens, row_keys,
+def _generate(params, prompt_ids, prompt_mask, temperature, top_p, top_k, stop_ids, max_new_tokens, seed,
               config: ModelConfig, max_new: int):
   """prompt_ids/mask: [B, P] left-padded; stop_ids: [B, S] (−1 = none); max_new_tokens: [B] (0 = empty row).
 
@@ -141,7 +150,7 @@ def _generate(params, prompt_ids, prompt_mask, temperature, top_p, top_k, stop_i
   """
   cache = init_cache(config, prompt_ids.shape[0], prompt_ids.shape[1] + max_new)
   return _prefill_and_decode(params, cache, prompt_ids, prompt_mask, temperature, top_p, top_k, stop_ids,
-                             max_new_tokens, row_keys, config, max_new)[:4]
+                             max_new_tokens, seed, config, max_new)[:4]
 
 
 # Continues from a given cache (`sao.models.prefix_state.pack`); returns the final cache too.
@@ -204,9 +213,9 @@ class Sampler:
         mask[i, length - p.size:] = 1
       stop[i, :len(sp.stop_token_ids)] = sp.stop_token_ids
       temperature[i], top_p[i], top_k[i], max_tokens[i] = sp.temperature, sp.top_p, sp.top_k, sp.max_new_tokens
-    base = jax.random.PRNGKey(seed)
-    row_keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.arange(batch))
-    return ids, mask, temperature, top_p, top_k, stop, max_tokens, row_keys
+    if not -2**31 <= seed < 2**31:
+      raise ValueError(f"seed: {seed} does not fit in int32")
+    return ids, mask, temperature, top_p, top_k, stop, max_tokens, np.int32(seed)
 
   @staticmethod
   def _completions(n, out_ids, out_lp, lengths, stopped) -> list[Completion]:

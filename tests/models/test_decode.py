@@ -166,3 +166,20 @@ def test_bfloat16_compute_stays_close_to_float32():
   real = mask.astype(bool)
   err = np.abs(got[real] - want[real]).max()
   assert 0 < err < 0.1 * np.abs(want[real]).max()
+
+
+@pytest.mark.parametrize("seed", [0, 7, 2**31 - 1, -5])
+def test_row_keys_in_the_program_equal_the_documented_fold_in(seed):
+  """Row i samples with fold_in(PRNGKey(seed), i); the program derives the keys itself from an int32 seed."""
+  from sao.models.sampling import _row_keys  # pylint: disable=import-outside-toplevel
+  got = jax.jit(_row_keys, static_argnums=1)(np.int32(seed), 5)
+  base = jax.random.PRNGKey(seed)
+  want = jnp.stack([jax.random.fold_in(base, i) for i in range(5)])
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_seed_outside_int32_is_an_error_naming_it():
+  config = ModelConfig.tiny("qwen3")
+  sampler = Sampler(config, random_params(config, seed=4), batch_buckets=(4,))
+  with pytest.raises(ValueError, match="seed: 4294967296"):
+    sampler.generate([np.arange(3)], SamplingParams(max_new_tokens=2), seed=2**32)
