@@ -45,8 +45,8 @@ def prompt_buckets(max_total_tokens: int) -> list[int]:
 
 def engine_args(config: ml_collections.ConfigDict, cache_dir: str) -> list[str]:
   """The `sao.engines.serve` flags that fit the run's rollouts: every agent loop of a worker in one batch, the
-  episode's token budget as the longest prompt, the config's queue bound (`engine_max_queued_rows`), and a
-  persistent compilation cache in `cache_dir`."""
+  episode's token budget as the longest prompt, the config's queue bound (`engine_max_queued_rows`), a
+  persistent compilation cache in `cache_dir`, and the config's `xla_cpu_threads`."""
   r = config.rollout
   if config.engine_max_queued_rows < 1:  # here, not in the engine's log after it failed to start
     raise ValueError(f"engine_max_queued_rows: must be >= 1, got {config.engine_max_queued_rows}")
@@ -57,7 +57,8 @@ def engine_args(config: ml_collections.ConfigDict, cache_dir: str) -> list[str]:
           f"--prompt_buckets={','.join(str(b) for b in prompt_buckets(r.max_total_tokens))}",
           # Each (batch, prompt) bucket compiles once; the persistent cache makes a resumed run or the next
           # experiment start in seconds.
-          f"--compilation_cache_dir={cache_dir}"]
+          f"--compilation_cache_dir={cache_dir}",
+          f"--xla_cpu_threads={config.xla_cpu_threads}"]
 
 
 def child_env(env: dict[str, str] | None = None) -> dict[str, str]:

@@ -30,6 +30,7 @@ import ml_collections
 
 from sao import run_config
 from sao.engines import host_malloc
+from sao.engines import xla_cpu_threads
 from sao.rollout import envs
 from sao.rollout import harnesses as harness_lib
 
@@ -129,6 +130,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, config_args: Sequence
   train_tasks, validation_tasks = check_startable(config)
   from sao.train import coordination  # pylint: disable=g-import-not-at-top
   multi = join_job(config)
+  xla_cpu_threads.limit(config.xla_cpu_threads)  # after jax.distributed joins, before the first computation
   channel = coordination.create(config.distributed.heartbeat_timeout_s) if multi else coordination.LocalChannel()
   try:
     _train(config, workdir, config_args, channel, train_tasks, validation_tasks)

@@ -74,6 +74,10 @@ def base_config() -> ml_collections.ConfigDict:
       checkpoint_every=50,
       critic_trace_every=10,  # SAO: dump one success + one failure with per-token critic values (0 = off)
       keep_policy_exports=3,
+      # Threads of XLA:CPU's pools in the trainer process and in each local engine (0: one per core). The toy's
+      # trainer, engine and worker share a few cores: one-thread pools spend less CPU per step
+      # (sao.engines.xla_cpu_threads).
+      xla_cpu_threads=1,
       model=dict(
           init="toy",  # toy: a fresh tiny model warm-started on demonstrations | hf: load hf_path
           hf_path="",
@@ -236,6 +240,7 @@ def full_scale(config: ml_collections.ConfigDict) -> None:
   config.env.kwargs = dict(max_turns=FULL_MAX_TURNS)  # the env's own default (30) would end episodes first
   config.total_steps = 300
   config.recipe.sft_steps = 0
+  config.xla_cpu_threads = 0  # the trainer owns its host; the engines are SGLang's
   c.actor.optimizer.learning_rate = 1e-6
   c.actor.optimizer.schedule = "constant"  # 10 warmup steps (the base's), then constant (the toy decays)
   c.batching.bucket_lengths = (32768, 65536, 131072)

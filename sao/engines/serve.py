@@ -23,7 +23,7 @@ if __name__ == "__main__":
 from absl import app, flags  # noqa: E402
 from aiohttp import web
 
-from sao.engines import auth, host_malloc, lifetime, local_server
+from sao.engines import auth, host_malloc, lifetime, local_server, xla_cpu_threads
 from sao.engines.http_app import build_app
 from sao.engines.local_engine import EngineConfig, LocalEngine
 
@@ -52,6 +52,8 @@ def define_flags() -> None:
   flags.DEFINE_integer("seed", 0, "Sampling seed base.")
   flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Param and compute dtype.")
   flags.DEFINE_string("compilation_cache_dir", None, "JAX persistent compilation cache (speeds up restarts).")
+  flags.DEFINE_integer("xla_cpu_threads", 0, "Threads of XLA:CPU's pools in this process (0: one per CPU it may "
+                       "run on); fewer when other busy processes share its cores (sao.engines.xla_cpu_threads).")
 
 
 def _buckets(values: list[str] | None, default: tuple[int, ...]) -> tuple[int, ...]:
@@ -83,6 +85,7 @@ def main(argv: list[str]) -> None:
   host_malloc.keep_freed_memory()  # before JAX's thread pools start: the sampler's buffers are reused
   api_key = auth.token_from_env(f.api_key)
   auth.require_token_for_bind(f.host, api_key, "sao.engines.serve")  # before the slow model load
+  xla_cpu_threads.limit(f.xla_cpu_threads)  # before the first JAX computation
   if f.compilation_cache_dir:
     import jax
     jax.config.update("jax_compilation_cache_dir", f.compilation_cache_dir)
