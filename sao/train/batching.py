@@ -19,7 +19,6 @@ from typing import Sequence
 import numpy as np
 from absl import logging
 
-from sao.core.advantages import place_terminal_reward
 from sao.transport.trajectory import Trajectory
 
 FIELDS = ("input_ids", "attention_mask", "action_mask", "rollout_logprobs", "rewards", "token_rewards", "group_ids",
@@ -93,6 +92,7 @@ class Batcher:
         "action_mask": np.zeros((rows, num_tokens), bool),
         "rollout_logprobs": np.zeros((rows, num_tokens), np.float32),
         "rewards": np.zeros((rows,), np.float32),
+        "token_rewards": np.zeros((rows, num_tokens), np.float32),
         "group_ids": -np.arange(1, rows + 1, dtype=np.int32),
         "policy_version": np.zeros((rows,), np.int32),
         "valid": np.zeros((rows,), bool),
@@ -108,8 +108,9 @@ class Batcher:
       batch["group_ids"][i] = group_index.setdefault(traj.group_id, len(group_index))
       batch["policy_version"][i] = traj.policy_version
       batch["valid"][i] = True
-    token_rewards, _ = place_terminal_reward(batch["rewards"], batch["action_mask"])
-    batch["token_rewards"] = np.asarray(token_rewards, np.float32)
+      # The outcome reward on the last action token (`sao.core.advantages.place_terminal_reward`, here in numpy: on
+      # the host, the jnp version dispatched ~10 eager ops per batch and compiled them for every new T).
+      batch["token_rewards"][i, traj.reward_token_index()] = traj.reward
     shape = (rows, num_tokens)
     if shape not in self.seen_shapes:
       self.seen_shapes.add(shape)
@@ -149,6 +150,22 @@ def length_groups(attention_mask: np.ndarray, num_groups: int, rows_multiple: in
     members = order[start:start + size]
     groups.append(LengthGroup(members, min(bucket_length(int(lengths[members].max()), buckets), num_tokens)))
   return groups
+
+
+def group_shapes(rows: int, num_groups: int, rows_multiple: int, buckets: Sequence[int],
+                 max_tokens: int) -> list[tuple[int, int]]:
+  """Every group shape `[b, T_g]` that `length_groups` can cut from a batch of `rows` rows whose trajectories hold at
+  most `max_tokens` tokens: the row counts it uses for `rows` (one, or two when the last group takes the rest) × the
+  buckets up to `max_tokens`'s bucket. What the learner compiles ahead (`Learner.precompile`)."""
+  if rows < 1 or max_tokens < 1:
+    raise ValueError(f"group_shapes: rows ({rows}) and max_tokens ({max_tokens}) must be >= 1")
+  if num_groups < 1 or rows_multiple < 1:
+    raise ValueError(f"group_shapes: num_groups ({num_groups}) and rows_multiple ({rows_multiple}) must be >= 1")
+  size = -(-rows // (num_groups * rows_multiple)) * rows_multiple
+  counts = sorted({min(size, rows - start) for start in range(0, rows, size)}, reverse=True)
+  top = bucket_length(max_tokens, buckets)
+  lengths = sorted({min(int(b), top) for b in buckets} | {top})
+  return [(b, length) for b in counts for length in lengths]
 
 
 def check_batch(batch: dict[str, np.ndarray]) -> None:

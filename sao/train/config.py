@@ -80,6 +80,9 @@ def default_learner_config() -> ml_collections.ConfigDict:
           # >0: each step sorts the rows by length into this many groups, each padded only to its own bucket (the
           # same update, less padding; `batching.length_groups`); 0 = one [B, T] batch
           length_groups=0,
+          # With length_groups: the trainer compiles every group shape's programs in a thread as it builds a learner
+          # (`Learner.precompile`), so no update stalls compiling a shape it meets first.
+          precompile=True,
       ),
       mesh=dict(data=1, fsdp=-1, expert=1, tensor=1),  # sao.models.mesh_axes.MESH_AXES; −1 = the remaining devices
       logprob_chunk_size=128,  # time chunk of the fused unembedding + log-softmax

@@ -28,10 +28,9 @@ is raised after `nan_guard_limit` in a row.
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
@@ -42,6 +41,7 @@ from sao.models.transformer import abstract_params, init_critic_from_policy
 from sao.train import actor_losses, batching, roles, state as state_lib, steps
 from sao.train import checkpoint as ckpt_lib
 from sao.train import distributed
+from sao.train import precompile as precompile_lib
 from sao.train import targets
 from sao.train import mesh as mesh_lib
 from sao.train.config import config_to_json, validate_learner_config
@@ -189,6 +189,11 @@ class Learner:
     metrics["learner/version"] = float(self.version)
     return metrics, traces
 
+  def precompile(self, batch_size: int, max_tokens: int, roles: Sequence[str] | None = None) -> Iterator[str]:
+    """Compiles the update's programs for every shape a batch of `batch_size` trajectories of at most `max_tokens`
+    tokens can give, one per iteration, without running them (`sao.train.precompile.learner_programs`)."""
+    return precompile_lib.learner_programs(self, batch_size, max_tokens, roles)
+
   def sft_update(self, batch: dict | Sequence[Trajectory]) -> dict[str, float]:
     """One supervised step: masked token NLL `−(1/N) Σ m·logp` on the action tokens (toy warm start)."""
     if not isinstance(batch, dict):
@@ -290,7 +295,7 @@ class Learner:
     metrics.update(adv_diag)
     if self.num_updates >= c.critic_warmup_steps:
       metrics.update(self._actor_update(dict(batch, advantages=advantages), groups))
-    metrics["actor/warmup"] = jnp.asarray(self.num_updates < c.critic_warmup_steps, jnp.float32)
+    metrics["actor/warmup"] = np.float32(self.num_updates < c.critic_warmup_steps)
     return metrics, {"values": values_before, "returns": returns, "advantages": advantages}
 
   def _update_group(self, batch: dict, groups: list[batching.LengthGroup] | None) -> dict[str, jax.Array]:

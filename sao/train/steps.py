@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import threading
 from typing import Any, Callable
 
 import flax
@@ -270,7 +271,8 @@ class GroupedStep:
                micro_batch_size: int):
     self.kind = kind
     self._micro_loss = micro_loss
-    self._denominator_fn = denominator_fn
+    # One program per batch shape (called eagerly on the host mask, a token count is several ops compiled per T).
+    self._denominator = jax.jit(denominator_fn)
     self._trainable = trainable
     self._micro_batch_size = micro_batch_size
     rep = mesh_lib.replicated(mesh)
@@ -278,6 +280,8 @@ class GroupedStep:
     # (grad_sum, loss_sum, metrics): grads sharded as their params (frozen leaves are None on both sides).
     self._carry_shardings = (_partition(state_shardings.params, trainable)[0], rep, rep)
     self._zeros = None  # built on first use: the metric shapes come from tracing the loss once
+    self._lock = threading.Lock()  # `precompile` may run in a thread beside the first call
+    self._applied_compiled = False
 
     def accumulate(params, batch, carry):
       TRACE_COUNTS[kind] += 1
@@ -298,19 +302,45 @@ class GroupedStep:
     del rng  # as in the one-call step
     if not groups:
       raise ValueError(f"{self.kind} step: no groups")
-    if self._zeros is None:
-      num_micro = num_micro_batches(groups[0]["input_ids"].shape[0], self._micro_batch_size)
-      example = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
-                             jax.eval_shape(lambda b: split_micro(b, num_micro), groups[0]))
-      metrics_shape = _check_metric_names(self._micro_loss, self.kind, state.params, example)
-      self._zeros = jax.jit(lambda params: _zero_carry(metrics_shape, _partition(params, self._trainable)[0]),
-                            in_shardings=(self._param_shardings,), out_shardings=self._carry_shardings)
+    self._build_zeros(state.params, groups[0])
     carry = self._zeros(state.params)
     for batch in groups:
       carry = self._accumulate(state.params, batch, carry)
     mask = np.asarray(action_mask).astype(bool)
-    denominator = np.float32(np.asarray(self._denominator_fn(mask)))
+    denominator = np.float32(np.asarray(self._denominator(mask)))
     return self._apply(state, carry, denominator, np.float32(mask.sum()))
+
+  def precompile(self, state: TrainState, group: Any) -> None:
+    """Compiles the programs a call with a group shaped as `group` runs (`accumulate` for that shape; `zeros` and
+    `apply`, shape-free, on the first call) without running them. `state`: the role's abstract state
+    (`jax.ShapeDtypeStruct`s with its shardings: nothing is read, so a thread may compile while the live state is
+    being donated); `group`: a device batch `[b_g, T_g]` of the step's batch keys, or its abstract shapes. A later
+    call on those shapes finds the compiled programs in jit's cache: nothing is traced or compiled again."""
+    self._build_zeros(state.params, group)
+    carry = self._zeros.eval_shape(state.params)  # carries the carry's shardings, as the real call's zeros do
+    self._accumulate.lower(state.params, group, carry).compile()
+    if not self._applied_compiled:
+      scalar = jax.ShapeDtypeStruct((), jnp.float32)
+      self._zeros.lower(state.params).compile()
+      self._apply.lower(state, carry, scalar, scalar).compile()
+      self._applied_compiled = True
+
+  def precompile_denominator(self, mask_shape: tuple[int, int]) -> None:
+    """Compiles the denominator's program for a whole batch's `[B, T]` action mask (host bool)."""
+    self._denominator.lower(jax.ShapeDtypeStruct(mask_shape, np.bool_)).compile()
+
+  def _build_zeros(self, params: Any, group: Any) -> None:
+    """`self._zeros`, the zero carry's program, built on first use: the metric shapes come from tracing the loss
+    once on one micro-batch of `group`."""
+    with self._lock:
+      if self._zeros is not None:
+        return
+      num_micro = num_micro_batches(group["input_ids"].shape[0], self._micro_batch_size)
+      example = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
+                             jax.eval_shape(lambda b: split_micro(b, num_micro), group))
+      metrics_shape = _check_metric_names(self._micro_loss, self.kind, params, example)
+      self._zeros = jax.jit(lambda params: _zero_carry(metrics_shape, _partition(params, self._trainable)[0]),
+                            in_shardings=(self._param_shardings,), out_shardings=self._carry_shardings)
 
 
 def make_grouped_actor_step(kind: str, model_config: ModelConfig, tx: optax.GradientTransformation, trainable: Any,

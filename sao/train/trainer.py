@@ -45,6 +45,7 @@ from sao.train import checkpoint as ckpt_lib
 from sao.train import coordination
 from sao.train import distributed
 from sao.train import mesh as mesh_lib
+from sao.train import precompile as precompile_lib
 from sao.train import progress
 from sao.train import writers as writers_lib
 from sao.train.export import export_policy
@@ -96,6 +97,7 @@ class Trainer:
     self.trace_writer = critic_traces.TraceWriter(self.workdir) if self.is_coordinator else None
     self.history: list[dict[str, float]] = []
     self.validations: list[tuple[int, float]] = []  # (policy version, success rate)
+    self._precompilers: list[precompile_lib.Precompiler] = []
 
   def _decide(self, tag: str, decide: Callable[[], Any]) -> Any:
     """`decide()` evaluated on process 0 and shared: every process gets process 0's answer."""
@@ -242,6 +244,8 @@ class Trainer:
       checkpointer.wait()
       return summary
     finally:
+      for precompiler in self._precompilers:
+        precompiler.stop()
       launcher.stop()
       if server is not None:
         server.stop()
@@ -266,12 +270,23 @@ class Trainer:
     overrides = {}
     if self.config.learner.algorithm == "sao" and has_value_init:
       overrides = {"critic.init": "checkpoint", "critic.init_path": value_init}
-    return Learner(_learner_config(self.config, **overrides), model_config, params)
+    learner = Learner(_learner_config(self.config, **overrides), model_config, params)
+    self._precompile(learner)
+    return learner
+
+  def _precompile(self, learner: Learner, roles: Sequence[str] | None = None) -> None:
+    """With `learner.batching.precompile` (and length groups), compiles `roles`' programs for every group shape in a
+    thread while the run goes on (`sao.train.precompile`): no update stalls on a shape it meets first."""
+    c = self.config
+    if c.learner.batching.length_groups and c.learner.batching.precompile:
+      self._precompilers.append(precompile_lib.Precompiler(learner, c.rollout.batch_size,
+                                                           c.rollout.max_total_tokens, roles))
 
   def _value_pretraining(self, model_config, params, server, value_init: str) -> int:
     """Critic-only updates (actor frozen) on the base policy's rollouts; saves the critic for the RL phase."""
     steps = self.config.recipe.value_pretrain_steps
     learner = Learner(_learner_config(self.config, **{"sao.critic_warmup_steps": steps + 1}), model_config, params)
+    self._precompile(learner, ("critic",))  # the actor does not train here
     self._print(f"[value pretraining] {steps} critic-only steps on base-policy rollouts")
     self._train(learner, model_config, server, None, 0, steps, phase="value_pretrain")
     learner.save_critic(value_init)

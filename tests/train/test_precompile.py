@@ -1,0 +1,127 @@
+"""`sao.train.precompile`: every group shape an update can meet is compiled ahead, into the caches the update hits."""
+from __future__ import annotations
+
+import jax
+import jax.monitoring
+import numpy as np
+import pytest
+
+from sao.core.advantages import place_terminal_reward
+from sao.train import batching, precompile, steps
+from tests.train import helpers
+
+_BUCKETS = (8, 16, 24, 32)
+_MAX_LEN = 30
+
+
+def _config(algorithm: str, **overrides):
+  # Two buckets and two groups of 4 rows: two group shapes, few programs to compile.
+  return helpers.learner_config(**{"algorithm": algorithm, "sao.critic_warmup_steps": 0,
+                                   "batching.bucket_lengths": (16, 32), "batching.length_groups": 2, **overrides})
+
+
+class _Compiles:
+  """Counts XLA backend compilations (JAX's monitoring event) while it is entered."""
+
+  def __enter__(self):
+    self.count = 0
+    jax.monitoring.register_event_duration_secs_listener(self._listen)
+    return self
+
+  def _listen(self, event: str, _secs: float, **_kwargs) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+      self.count += 1
+
+  def __exit__(self, *exc):
+    jax.monitoring.unregister_event_duration_listener(self._listen)
+
+
+@pytest.mark.parametrize("rows,num_groups,multiple", [(8, 3, 1), (8, 2, 2), (10, 4, 1), (64, 16, 1), (6, 1, 2)])
+def test_group_shapes_cover_every_shape_length_groups_cuts(rows, num_groups, multiple):
+  rng = np.random.default_rng(rows * num_groups + multiple)
+  shapes = set(batching.group_shapes(rows, num_groups, multiple, _BUCKETS, _MAX_LEN))
+  seen = set()
+  for _ in range(200):
+    lengths = rng.integers(1, _MAX_LEN + 1, rows)
+    if rng.random() < 0.3:  # batches of short rows only: the batch's own T is a small bucket
+      lengths = rng.integers(1, 9, rows)
+    num_tokens = batching.bucket_length(int(lengths.max()), _BUCKETS)  # the batch's T, as the Batcher pads it
+    mask = (np.arange(num_tokens)[None, :] < lengths[:, None]).astype(np.int32)
+    seen |= {(len(g.rows), g.length) for g in batching.length_groups(mask, num_groups, multiple, _BUCKETS)}
+  assert seen <= shapes, seen - shapes
+  assert {length for _, length in shapes} == {8, 16, 24, 32}
+
+
+def test_group_shapes_rejects_bad_sizes():
+  for args in ((0, 2, 1, _BUCKETS, 8), (8, 0, 1, _BUCKETS, 8), (8, 2, 0, _BUCKETS, 8), (8, 2, 1, _BUCKETS, 0)):
+    with pytest.raises(ValueError, match="group_shapes"):
+      batching.group_shapes(*args)
+
+
+@pytest.mark.parametrize("algorithm", ["sao", "gspo"])
+def test_precompiled_updates_compile_nothing_and_equal_updates_without_it(algorithm):
+  rows = 8
+  config = _config(algorithm)
+  learner, reference = helpers.make_learner(config), helpers.make_learner(config)
+  compiled = list(learner.precompile(rows, _MAX_LEN))
+  assert compiled and all(isinstance(name, str) for name in compiled)
+  traces = dict(steps.TRACE_COUNTS)
+  # Every row has an action token (min_len 5: a batch of 8 rows, as precompiled); the last batch fits T = 16.
+  batches = [helpers.trajectories(seed=40 + i, n=rows, min_len=5, max_len=_MAX_LEN) for i in range(2)]
+  batches.append(helpers.trajectories(seed=50, n=rows, min_len=5, max_len=14))
+  with _Compiles() as compiles:
+    metrics = [learner.update(batch) for batch in batches]
+  assert compiles.count == 0 and dict(steps.TRACE_COUNTS) == traces
+  for m, batch in zip(metrics, batches):
+    expected = reference.update(batch)
+    assert m.keys() == expected.keys()
+    for key in m:
+      np.testing.assert_allclose(m[key], expected[key], rtol=1e-6, atol=1e-7, err_msg=key)
+  for a, b in zip(jax.tree.leaves(jax.device_get(learner.actor.state)),
+                  jax.tree.leaves(jax.device_get(reference.actor.state))):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_precompile_checks_roles_and_is_empty_without_length_groups():
+  gspo = helpers.make_learner(_config("gspo"))
+  for roles in (("critic",), ("actor", "optimizer"), ()):
+    with pytest.raises(ValueError, match="precompile: roles"):
+      gspo.precompile(8, _MAX_LEN, roles)
+  assert list(helpers.make_learner(_config("sao", **{"batching.length_groups": 0})).precompile(8, _MAX_LEN)) == []
+
+
+def test_precompiler_thread_compiles_while_updates_run_and_stops_early():
+  config = _config("sao")
+  learner = helpers.make_learner(config)
+  expected = len(list(helpers.make_learner(config).precompile(8, _MAX_LEN)))
+  precompiler = precompile.Precompiler(learner, 8, _MAX_LEN)
+  for i in range(2):  # updates donate the live states while the thread lowers from abstract ones
+    learner.update(helpers.trajectories(seed=60 + i, n=8, min_len=5, max_len=_MAX_LEN))
+  precompiler.stop()
+  assert precompiler.done and precompiler.error is None and len(precompiler.compiled) == expected
+  stopped = precompile.Precompiler(helpers.make_learner(config), 8, _MAX_LEN)
+  stopped.stop()
+  assert stopped.done and stopped.error is None and len(stopped.compiled) <= 1
+
+
+def test_precompiler_logs_an_error_and_ends(monkeypatch):
+  learner = helpers.make_learner(_config("sao"))
+
+  def broken(*args):
+    raise RuntimeError("compile failed")
+
+  monkeypatch.setattr(learner._grouped_actor_step, "precompile", broken)  # pylint: disable=protected-access
+  precompiler = precompile.Precompiler(learner, 8, _MAX_LEN)
+  precompiler.stop(timeout_s=60)
+  assert precompiler.done and isinstance(precompiler.error, RuntimeError) and precompiler.compiled == []
+  learner.update(helpers.trajectories(seed=70, n=8, min_len=5, max_len=_MAX_LEN))  # compiles on demand instead
+
+
+def test_batcher_token_rewards_equal_place_terminal_reward():
+  rng = np.random.default_rng(3)
+  trajs = helpers.trajectories(seed=5, n=12, min_len=2, max_len=30)
+  for t in trajs:
+    t.reward = float(rng.normal())
+  batch, _ = batching.Batcher(_BUCKETS)(trajs)
+  expected, _ = place_terminal_reward(batch["rewards"], batch["action_mask"])
+  np.testing.assert_array_equal(batch["token_rewards"], np.asarray(expected))
