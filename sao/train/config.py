@@ -80,8 +80,9 @@ def default_learner_config() -> ml_collections.ConfigDict:
           # >0: each step sorts the rows by length into this many groups, each padded only to its own bucket (the
           # same update, less padding; `batching.length_groups`); 0 = one [B, T] batch
           length_groups=0,
-          # With length_groups: the trainer compiles every group shape's programs in a thread as it builds a learner
-          # (`Learner.precompile`), so no update stalls compiling a shape it meets first.
+          # The trainer compiles the update's programs for every batch shape in a thread (`Learner.precompile`), so no
+          # update stalls compiling a shape it meets first: during the supervised warm start into the persistent
+          # compilation cache when there is one, else beside the run as it builds a learner (docs/performance.md)
           precompile=True,
       ),
       mesh=dict(data=1, fsdp=-1, expert=1, tensor=1),  # sao.models.mesh_axes.MESH_AXES; −1 = the remaining devices

@@ -1,11 +1,14 @@
 """Compiling a learner's programs before an update first needs them, in a thread beside the run.
 
-With `batching.length_groups` an update runs per-group programs whose shapes `[b, T_g]` come from the bucket lengths
-(`sao.train.batching.group_shapes`): the update that first meets a shape stalls while XLA compiles it (the toy's
-first actor steps: ≈ 25 s of the run, docs/performance.md). `learner_programs` compiles every one of them ahead,
-from abstract states (`jax.ShapeDtypeStruct`s with the learner's shardings: no live array is read, so the live
-states may be donated meanwhile), into the same jit caches the update's calls hit: a later call on those shapes
-traces and compiles nothing. `Precompiler` runs it in a daemon thread and stops it between two programs.
+An update's programs are compiled per batch shape, and the update that first meets a shape waits while XLA compiles
+it: at full scale one bucket's update compiles for ≈ 15 minutes (docs/tpu.md) while the pod idles, once per bucket
+length the batches reach. `learner_programs` compiles every program an update can call ahead — per bucket length
+`[B, T]` of the one-call update, or per group shape `[b, T_g]` with `batching.length_groups`
+(`sao.train.batching.group_shapes`) — from abstract states (`jax.ShapeDtypeStruct`s with the learner's shardings:
+no live array is read, so the live states may be donated meanwhile), into the same jit caches the update's calls
+hit: a later call on those shapes traces and compiles nothing. `Precompiler` runs it in a daemon thread (on a host's
+idle cores while the accelerators train) and stops it between two programs. Where the host has no idle core (the
+toy on 2 CPU cores, docs/performance.md) it only moves the compile work, and the toy configs turn it off.
 """
 from __future__ import annotations
 
@@ -26,12 +29,14 @@ ROLES = ("actor", "critic")
 
 def learner_programs(learner: Any, batch_size: int, max_tokens: int,
                      roles: Sequence[str] | None = None) -> Iterator[str]:
-  """Compiles, without running them, the programs an update of `learner` (a `sao.train.learner.Learner` with
-  `batching.length_groups`; otherwise nothing) on `batch_size` trajectories of at most `max_tokens` tokens can call,
-  one per iteration, yielding its name: for every group shape the step of each of `roles` (default: the learner's
-  roles), in that order (and the
-  critic's values with the critic's step); then, for every batch length, the steps' denominators and the update's
-  target programs (`sao.train.targets`). Bad roles raise before anything is compiled."""
+  """Compiles, without running them, the programs an update of `learner` (a `sao.train.learner.Learner`) on
+  `batch_size` trajectories of at most `max_tokens` tokens can call, one per iteration, yielding its name.
+
+  With `batching.length_groups`: for every group shape `[b, T_g]` the grouped step of each of `roles` (default: the
+  learner's roles), in that order (and the critic's values with the critic's step); then, for every batch length,
+  the steps' denominators and the update's target programs (`sao.train.targets`). Without: for every bucket length
+  `T`, the update's programs on the padded `[B, T]` batch in the update's order (critic values, critic targets,
+  critic step, advantages, actor step; the steps of `roles` only). Bad roles raise before anything is compiled."""
   c = learner.config
   if roles is None:
     roles = ROLES if learner.critic is not None else ("actor",)
@@ -39,31 +44,91 @@ def learner_programs(learner: Any, batch_size: int, max_tokens: int,
   if unknown or not roles or ("critic" in roles and learner.critic is None):
     raise ValueError(f"precompile: roles {tuple(roles)}: expected a non-empty subset of {ROLES} (algorithm "
                      f"{c.algorithm!r} {'has a' if learner.critic is not None else 'has no'} critic)")
-  if not c.batching.length_groups:
-    return iter(())
+  if batch_size < 1 or max_tokens < 1:
+    raise ValueError(f"precompile: batch_size ({batch_size}) and max_tokens ({max_tokens}) must be >= 1")
   return _programs(learner, batch_size, max_tokens, tuple(roles))
 
 
+class _AbstractBatches:
+  """Abstract device batches of a learner: the batch fields' dtypes and ranks as `make_batch` builds them (plus what
+  the update adds to a step's batch), sharded as the learner shards its batches."""
+
+  def __init__(self, learner: Any):
+    host, _ = learner.make_batch([Trajectory(task_id="0", token_ids=np.zeros(2, np.int32),
+                                             action_mask=np.array([False, True]),
+                                             rollout_logprobs=np.zeros(2, np.float32), reward=0.0)])
+    self._dtypes = {k: np.asarray(v).dtype for k, v in host.items()}
+    self._dtypes.update(returns=np.float32, old_values=np.float32, values=np.float32, advantages=np.float32,
+                        seq_advantages=np.float32)
+    self._per_row = {k for k, v in host.items() if np.ndim(v) == 1} | {"seq_advantages"}
+    self._sharding = learner._batch_sharding  # pylint: disable=protected-access
+
+  def __call__(self, keys: Sequence[str], b: int, length: int) -> dict[str, jax.ShapeDtypeStruct]:
+    return {k: jax.ShapeDtypeStruct((b,) if k in self._per_row else (b, length), self._dtypes[k],
+                                    sharding=self._sharding) for k in keys}
+
+
 def _programs(learner: Any, batch_size: int, max_tokens: int, roles: tuple[str, ...]) -> Iterator[str]:
-  # pylint: disable=protected-access  (the learner's own programs, as `sao.train.aot` records them)
-  c = learner.config
   batcher = learner.batcher
   rows = -(-max(batch_size, batcher.pad_batch_to) // batcher.batch_multiple) * batcher.batch_multiple
+  if learner.config.batching.length_groups:
+    yield from _group_programs(learner, rows, max_tokens, roles, _AbstractBatches(learner))
+  else:
+    top = batching.bucket_length(max_tokens, batcher.bucket_lengths)
+    lengths = sorted({min(int(b), top) for b in batcher.bucket_lengths} | {top})
+    yield from _batch_programs(learner, rows, lengths, roles, _AbstractBatches(learner))
+
+
+def _compiled_output(lowered: Any, index: int | None = None) -> jax.ShapeDtypeStruct:
+  """Compiles `lowered` and returns its output (output `index` of a tuple) as the abstract argument of the next
+  program, with the sharding the compiled program gives it: a call passes the real output on, and jit's cache keys
+  on an argument's sharding."""
+  info, sharding = lowered.out_info, lowered.compile().output_shardings
+  if index is not None:
+    info, sharding = info[index], sharding[index]
+  return jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=sharding)
+
+
+def _batch_programs(learner: Any, rows: int, lengths: Sequence[int], roles: tuple[str, ...],
+                    batch: _AbstractBatches) -> Iterator[str]:
+  """The one-call update's programs on `[rows, T]` for each `T` of `lengths` (`Learner._update_sao` /
+  `_update_group` with `groups=None`)."""
+  # pylint: disable=protected-access  (the learner's own programs, as `sao.train.aot` records them)
+  c = learner.config
+  rng = jax.ShapeDtypeStruct(np.shape(learner.rng), learner.rng.dtype)  # shape and dtype only: no data is read
+  loss = learner.actor_loss
+  for length in lengths:
+    whole = batch(batching.FIELDS, rows, length)
+    if learner.critic is None:
+      extra = {"seq_advantages": _compiled_output(targets.group_advantages.lower(whole, c.group.normalize_std), 0)}
+    else:
+      s = c.sao
+      critic = learner.critic.abstract_state()
+      values = _compiled_output(learner._critic_values.lower(critic.params, whole))  # the whole batch, as called
+      returns = _compiled_output(targets.critic_targets.lower(whole, values, s.gamma, s.lambda_critic), 0)
+      if "critic" in roles:
+        critic_batch = dict(_ids(whole), action_mask=whole["action_mask"], returns=returns, old_values=values)
+        learner._critic_step.lower(critic, critic_batch, rng).compile()
+      extra = {"advantages": _compiled_output(targets.policy_advantages.lower(
+          whole, values, returns, s.gamma, s.lambda_policy_alpha, s.whiten_advantages, s.lambda_policy), 0)}
+    if "actor" in roles:
+      actor_batch = steps.select({**whole, **extra}, loss.batch_keys, f"actor loss {loss.name!r}")
+      learner._actor_steps[loss.name].lower(learner.actor.abstract_state(), actor_batch, rng).compile()
+    yield f"update [{rows}, {length}] ({', '.join(roles)})"
+
+
+def _ids(batch: dict[str, Any]) -> dict[str, Any]:
+  return {k: batch[k] for k in ("input_ids", "attention_mask")}
+
+
+def _group_programs(learner: Any, rows: int, max_tokens: int, roles: tuple[str, ...],
+                    batch: _AbstractBatches) -> Iterator[str]:
+  """The grouped update's programs (`batching.length_groups`): per group shape, then per batch length."""
+  # pylint: disable=protected-access
+  c = learner.config
+  batcher = learner.batcher
   shapes = batching.group_shapes(rows, c.batching.length_groups, batcher.batch_multiple, batcher.bucket_lengths,
                                  max_tokens)
-  # The batch fields' dtypes and ranks as `make_batch` builds them, plus what the update adds to a step's batch.
-  host, _ = learner.make_batch([Trajectory(task_id="0", token_ids=np.zeros(2, np.int32),
-                                           action_mask=np.array([False, True]),
-                                           rollout_logprobs=np.zeros(2, np.float32), reward=0.0)])
-  dtypes = {k: np.asarray(v).dtype for k, v in host.items()}
-  dtypes.update(returns=np.float32, old_values=np.float32, values=np.float32, advantages=np.float32,
-                seq_advantages=np.float32)
-  per_row = {k for k, v in host.items() if np.ndim(v) == 1} | {"seq_advantages"}
-
-  def batch(keys: Sequence[str], b: int, length: int) -> dict[str, jax.ShapeDtypeStruct]:
-    return {k: jax.ShapeDtypeStruct((b,) if k in per_row else (b, length), dtypes[k],
-                                    sharding=learner._batch_sharding) for k in keys}
-
   for role in roles:
     if role == "actor":
       state = learner.actor.abstract_state()
@@ -73,7 +138,7 @@ def _programs(learner: Any, batch_size: int, max_tokens: int, roles: tuple[str, 
     else:
       state = learner.critic.abstract_state()
       for b, length in shapes:
-        learner._critic_values.lower(state.params, batch(("input_ids", "attention_mask"), b, length)).compile()
+        learner._critic_values.lower(state.params, _ids(batch(batching.FIELDS, b, length))).compile()
         learner._grouped_critic_step.precompile(state, batch(steps.CRITIC_KEYS, b, length))
         yield f"critic values and step [{b}, {length}]"
   for length in sorted({length for _, length in shapes}):
@@ -86,29 +151,28 @@ def _programs(learner: Any, batch_size: int, max_tokens: int, roles: tuple[str, 
     else:
       s = c.sao
       values = batch(("values",), rows, length)["values"]
-      returns = targets.critic_targets.lower(whole, values, s.gamma, s.lambda_critic).compile()
-      returns = jax.ShapeDtypeStruct(values.shape, values.dtype, sharding=returns.output_shardings[0])
+      returns = _compiled_output(targets.critic_targets.lower(whole, values, s.gamma, s.lambda_critic), 0)
       targets.policy_advantages.lower(whole, values, returns, s.gamma, s.lambda_policy_alpha, s.whiten_advantages,
                                       s.lambda_policy).compile()
     yield f"targets [{rows}, {length}]"
 
 
 class Precompiler:
-  """`learner_programs` in a daemon thread, started at construction. `stop()` asks it to stop after the program it
+  """Programs compiled in a daemon thread (`learner_programs`), started at construction. `stop()` asks it to stop after the program it
   is compiling and waits for that (a run that ends does not wait for the rest). An error is logged with its
   traceback and ends the thread: the update then compiles each remaining program when it first needs it, as
   without precompiling."""
 
-  def __init__(self, learner: Any, batch_size: int, max_tokens: int, roles: Sequence[str] | None = None):
+  def __init__(self, programs: Iterator[str], label: str = ""):
+    """`programs`: an iterator that compiles one program per step (`learner_programs`, or several chained)."""
     self.compiled: list[str] = []
     self.error: BaseException | None = None
+    self.label = label
     self._stop = threading.Event()
-    programs = learner_programs(learner, batch_size, max_tokens, roles)  # a generator: nothing runs yet
-    self._thread = threading.Thread(target=self._run, args=(programs, tuple(roles or ())), name="sao-precompile",
-                                    daemon=True)
+    self._thread = threading.Thread(target=self._run, args=(programs,), name="sao-precompile", daemon=True)
     self._thread.start()
 
-  def _run(self, programs: Iterator[str], roles: tuple[str, ...]) -> None:
+  def _run(self, programs: Iterator[str]) -> None:
     start = time.perf_counter()
     try:
       for name in programs:
@@ -118,9 +182,9 @@ class Precompiler:
     except Exception as e:  # pylint: disable=broad-except  (logged; the update compiles what is left on demand)
       self.error = e
       logging.exception("precompile %s: failed after %d programs; the update compiles the rest when it meets them",
-                        roles, len(self.compiled))
+                        self.label, len(self.compiled))
       return
-    logging.info("precompile %s: %d programs in %.1f s", roles, len(self.compiled), time.perf_counter() - start)
+    logging.info("precompile %s: %d programs in %.1f s", self.label, len(self.compiled), time.perf_counter() - start)
 
   def stop(self, timeout_s: float | None = None) -> None:
     self._stop.set()

@@ -98,6 +98,7 @@ class Trainer:
     self.history: list[dict[str, float]] = []
     self.validations: list[tuple[int, float]] = []  # (policy version, success rate)
     self._precompilers: list[precompile_lib.Precompiler] = []
+    self._precompiled_ahead = False
 
   def _decide(self, tag: str, decide: Callable[[], Any]) -> Any:
     """`decide()` evaluated on process 0 and shared: every process gets process 0's answer."""
@@ -140,6 +141,7 @@ class Trainer:
       # Process 0 generates the demonstrations; the others train on its copy (the batches are drawn from a seeded rng).
       demos = (self.channel.share("demonstrations", None, list(demonstrations())) if self.is_coordinator
                else self.channel.share("demonstrations")).trajectories
+      self._precompile_ahead(model_config)
       params = self._supervised_warm_start(model_config, params, demos)
     export_policy(model_config, params, self.tokenizer, base_dir)
     return model_config, params, base_dir
@@ -266,26 +268,56 @@ class Trainer:
     c = self.config
     return c.recipe.value_pretrain_steps * (c.learner.algorithm == "sao") + c.total_steps
 
-  def _rl_learner(self, model_config, params, value_init: str, has_value_init: bool) -> Learner:
+  def _rl_config(self, value_init: str, has_value_init: bool) -> ml_collections.ConfigDict:
     overrides = {}
     if self.config.learner.algorithm == "sao" and has_value_init:
       overrides = {"critic.init": "checkpoint", "critic.init_path": value_init}
-    learner = Learner(_learner_config(self.config, **overrides), model_config, params)
+    return _learner_config(self.config, **overrides)
+
+  def _value_pretrain_config(self) -> ml_collections.ConfigDict:
+    return _learner_config(self.config, **{"sao.critic_warmup_steps": self.config.recipe.value_pretrain_steps + 1})
+
+  def _rl_learner(self, model_config, params, value_init: str, has_value_init: bool) -> Learner:
+    learner = Learner(self._rl_config(value_init, has_value_init), model_config, params)
     self._precompile(learner)
     return learner
 
   def _precompile(self, learner: Learner, roles: Sequence[str] | None = None) -> None:
-    """With `learner.batching.precompile` (and length groups), compiles `roles`' programs for every group shape in a
-    thread while the run goes on (`sao.train.precompile`): no update stalls on a shape it meets first."""
+    """With `learner.batching.precompile`, compiles `roles`' programs for every batch shape in a thread while the run
+    goes on (`sao.train.precompile`): no update stalls on a shape it meets first. Not again when the supervised warm
+    start compiled them ahead (`_precompile_ahead`): the persistent compilation cache holds them."""
     c = self.config
-    if c.learner.batching.length_groups and c.learner.batching.precompile:
-      self._precompilers.append(precompile_lib.Precompiler(learner, c.rollout.batch_size,
-                                                           c.rollout.max_total_tokens, roles))
+    if c.learner.batching.precompile and not self._precompiled_ahead:
+      self._precompilers.append(precompile_lib.Precompiler(
+          learner.precompile(c.rollout.batch_size, c.rollout.max_total_tokens, roles), f"{roles or 'update'}"))
+
+  def _precompile_ahead(self, model_config: ModelConfig) -> None:
+    """With `learner.batching.precompile` and a persistent compilation cache, compiles the later phases'
+    update programs (value pretraining's critic, the RL learner's) during the supervised warm start, in a thread, on
+    abstract learners of the same configs: the same programs, so the real learners' first calls find the
+    executables in the cache (they still trace and lower). The toy's warm start leaves a core idle (its XLA:CPU pool
+    is one thread wide, `xla_cpu_threads`)."""
+    c = self.config
+    if not (c.learner.batching.precompile and jax.config.jax_compilation_cache_dir):
+      return
+    phases = []
+    if c.learner.algorithm == "sao" and c.recipe.value_pretrain_steps > 0:
+      phases.append((self._value_pretrain_config(), ("critic",)))  # the actor does not train there
+    phases.append((self._rl_config("", False), None))
+
+    def programs():
+      for config, roles in phases:
+        # Abstract (`actor_params=None`): nothing is allocated or loaded, the critic's init included.
+        learner = Learner(config, model_config, None)
+        yield from learner.precompile(c.rollout.batch_size, c.rollout.max_total_tokens, roles)
+
+    self._precompilers.append(precompile_lib.Precompiler(programs(), "ahead"))
+    self._precompiled_ahead = True
 
   def _value_pretraining(self, model_config, params, server, value_init: str) -> int:
     """Critic-only updates (actor frozen) on the base policy's rollouts; saves the critic for the RL phase."""
     steps = self.config.recipe.value_pretrain_steps
-    learner = Learner(_learner_config(self.config, **{"sao.critic_warmup_steps": steps + 1}), model_config, params)
+    learner = Learner(self._value_pretrain_config(), model_config, params)
     self._precompile(learner, ("critic",))  # the actor does not train here
     self._print(f"[value pretraining] {steps} critic-only steps on base-policy rollouts")
     self._train(learner, model_config, server, None, 0, steps, phase="value_pretrain")

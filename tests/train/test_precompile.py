@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import jax
 import jax.monitoring
+from jax._src import compilation_cache  # reset_cache: the cache directory is read once per process otherwise
 import numpy as np
 import pytest
 
 from sao.core.advantages import place_terminal_reward
 from sao.train import batching, precompile, steps
+from sao.train import learner as learner_lib
 from tests.train import helpers
 
 _BUCKETS = (8, 16, 24, 32)
@@ -21,19 +23,45 @@ def _config(algorithm: str, **overrides):
 
 
 class _Compiles:
-  """Counts XLA backend compilations (JAX's monitoring event) while it is entered."""
+  """Counts, while it is entered, XLA compilations (JAX's monitoring events: `count` includes loads from the
+  persistent cache), the compilations that asked the persistent cache and its hits."""
 
   def __enter__(self):
-    self.count = 0
-    jax.monitoring.register_event_duration_secs_listener(self._listen)
+    self.count = self.cache_requests = self.cache_hits = 0
+    jax.monitoring.register_event_duration_secs_listener(self._duration)
+    jax.monitoring.register_event_listener(self._event)
     return self
 
-  def _listen(self, event: str, _secs: float, **_kwargs) -> None:
+  def _duration(self, event: str, _secs: float, **_kwargs) -> None:
     if event == "/jax/core/compile/backend_compile_duration":
       self.count += 1
 
+  def _event(self, event: str, **_kwargs) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+      self.cache_hits += 1
+    elif event == "/jax/compilation_cache/compile_requests_use_cache":
+      self.cache_requests += 1
+
   def __exit__(self, *exc):
-    jax.monitoring.unregister_event_duration_listener(self._listen)
+    jax.monitoring.unregister_event_duration_listener(self._duration)
+    jax.monitoring.unregister_event_listener(self._event)
+
+
+@pytest.fixture
+def fresh_compilation_cache(tmp_path):
+  """A new, empty persistent compilation cache directory per use (tests/train shares one otherwise); yields a
+  function that switches to another new one."""
+  saved = jax.config.jax_compilation_cache_dir
+  count = iter(range(100))
+
+  def switch():
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / f"cache{next(count)}"))
+    compilation_cache.reset_cache()
+
+  switch()
+  yield switch
+  jax.config.update("jax_compilation_cache_dir", saved)
+  compilation_cache.reset_cache()
 
 
 @pytest.mark.parametrize("rows,num_groups,multiple", [(8, 3, 1), (8, 2, 2), (10, 4, 1), (64, 16, 1), (6, 1, 2)])
@@ -58,10 +86,10 @@ def test_group_shapes_rejects_bad_sizes():
       batching.group_shapes(*args)
 
 
-@pytest.mark.parametrize("algorithm", ["sao", "gspo"])
-def test_precompiled_updates_compile_nothing_and_equal_updates_without_it(algorithm):
+@pytest.mark.parametrize("algorithm,length_groups", [("sao", 2), ("gspo", 2), ("sao", 0), ("gspo", 0)])
+def test_precompiled_updates_compile_nothing_and_equal_updates_without_it(algorithm, length_groups):
   rows = 8
-  config = _config(algorithm)
+  config = _config(algorithm, **{"batching.length_groups": length_groups})
   learner, reference = helpers.make_learner(config), helpers.make_learner(config)
   compiled = list(learner.precompile(rows, _MAX_LEN))
   assert compiled and all(isinstance(name, str) for name in compiled)
@@ -82,24 +110,37 @@ def test_precompiled_updates_compile_nothing_and_equal_updates_without_it(algori
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
-def test_precompile_checks_roles_and_is_empty_without_length_groups():
+def test_precompile_checks_roles_and_sizes():
   gspo = helpers.make_learner(_config("gspo"))
   for roles in (("critic",), ("actor", "optimizer"), ()):
     with pytest.raises(ValueError, match="precompile: roles"):
       gspo.precompile(8, _MAX_LEN, roles)
-  assert list(helpers.make_learner(_config("sao", **{"batching.length_groups": 0})).precompile(8, _MAX_LEN)) == []
+  for size, tokens in ((0, _MAX_LEN), (8, 0)):
+    with pytest.raises(ValueError, match="precompile: batch_size"):
+      gspo.precompile(size, tokens)
+
+
+def test_critic_only_precompile_leaves_the_actor_step_to_the_update():
+  # Value pretraining precompiles ("critic",): its updates (inside the critic warmup) compile nothing.
+  config = _config("sao", **{"batching.length_groups": 0, "sao.critic_warmup_steps": 5})
+  learner = helpers.make_learner(config)
+  names = list(learner.precompile(8, _MAX_LEN, ("critic",)))
+  assert names == ["update [8, 16] (critic)", "update [8, 32] (critic)"]
+  with _Compiles() as compiles:
+    metrics = learner.update(helpers.trajectories(seed=80, n=8, min_len=5, max_len=_MAX_LEN))
+  assert compiles.count == 0 and metrics["actor/warmup"] == 1.0
 
 
 def test_precompiler_thread_compiles_while_updates_run_and_stops_early():
   config = _config("sao")
   learner = helpers.make_learner(config)
   expected = len(list(helpers.make_learner(config).precompile(8, _MAX_LEN)))
-  precompiler = precompile.Precompiler(learner, 8, _MAX_LEN)
+  precompiler = precompile.Precompiler(learner.precompile(8, _MAX_LEN), "test")
   for i in range(2):  # updates donate the live states while the thread lowers from abstract ones
     learner.update(helpers.trajectories(seed=60 + i, n=8, min_len=5, max_len=_MAX_LEN))
   precompiler.stop()
   assert precompiler.done and precompiler.error is None and len(precompiler.compiled) == expected
-  stopped = precompile.Precompiler(helpers.make_learner(config), 8, _MAX_LEN)
+  stopped = precompile.Precompiler(helpers.make_learner(config).precompile(8, _MAX_LEN), "test")
   stopped.stop()
   assert stopped.done and stopped.error is None and len(stopped.compiled) <= 1
 
@@ -111,7 +152,7 @@ def test_precompiler_logs_an_error_and_ends(monkeypatch):
     raise RuntimeError("compile failed")
 
   monkeypatch.setattr(learner._grouped_actor_step, "precompile", broken)  # pylint: disable=protected-access
-  precompiler = precompile.Precompiler(learner, 8, _MAX_LEN)
+  precompiler = precompile.Precompiler(learner.precompile(8, _MAX_LEN), "test")
   precompiler.stop(timeout_s=60)
   assert precompiler.done and isinstance(precompiler.error, RuntimeError) and precompiler.compiled == []
   learner.update(helpers.trajectories(seed=70, n=8, min_len=5, max_len=_MAX_LEN))  # compiles on demand instead
@@ -125,3 +166,22 @@ def test_batcher_token_rewards_equal_place_terminal_reward():
   batch, _ = batching.Batcher(_BUCKETS)(trajs)
   expected, _ = place_terminal_reward(batch["rewards"], batch["action_mask"])
   np.testing.assert_array_equal(batch["token_rewards"], np.asarray(expected))
+
+
+def test_an_abstract_learners_programs_serve_the_real_learner_from_the_persistent_cache(fresh_compilation_cache):
+  # The trainer's warm-start precompile: an abstract learner (no params) of the same config compiles; the real
+  # learner's first update then compiles nothing, its executables read from the cache. Without it, it compiles.
+  config = _config("sao")  # length groups, as the toy's; the one-call programs take the same path to the cache
+  batch = helpers.trajectories(seed=90, n=8, min_len=5, max_len=_MAX_LEN)
+  learner = helpers.make_learner(config)
+  with _Compiles() as control:
+    learner.update(batch)
+  assert control.count > 0 and control.cache_requests > 0 and control.cache_hits == 0
+  fresh_compilation_cache()
+  abstract = learner_lib.Learner(config, helpers.model_config(), None, mesh=helpers.one_device_mesh())
+  assert list(abstract.precompile(8, _MAX_LEN))
+  learner = helpers.make_learner(config)
+  with _Compiles() as compiles:
+    learner.update(batch)
+  # Every program the update needed came from the cache: nothing was compiled.
+  assert compiles.count > 0 and compiles.cache_hits == compiles.cache_requests == compiles.count
