@@ -160,6 +160,9 @@ def base_config() -> ml_collections.ConfigDict:
   # 97–103, 116–121 tokens: ≈ 20-token turns) with few shapes: each bucket a batch reaches compiles the steps once.
   c.batching.bucket_lengths = (64, 80, 104, 128, 176, 256, 512)
   c.batching.length_groups = 16  # 4 rows each: 317 CPU ms per update (8 groups: 392, 4: 646, one batch: 1288)
+  # Compiling every shape's programs ahead (during the warm start) cost the 2-core machine more than the stalls it
+  # removed (docs/performance.md "Session 22"); with idle cores, `--config.learner.batching.precompile=True`.
+  c.batching.precompile = False
   return config
 
 

@@ -190,6 +190,10 @@ class Precompiler:
     self._stop.set()
     self._thread.join(timeout_s)
 
+  def wait(self, timeout_s: float | None = None) -> None:
+    """Waits until every program is compiled (or the thread ended otherwise)."""
+    self._thread.join(timeout_s)
+
   @property
   def done(self) -> bool:
     return not self._thread.is_alive()

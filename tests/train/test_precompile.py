@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import jax
 import jax.monitoring
+import ml_collections
 from jax._src import compilation_cache  # reset_cache: the cache directory is read once per process otherwise
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from sao.core.advantages import place_terminal_reward
 from sao.train import batching, precompile, steps
 from sao.train import learner as learner_lib
+from sao.train import trainer as trainer_lib
 from tests.train import helpers
 
 _BUCKETS = (8, 16, 24, 32)
@@ -49,17 +51,11 @@ class _Compiles:
 
 @pytest.fixture
 def fresh_compilation_cache(tmp_path):
-  """A new, empty persistent compilation cache directory per use (tests/train shares one otherwise); yields a
-  function that switches to another new one."""
+  """A new, empty persistent compilation cache directory for the test (tests/train shares one otherwise)."""
   saved = jax.config.jax_compilation_cache_dir
-  count = iter(range(100))
-
-  def switch():
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path / f"cache{next(count)}"))
-    compilation_cache.reset_cache()
-
-  switch()
-  yield switch
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path / "xla_cache"))
+  compilation_cache.reset_cache()
+  yield
   jax.config.update("jax_compilation_cache_dir", saved)
   compilation_cache.reset_cache()
 
@@ -168,20 +164,27 @@ def test_batcher_token_rewards_equal_place_terminal_reward():
   np.testing.assert_array_equal(batch["token_rewards"], np.asarray(expected))
 
 
-def test_an_abstract_learners_programs_serve_the_real_learner_from_the_persistent_cache(fresh_compilation_cache):
-  # The trainer's warm-start precompile: an abstract learner (no params) of the same config compiles; the real
-  # learner's first update then compiles nothing, its executables read from the cache. Without it, it compiles.
-  config = _config("sao")  # length groups, as the toy's; the one-call programs take the same path to the cache
-  batch = helpers.trajectories(seed=90, n=8, min_len=5, max_len=_MAX_LEN)
-  learner = helpers.make_learner(config)
-  with _Compiles() as control:
-    learner.update(batch)
-  assert control.count > 0 and control.cache_requests > 0 and control.cache_hits == 0
-  fresh_compilation_cache()
-  abstract = learner_lib.Learner(config, helpers.model_config(), None, mesh=helpers.one_device_mesh())
-  assert list(abstract.precompile(8, _MAX_LEN))
-  learner = helpers.make_learner(config)
-  with _Compiles() as compiles:
-    learner.update(batch)
-  # Every program the update needed came from the cache: nothing was compiled.
-  assert compiles.count > 0 and compiles.cache_hits == compiles.cache_requests == compiles.count
+def test_the_trainers_warm_start_precompile_serves_its_later_learners_from_the_cache(fresh_compilation_cache,
+                                                                                     tmp_path):
+  # `Trainer._precompile_ahead` (the supervised warm start's thread): value pretraining's critic programs and the RL
+  # learner's, compiled on abstract learners (no params) of the trainer's own configs; then both real learners'
+  # updates only read the cache (in a fresh cache without it every request misses), and the trainer does not
+  # precompile them again.
+  learner = helpers.learner_config(**{"algorithm": "sao", "sao.critic_warmup_steps": 0, "mesh.fsdp": -1,
+                                      "batching.bucket_lengths": (16, 32), "batching.length_groups": 2})
+  config = ml_collections.ConfigDict(dict(seed=0, learner=learner, rollout=dict(batch_size=8, max_total_tokens=30),
+                                          recipe=dict(value_pretrain_steps=2)))
+  trainer = trainer_lib.Trainer(config, str(tmp_path / "work"), tokenizer=None, train_tasks=[], validation_tasks=[])
+  trainer._precompile_ahead(helpers.model_config())  # pylint: disable=protected-access
+  [ahead] = trainer._precompilers  # pylint: disable=protected-access
+  ahead.wait(timeout_s=600)
+  assert ahead.error is None and any("critic" in name for name in ahead.compiled)
+  batch = helpers.trajectories(seed=95, n=8, min_len=5, max_len=_MAX_LEN)
+  for phase_config in (trainer._value_pretrain_config(), trainer._rl_config("", False)):  # pylint: disable=protected-access
+    real = learner_lib.Learner(phase_config, helpers.model_config(), helpers.actor_params())
+    trainer._precompile(real)  # pylint: disable=protected-access
+    with _Compiles() as compiles:
+      real.update(batch)
+    assert compiles.cache_hits == compiles.cache_requests == compiles.count > 0
+  assert len(trainer._precompilers) == 1  # pylint: disable=protected-access
+  trainer.writer.close()
