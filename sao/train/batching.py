@@ -163,9 +163,14 @@ def group_shapes(rows: int, num_groups: int, rows_multiple: int, buckets: Sequen
     raise ValueError(f"group_shapes: num_groups ({num_groups}) and rows_multiple ({rows_multiple}) must be >= 1")
   size = -(-rows // (num_groups * rows_multiple)) * rows_multiple
   counts = sorted({min(size, rows - start) for start in range(0, rows, size)}, reverse=True)
+  return [(b, length) for b in counts for length in lengths_upto(max_tokens, buckets)]
+
+
+def lengths_upto(max_tokens: int, buckets: Sequence[int]) -> list[int]:
+  """The padded lengths a batch of trajectories of at most `max_tokens` tokens can take: the buckets up to
+  `max_tokens`'s bucket."""
   top = bucket_length(max_tokens, buckets)
-  lengths = sorted({min(int(b), top) for b in buckets} | {top})
-  return [(b, length) for b in counts for length in lengths]
+  return sorted({min(int(b), top) for b in buckets} | {top})
 
 
 def check_batch(batch: dict[str, np.ndarray]) -> None:

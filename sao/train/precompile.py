@@ -74,9 +74,8 @@ def _programs(learner: Any, batch_size: int, max_tokens: int, roles: tuple[str, 
   if learner.config.batching.length_groups:
     yield from _group_programs(learner, rows, max_tokens, roles, _AbstractBatches(learner))
   else:
-    top = batching.bucket_length(max_tokens, batcher.bucket_lengths)
-    lengths = sorted({min(int(b), top) for b in batcher.bucket_lengths} | {top})
-    yield from _batch_programs(learner, rows, lengths, roles, _AbstractBatches(learner))
+    yield from _batch_programs(learner, rows, batching.lengths_upto(max_tokens, batcher.bucket_lengths), roles,
+                               _AbstractBatches(learner))
 
 
 def _compiled_output(lowered: Any, index: int | None = None) -> jax.ShapeDtypeStruct:
@@ -158,8 +157,8 @@ def _group_programs(learner: Any, rows: int, max_tokens: int, roles: tuple[str, 
 
 
 class Precompiler:
-  """Programs compiled in a daemon thread (`learner_programs`), started at construction. `stop()` asks it to stop after the program it
-  is compiling and waits for that (a run that ends does not wait for the rest). An error is logged with its
+  """Programs compiled in a daemon thread (`learner_programs`), started at construction. `stop()` asks it to stop
+  after the program it is compiling and waits for that (a run that ends does not wait for the rest). An error is logged with its
   traceback and ends the thread: the update then compiles each remaining program when it first needs it, as
   without precompiling."""
 

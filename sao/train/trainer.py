@@ -295,8 +295,8 @@ class Trainer:
     """With `learner.batching.precompile` and a persistent compilation cache, compiles the later phases'
     update programs (value pretraining's critic, the RL learner's) during the supervised warm start, in a thread, on
     abstract learners of the same configs: the same programs, so the real learners' first calls find the
-    executables in the cache (they still trace and lower). The toy's warm start leaves a core idle (its XLA:CPU pool
-    is one thread wide, `xla_cpu_threads`)."""
+    executables in the cache (they still trace and lower). Pays only where the warm start leaves cores idle: on the
+    toy's 2 cores it slowed the warm start more than it saved (docs/performance.md, session 22)."""
     c = self.config
     if not (c.learner.batching.precompile and jax.config.jax_compilation_cache_dir):
       return
