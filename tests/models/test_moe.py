@@ -18,6 +18,10 @@ from tests.models.helpers import padded_batch, random_params
 # float32 sums in another order (sorted rows, per-tile matmuls, psum over shards, GSPMD partial sums), relative to
 # the largest magnitude compared: measured ≤ 1.7e-5 (log-probs of the 2-layer hybrid on the expert-sharded mesh).
 ATOL = 5e-5
+# Gradients sum more terms (the embedding's row of a token that occurs often reaches ~700): measured 5.4e-5 of that
+# largest magnitude on a CI machine's CPU (one element of 8,192, every sharded mesh), 1.7e-5 on another. A routing
+# or weighting bug moves gradients by O(1) of their scale, far above this.
+GRAD_ATOL = 2.5e-4
 
 
 def _reference_grouped(lhs, rhs, sizes):
@@ -85,7 +89,7 @@ def _assert_close(got, want, atol=ATOL, err_msg=""):
   np.testing.assert_allclose(np.asarray(got), want, atol=atol * scale, err_msg=err_msg)
 
 
-def _assert_trees_close(got, want, atol=ATOL):
+def _assert_trees_close(got, want, atol=GRAD_ATOL):
   for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
     _assert_close(g, w, atol, err_msg=jax.tree_util.keystr(path))
 
@@ -108,8 +112,8 @@ def test_routed_equals_dense(model_type, norm_topk_prob):
   (logits, logp, actor_grad, critic_grad), want = results["routed"], results["dense"]
   _assert_close(np.asarray(logits)[real], np.asarray(want[0])[real])
   _assert_close(np.asarray(logp)[real], np.asarray(want[1])[real])
-  _assert_trees_close(actor_grad, want[2], ATOL)
-  _assert_trees_close(critic_grad, want[3], ATOL)
+  _assert_trees_close(actor_grad, want[2])
+  _assert_trees_close(critic_grad, want[3])
   # Several groups were exercised: at least half of the 8 experts got real tokens (17 real tokens × 2 picks).
   expert_grad = np.asarray(actor_grad["model"]["layers_0"]["mlp"]["experts"]["gate_proj"])
   assert np.sum(np.abs(expert_grad).sum(axis=(1, 2)) > 0) >= 4
@@ -172,7 +176,7 @@ def test_routed_on_sharded_mesh_equals_dense(mesh_axes, context_mesh):
     (_, logp), grad = step(routed)(sharded, sharded_ids, sharded_mask)
   real = mask.astype(bool)
   _assert_close(np.asarray(logp)[real], np.asarray(want_logp)[real])
-  _assert_trees_close(grad, want_grad, ATOL)
+  _assert_trees_close(grad, want_grad)
 
 
 def test_tokens_the_batch_shards_do_not_divide_stay_replicated():
