@@ -11,8 +11,8 @@ trainer's order, with the trainer's micro-batching; then each recorded program i
 bucket length. `actor_logprobs` (the learner's forward log-prob program, which an update of DIS / GSPO with
 `ratio_base="trainer"` does not call) is compiled as well, with calls = 0.
 
-The abstract batch is `Learner.make_batch` of `rollout.batch_size` trajectories of the bucket's length, so `B` is
-padded exactly as in training.
+The abstract batch is `rollout.batch_size` trajectories at the bucket's length, `B` padded by the learner's batcher
+exactly as in training (`sao.train.precompile.abstract_batch`).
 """
 from __future__ import annotations
 
@@ -25,17 +25,15 @@ from typing import Any, Callable, Sequence
 
 import jax
 import ml_collections
-import numpy as np
 from absl import logging
 
 from sao import run_config
 from sao.models.config import ModelConfig
-from sao.train import batching, compile_stats
+from sao.train import compile_stats, precompile
 from sao.train import targets as targets_lib
 from sao.train import mesh as mesh_lib
 from sao.train.learner import Learner
 from sao.train.tpu_topology import Chip
-from sao.transport.trajectory import Trajectory
 
 FORWARD_PROGRAMS = ("actor_logprobs",)  # compiled though an update does not call them (see the module docstring)
 
@@ -108,19 +106,6 @@ def abstract_learner(config: ml_collections.ConfigDict, model_config: ModelConfi
     learner_config = run_config.set_all(ml_collections.ConfigDict(learner_config.to_dict()),
                                         {"batching.length_groups": 0})
   return Learner(learner_config, model_config, None, mesh=mesh)
-
-
-def _abstract_batch(learner: Learner, batch_size: int, length: int) -> dict[str, jax.ShapeDtypeStruct]:
-  """The device batch of `batch_size` trajectories of `length` tokens, padded as the learner pads (`B` from
-  `Learner.make_batch` on two-token trajectories, so no `[B, length]` host array is built)."""
-  trajectories = [Trajectory(task_id=str(i), token_ids=np.zeros(2, np.int32), action_mask=np.array([False, True]),
-                             rollout_logprobs=np.zeros(2, np.float32), reward=0.0, group_id=str(i))
-                  for i in range(batch_size)]
-  host, _ = learner.make_batch(trajectories)
-  sharding = mesh_lib.batch_sharding(learner.mesh, 1)
-  shape = lambda x: (x.shape[0], length) if x.ndim == 2 else x.shape
-  return {k: jax.ShapeDtypeStruct(shape(np.asarray(host[k])), np.asarray(host[k]).dtype, sharding=sharding)
-          for k in batching.FIELDS}
 
 
 def record_update(learner: Learner, batch: dict[str, jax.ShapeDtypeStruct]) -> dict[str, list]:
@@ -257,7 +242,7 @@ def compile_update(config: ml_collections.ConfigDict, model_config: ModelConfig,
               for role in (learner.actor, learner.critic) if role is not None}
   rows = []
   for bucket in buckets or tuple(config.learner.batching.bucket_lengths):
-    batch = _abstract_batch(learner, int(config.rollout.batch_size), int(bucket))
+    batch = precompile.abstract_batch(learner, int(config.rollout.batch_size), int(bucket))
     recorded = record_update(learner, batch)
     unknown = set(programs) - set(recorded)
     if unknown:

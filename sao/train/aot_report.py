@@ -30,7 +30,7 @@ import jax
 import ml_collections
 
 from sao.models.config import ModelConfig
-from sao.train import aot, compile_stats
+from sao.train import aot, compile_stats, precompile
 from sao.train.tpu_topology import Chip
 
 # The settings a row was compiled for; a resume refuses a file whose rows differ in any of them.
@@ -191,7 +191,7 @@ def compile_missing(config: ml_collections.ConfigDict, model_config: ModelConfig
     if programs and all((name, bucket) in done for name in programs):
       continue  # nothing to do at this bucket: not even the (abstract) update
     # The same abstract batch and recording `aot.compile_update` builds for the bucket.
-    batch = aot._abstract_batch(learner, int(config.rollout.batch_size), bucket)  # pylint: disable=protected-access
+    batch = precompile.abstract_batch(learner, int(config.rollout.batch_size), bucket)
     recorded = aot.record_update(learner, batch)
     unknown = set(programs) - set(recorded)
     if unknown:

@@ -65,6 +65,12 @@ class Batcher:
     self.pad_batch_to = int(pad_batch_to)
     self.seen_shapes: set[tuple[int, int]] = set()
 
+  def padded_rows(self, num_trajectories: int) -> int:
+    """`B` of a batch of `num_trajectories` kept trajectories: at least `pad_batch_to`, rounded up to a multiple of
+    `batch_multiple`."""
+    rows = max(int(num_trajectories), self.pad_batch_to)
+    return -(-rows // self.batch_multiple) * self.batch_multiple
+
   def __call__(self, trajectories: Sequence[Trajectory]) -> tuple[dict[str, np.ndarray], BatchStats]:
     """Returns `(batch, stats)`; raises ValueError when no trajectory is trainable."""
     kept, source, dropped_status, dropped_empty = [], [], 0, 0
@@ -84,8 +90,7 @@ class Batcher:
                        f"({dropped_status} timeout/env_error, {dropped_empty} without action tokens)")
     max_length = max(t.num_tokens for t in kept)
     num_tokens = bucket_length(max_length, self.bucket_lengths)
-    rows = max(len(kept), self.pad_batch_to)
-    rows = -(-rows // self.batch_multiple) * self.batch_multiple
+    rows = self.padded_rows(len(kept))
     batch = {
         "input_ids": np.zeros((rows, num_tokens), np.int32),
         "attention_mask": np.zeros((rows, num_tokens), np.int32),

@@ -49,7 +49,7 @@ def learner_programs(learner: Any, batch_size: int, max_tokens: int,
   return _programs(learner, batch_size, max_tokens, tuple(roles))
 
 
-class _AbstractBatches:
+class AbstractBatches:
   """Abstract device batches of a learner: the batch fields' dtypes and ranks as `make_batch` builds them (plus what
   the update adds to a step's batch), sharded as the learner shards its batches."""
 
@@ -68,14 +68,20 @@ class _AbstractBatches:
                                     sharding=self._sharding) for k in keys}
 
 
+def abstract_batch(learner: Any, batch_size: int, length: int) -> dict[str, jax.ShapeDtypeStruct]:
+  """The abstract device batch an update of `learner` gets from `batch_size` trajectories padded to `length` tokens:
+  every `batching.FIELDS` at `[B]` or `[B, length]`, `B` padded as the learner's batcher pads."""
+  return AbstractBatches(learner)(batching.FIELDS, learner.batcher.padded_rows(batch_size), length)
+
+
 def _programs(learner: Any, batch_size: int, max_tokens: int, roles: tuple[str, ...]) -> Iterator[str]:
   batcher = learner.batcher
-  rows = -(-max(batch_size, batcher.pad_batch_to) // batcher.batch_multiple) * batcher.batch_multiple
+  rows = batcher.padded_rows(batch_size)
   if learner.config.batching.length_groups:
-    yield from _group_programs(learner, rows, max_tokens, roles, _AbstractBatches(learner))
+    yield from _group_programs(learner, rows, max_tokens, roles, AbstractBatches(learner))
   else:
     yield from _batch_programs(learner, rows, batching.lengths_upto(max_tokens, batcher.bucket_lengths), roles,
-                               _AbstractBatches(learner))
+                               AbstractBatches(learner))
 
 
 def _compiled_output(lowered: Any, index: int | None = None) -> jax.ShapeDtypeStruct:
@@ -89,7 +95,7 @@ def _compiled_output(lowered: Any, index: int | None = None) -> jax.ShapeDtypeSt
 
 
 def _batch_programs(learner: Any, rows: int, lengths: Sequence[int], roles: tuple[str, ...],
-                    batch: _AbstractBatches) -> Iterator[str]:
+                    batch: AbstractBatches) -> Iterator[str]:
   """The one-call update's programs on `[rows, T]` for each `T` of `lengths` (`Learner._update_sao` /
   `_update_group` with `groups=None`)."""
   # pylint: disable=protected-access  (the learner's own programs, as `sao.train.aot` records them)
@@ -121,7 +127,7 @@ def _ids(batch: dict[str, Any]) -> dict[str, Any]:
 
 
 def _group_programs(learner: Any, rows: int, max_tokens: int, roles: tuple[str, ...],
-                    batch: _AbstractBatches) -> Iterator[str]:
+                    batch: AbstractBatches) -> Iterator[str]:
   """The grouped update's programs (`batching.length_groups`): per group shape, then per batch length."""
   # pylint: disable=protected-access
   c = learner.config
