@@ -34,7 +34,6 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from sao import run_config
 from sao.analysis import critic_traces
 from sao.engines import fleet as fleet_lib
 from sao.models import hf, streaming, transformer
@@ -45,6 +44,7 @@ from sao.train import checkpoint as ckpt_lib
 from sao.train import coordination
 from sao.train import distributed
 from sao.train import mesh as mesh_lib
+from sao.train import phases
 from sao.train import precompile as precompile_lib
 from sao.train import progress
 from sao.train import writers as writers_lib
@@ -62,10 +62,6 @@ class Launcher:
   start_workers: Callable[[str], None]  # the trainer's gRPC address
   stop: Callable[[], None] = lambda: None
   check_alive: Callable[[], None] = lambda: None  # raises if a child process died
-
-
-def _learner_config(config: ml_collections.ConfigDict, **overrides: Any) -> ml_collections.ConfigDict:
-  return run_config.set_all(ml_collections.ConfigDict(config.learner.to_dict()), overrides)
 
 
 async def _publish(urls: Sequence[str], model_path: str, version: int,
@@ -148,10 +144,7 @@ class Trainer:
 
   def _supervised_warm_start(self, model_config: ModelConfig, params: Any, demos: list[Trajectory]) -> Any:
     r = self.config.recipe
-    learner = Learner(_learner_config(self.config, algorithm="grpo", **{
-        "actor.optimizer.learning_rate": r.sft_learning_rate,
-        "actor.optimizer.warmup_steps": min(10, r.sft_steps // 2), "actor.optimizer.total_steps": r.sft_steps + 1,
-        "actor.optimizer.schedule": "cosine", "actor.optimizer.end_lr_fraction": 0.1}), model_config, params)
+    learner = Learner(phases.sft_config(self.config), model_config, params)
     rng = np.random.default_rng(self.config.seed)
     start = time.time()
     for step in range(r.sft_steps):
@@ -268,17 +261,8 @@ class Trainer:
     c = self.config
     return c.recipe.value_pretrain_steps * (c.learner.algorithm == "sao") + c.total_steps
 
-  def _rl_config(self, value_init: str, has_value_init: bool) -> ml_collections.ConfigDict:
-    overrides = {}
-    if self.config.learner.algorithm == "sao" and has_value_init:
-      overrides = {"critic.init": "checkpoint", "critic.init_path": value_init}
-    return _learner_config(self.config, **overrides)
-
-  def _value_pretrain_config(self) -> ml_collections.ConfigDict:
-    return _learner_config(self.config, **{"sao.critic_warmup_steps": self.config.recipe.value_pretrain_steps + 1})
-
   def _rl_learner(self, model_config, params, value_init: str, has_value_init: bool) -> Learner:
-    learner = Learner(self._rl_config(value_init, has_value_init), model_config, params)
+    learner = Learner(phases.rl_config(self.config, value_init, has_value_init), model_config, params)
     self._precompile(learner)
     return learner
 
@@ -297,27 +281,14 @@ class Trainer:
     abstract learners of the same configs: the same programs, so the real learners' first calls find the
     executables in the cache (they still trace and lower). Pays only where the warm start leaves cores idle: on the
     toy's 2 cores it slowed the warm start more than it saved (docs/performance.md, session 22)."""
-    c = self.config
-    if not (c.learner.batching.precompile and jax.config.jax_compilation_cache_dir):
-      return
-    phases = []
-    if c.learner.algorithm == "sao" and c.recipe.value_pretrain_steps > 0:
-      phases.append((self._value_pretrain_config(), ("critic",)))  # the actor does not train there
-    phases.append((self._rl_config("", False), None))
-
-    def programs():
-      for config, roles in phases:
-        # Abstract (`actor_params=None`): nothing is allocated or loaded, the critic's init included.
-        learner = Learner(config, model_config, None)
-        yield from learner.precompile(c.rollout.batch_size, c.rollout.max_total_tokens, roles)
-
-    self._precompilers.append(precompile_lib.Precompiler(programs(), "ahead"))
-    self._precompiled_ahead = True
+    if self.config.learner.batching.precompile and jax.config.jax_compilation_cache_dir:
+      self._precompilers.append(precompile_lib.Precompiler(phases.ahead_programs(self.config, model_config), "ahead"))
+      self._precompiled_ahead = True
 
   def _value_pretraining(self, model_config, params, server, value_init: str) -> int:
     """Critic-only updates (actor frozen) on the base policy's rollouts; saves the critic for the RL phase."""
     steps = self.config.recipe.value_pretrain_steps
-    learner = Learner(self._value_pretrain_config(), model_config, params)
+    learner = Learner(phases.value_pretrain_config(self.config), model_config, params)
     self._precompile(learner, ("critic",))  # the actor does not train here
     self._print(f"[value pretraining] {steps} critic-only steps on base-policy rollouts")
     self._train(learner, model_config, server, None, 0, steps, phase="value_pretrain")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sao.core.advantages import place_terminal_reward
-from sao.train import batching, precompile, steps
+from sao.train import batching, phases, precompile, steps
 from sao.train import learner as learner_lib
 from sao.train import trainer as trainer_lib
 from tests.train import helpers
@@ -181,7 +181,7 @@ def test_the_trainers_warm_start_precompile_serves_its_later_learners_from_the_c
   ahead.wait(timeout_s=600)
   assert ahead.error is None and any("critic" in name for name in ahead.compiled)
   batch = helpers.trajectories(seed=95, n=8, min_len=5, max_len=_MAX_LEN)
-  for phase_config in (trainer._value_pretrain_config(), trainer._rl_config("", False)):  # pylint: disable=protected-access
+  for phase_config in (phases.value_pretrain_config(config), phases.rl_config(config)):
     real = learner_lib.Learner(phase_config, helpers.model_config(), helpers.actor_params())
     trainer._precompile(real)  # pylint: disable=protected-access
     with _Compiles() as compiles:
