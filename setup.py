@@ -22,6 +22,7 @@ INSTALL_REQUIRES = [
     "gguf>=0.17,<1",
     "tensorboard>=2.20,<3",
     "openai>=1.50,<3",  # the scaffold harnesses talk to the token-capturing proxy as external scaffolds do
+    "filelock>=3.12,<5",  # JAX locks a bounded persistent compilation cache with it (sao.engines.compilation_cache)
 ]
 
 EXTRAS_REQUIRE = {

@@ -19,6 +19,7 @@ from typing import Sequence
 
 import ml_collections
 
+from sao.engines import compilation_cache
 from sao.engines import processes
 from sao.rollout import worker as worker_lib
 
@@ -46,7 +47,8 @@ def prompt_buckets(max_total_tokens: int) -> list[int]:
 def engine_args(config: ml_collections.ConfigDict, cache_dir: str) -> list[str]:
   """The `sao.engines.serve` flags that fit the run's rollouts: every agent loop of a worker in one batch, the
   episode's token budget as the longest prompt, the config's queue bound (`engine_max_queued_rows`), a
-  persistent compilation cache in `cache_dir`, and the config's `xla_cpu_threads`."""
+  persistent compilation cache in `cache_dir` bounded by `compilation_cache_max_gb`, and the config's
+  `xla_cpu_threads`."""
   r = config.rollout
   if config.engine_max_queued_rows < 1:  # here, not in the engine's log after it failed to start
     raise ValueError(f"engine_max_queued_rows: must be >= 1, got {config.engine_max_queued_rows}")
@@ -58,6 +60,7 @@ def engine_args(config: ml_collections.ConfigDict, cache_dir: str) -> list[str]:
           # Each (batch, prompt) bucket compiles once; the persistent cache makes a resumed run or the next
           # experiment start in seconds.
           f"--compilation_cache_dir={cache_dir}",
+          f"--compilation_cache_max_gb={config.compilation_cache_max_gb}",
           f"--xla_cpu_threads={config.xla_cpu_threads}"]
 
 
@@ -74,7 +77,8 @@ class EmbeddedProcesses:
 
   Args:
     config: the run's experiment config.
-    workdir: the run directory (`logs/` and `jax_cache/` go there).
+    workdir: the run directory (`logs/` go there; the engines' compilation cache too with
+      `compilation_cache_dir=""`).
     config_args: the trainer's own config flags (`--config=<file>:<arg>`, `--config.<key>=<value>`...), which every
       worker is started with, so trainer and workers read one config.
   """
@@ -100,7 +104,8 @@ class EmbeddedProcesses:
     from sao.engines.local_server import start_local_engine  # pylint: disable=g-import-not-at-top
     if self.config.num_engines > 1:
       router_lib.require_router()  # before the engines start: ImportError with the install command
-    args = engine_args(self.config, os.path.join(self.workdir, "jax_cache"))
+    args = engine_args(self.config, compilation_cache.engines_dir(
+        compilation_cache.run_dir(self.config.compilation_cache_dir, self.workdir)))
     urls = []
     for i in range(self.config.num_engines):
       handle, url = start_local_engine(model_dir, log_path=os.path.join(self.log_dir, f"engine{i}.log"),

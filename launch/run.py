@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 import ml_collections
 
 from sao import run_config
+from sao.engines import compilation_cache
 from sao.engines import host_malloc
 from sao.engines import xla_cpu_threads
 from sao.rollout import envs
@@ -153,7 +154,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, config_args: Sequenc
            train_tasks: list[dict], validation_tasks: list[dict]) -> None:
   from sao.analysis import curves  # pylint: disable=g-import-not-at-top
   from sao.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  _persistent_compilation_cache(workdir, channel.process_id)
+  _persistent_compilation_cache(config, workdir, channel.process_id)
   tok = tokenizer(config)
   if not channel.is_coordinator:  # engines and workers are process 0's
     launcher = trainer_lib.Launcher(lambda _: list(config.engine_urls), lambda address: None)
@@ -175,16 +176,16 @@ def _train(config: ml_collections.ConfigDict, workdir: str, config_args: Sequenc
         f"curves: {png}", flush=True)
 
 
-def _persistent_compilation_cache(workdir: str, process_id: int) -> None:
-  """XLA executables cached in `<workdir>/jax_cache/process<i>`: a resumed or repeated run skips the learner's
-  compiles (~40 CPU-s of the toy run; docs/performance.md, "The main job: where the seconds go"). A cache the user
-  already configured (`JAX_COMPILATION_CACHE_DIR`, e.g. one shared by many runs) is left as it is."""
+def _persistent_compilation_cache(config: ml_collections.ConfigDict, workdir: str, process_id: int) -> None:
+  """XLA executables cached in `<compilation_cache_dir>/trainer/process<i>` (`sao.engines.compilation_cache`): a
+  later run of the same programs, or a resumed one, loads the learner's instead of compiling them (docs/
+  performance.md). A cache the user configured for JAX itself (`JAX_COMPILATION_CACHE_DIR`) is left as it is."""
   import jax  # pylint: disable=g-import-not-at-top
   if jax.config.jax_compilation_cache_dir:
     return
-  jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.abspath(workdir), "jax_cache",
-                                                              f"process{process_id}"))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  compilation_cache.enable(
+      compilation_cache.trainer_dir(compilation_cache.run_dir(config.compilation_cache_dir, workdir), process_id),
+      config.compilation_cache_max_gb, min_compile_time_s=0.0)
 
 
 def work(config: ml_collections.ConfigDict, trainer_address: str, worker_index: int | None = None) -> dict[str, int]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ml_collections
 
 from sao import run_config
+from sao.engines import compilation_cache
 from sao.train.config import default_learner_config
 
 # The paper's base policy (a local copy of the HF checkpoint; override `model.hf_path`).
@@ -78,6 +79,11 @@ def base_config() -> ml_collections.ConfigDict:
       # trainer, engine and worker share a few cores: one-thread pools spend less CPU per step
       # (sao.engines.xla_cpu_threads).
       xla_cpu_threads=1,
+      # JAX's persistent compilation cache of the trainer and the local engines, shared by every run that names the
+      # same directory: a run after the first loads the executables it would compile (sao.engines.compilation_cache;
+      # "" = this run's <workdir>/jax_cache). Each of its directories is bounded; least recently used entries go.
+      compilation_cache_dir=compilation_cache.default_dir(),
+      compilation_cache_max_gb=4.0,
       model=dict(
           init="toy",  # toy: a fresh tiny model warm-started on demonstrations | hf: load hf_path
           hf_path="",

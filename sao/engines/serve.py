@@ -23,7 +23,7 @@ if __name__ == "__main__":
 from absl import app, flags  # noqa: E402
 from aiohttp import web
 
-from sao.engines import auth, host_malloc, lifetime, local_server, xla_cpu_threads
+from sao.engines import auth, compilation_cache, host_malloc, lifetime, local_server, xla_cpu_threads
 from sao.engines.http_app import build_app
 from sao.engines.local_engine import EngineConfig, LocalEngine
 
@@ -51,7 +51,10 @@ def define_flags() -> None:
                        "default: EngineConfig's).")
   flags.DEFINE_integer("seed", 0, "Sampling seed base.")
   flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Param and compute dtype.")
-  flags.DEFINE_string("compilation_cache_dir", None, "JAX persistent compilation cache (speeds up restarts).")
+  flags.DEFINE_string("compilation_cache_dir", None, "JAX persistent compilation cache (speeds up restarts and "
+                      "later runs; sao.engines.compilation_cache).")
+  flags.DEFINE_float("compilation_cache_max_gb", 4.0, "Bound of the compilation cache directory in GiB (least "
+                     "recently used entries evicted).")
   flags.DEFINE_integer("xla_cpu_threads", 0, "Threads of XLA:CPU's pools in this process (0: one per CPU it may "
                        "run on); fewer when other busy processes share its cores (sao.engines.xla_cpu_threads).")
 
@@ -87,9 +90,7 @@ def main(argv: list[str]) -> None:
   auth.require_token_for_bind(f.host, api_key, "sao.engines.serve")  # before the slow model load
   xla_cpu_threads.limit(f.xla_cpu_threads)  # before the first JAX computation
   if f.compilation_cache_dir:
-    import jax
-    jax.config.update("jax_compilation_cache_dir", f.compilation_cache_dir)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    compilation_cache.enable(f.compilation_cache_dir, f.compilation_cache_max_gb, min_compile_time_s=0.5)
   defaults = EngineConfig()
   config = EngineConfig(
       batch_window_ms=f.batch_window_ms, max_batch_size=f.max_batch_size, max_queued_rows=f.max_queued_rows,

@@ -28,7 +28,7 @@ def test_engine_args_fit_the_rollouts():
   args = embedded.engine_args(sao_openswe.get_config("toy"), "/c")
   assert args == ["--max_batch_size=64", "--batch_window_ms=5", "--max_queued_rows=4096", "--new_token_buckets=16",
                   "--batch_buckets=8,32,64", "--prompt_buckets=64,128,192", "--compilation_cache_dir=/c",
-                  "--xla_cpu_threads=1"]
+                  "--compilation_cache_max_gb=4.0", "--xla_cpu_threads=1"]
   # The toy's processes share a few cores (one-thread XLA pools); at full scale the trainer owns its host.
   assert "--xla_cpu_threads=0" in embedded.engine_args(sao_openswe.get_config("toy,xla_cpu_threads=0"), "/c")
   assert sao_openswe.get_config("full").xla_cpu_threads == 0

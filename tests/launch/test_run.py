@@ -58,31 +58,49 @@ def test_distributed_keys_are_checked_before_joining_a_job():
 
 _COMPILE_IN_A_TRAINER = """
 import sys
-import jax, jax.numpy as jnp
+import jax, jax.monitoring, jax.numpy as jnp
+from experiments.configs import sao_openswe
 from launch import run
-run._persistent_compilation_cache(sys.argv[1], 1)
+hits = []
+jax.monitoring.register_event_listener(lambda event, **kw: hits.append(event) if event.endswith("cache_hits") else None)
+run._persistent_compilation_cache(sao_openswe.get_config("toy," + sys.argv[2]), sys.argv[1], 1)
 jax.jit(lambda x: jnp.sin(x) * 3.0 + 1.25)(jnp.arange(7.0)).block_until_ready()
-print(jax.config.jax_compilation_cache_dir)
+print(len(hits), jax.config.jax_compilation_cache_dir)
 """
 
 
-def test_trainer_compilation_cache_goes_to_the_workdir_unless_one_is_configured(tmp_path):
-  """The trainer's XLA executables persist (a resume or re-run skips its compiles), in `<workdir>/jax_cache/
-  process<i>`, or in the cache the user configured (JAX_COMPILATION_CACHE_DIR), which is never overridden. A fresh
-  process each: JAX decides once per process whether its cache is in use."""
+def _compile_in_a_trainer(workdir: str, config_overrides: str, env: dict[str, str]) -> tuple[int, str]:
+  """A fresh process (JAX decides once per process whether its cache is in use) that sets up the trainer's cache
+  and compiles one program; returns (persistent-cache hits, the cache directory)."""
   repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  out = subprocess.run([sys.executable, "-c", _COMPILE_IN_A_TRAINER, workdir, config_overrides],
+                       env=dict(env, JAX_PLATFORMS="cpu", PYTHONPATH=repo), cwd=repo, capture_output=True, text=True,
+                       timeout=120, check=True).stdout.split()
+  return int(out[-2]), out[-1]
+
+
+def test_trainer_compilation_cache_is_shared_by_runs_unless_configured_otherwise(tmp_path):
+  """The trainer's XLA executables go to `<compilation_cache_dir>/trainer/process<i>`, by default under
+  `$SAO_CACHE_DIR` (else `~/.cache/sao`), where a later run with another workdir loads them instead of compiling;
+  `compilation_cache_dir=""` keeps them in `<workdir>/jax_cache`; a cache the user configured for JAX itself
+  (JAX_COMPILATION_CACHE_DIR) is never overridden."""
   env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
-  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=repo)
-  for configured in (None, str(tmp_path / "shared")):
-    if configured:  # with the user's own settings (JAX's default would skip compiles under a second)
-      env.update(JAX_COMPILATION_CACHE_DIR=configured, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-    workdir = str(tmp_path / f"run_{bool(configured)}")
-    out = subprocess.run([sys.executable, "-c", _COMPILE_IN_A_TRAINER, workdir], env=env, cwd=repo,
-                         capture_output=True, text=True, timeout=120, check=True).stdout.split()[-1]
-    expected = configured or os.path.join(workdir, "jax_cache", "process1")
-    assert out == expected
-    assert any(n.endswith("-cache") for n in os.listdir(expected))
-    assert os.path.isdir(os.path.join(workdir, "jax_cache")) == (configured is None)
+  env["SAO_CACHE_DIR"] = str(tmp_path / "user_cache")
+  shared = str(tmp_path / "user_cache" / "xla" / "trainer" / "process1")
+  assert _compile_in_a_trainer(str(tmp_path / "run_a"), "", env) == (0, shared)
+  hits, cache = _compile_in_a_trainer(str(tmp_path / "run_b"), "", env)  # another run: its compiles hit the cache
+  assert hits > 0 and cache == shared
+
+  in_run = str(tmp_path / "run_c" / "jax_cache" / "trainer" / "process1")
+  assert _compile_in_a_trainer(str(tmp_path / "run_c"), "compilation_cache_dir=", env) == (0, in_run)
+  assert any(n.endswith("-cache") for n in os.listdir(in_run))
+
+  # With the user's own JAX settings (JAX's default would skip compiles under a second).
+  configured = str(tmp_path / "jax_configured")
+  env.update(JAX_COMPILATION_CACHE_DIR=configured, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  assert _compile_in_a_trainer(str(tmp_path / "run_d"), "", env) == (0, configured)
+  assert any(n.endswith("-cache") for n in os.listdir(configured))
+  assert not os.path.exists(tmp_path / "run_d" / "jax_cache")
 
 
 def test_trainer_roles_keep_freed_memory_before_training(monkeypatch):
