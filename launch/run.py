@@ -154,7 +154,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, config_args: Sequenc
            train_tasks: list[dict], validation_tasks: list[dict]) -> None:
   from sao.analysis import curves  # pylint: disable=g-import-not-at-top
   from sao.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  _persistent_compilation_cache(config, workdir, channel.process_id)
+  _persistent_compilation_cache(config, workdir)
   tok = tokenizer(config)
   if not channel.is_coordinator:  # engines and workers are process 0's
     launcher = trainer_lib.Launcher(lambda _: list(config.engine_urls), lambda address: None)
@@ -176,15 +176,16 @@ def _train(config: ml_collections.ConfigDict, workdir: str, config_args: Sequenc
         f"curves: {png}", flush=True)
 
 
-def _persistent_compilation_cache(config: ml_collections.ConfigDict, workdir: str, process_id: int) -> None:
-  """XLA executables cached in `<compilation_cache_dir>/trainer/process<i>` (`sao.engines.compilation_cache`): a
+def _persistent_compilation_cache(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """XLA executables cached in `<compilation_cache_dir>/trainer` (`sao.engines.compilation_cache`; every process of
+  a job reads, process 0 writes): a
   later run of the same programs, or a resumed one, loads the learner's instead of compiling them (docs/
   performance.md). A cache the user configured for JAX itself (`JAX_COMPILATION_CACHE_DIR`) is left as it is."""
   import jax  # pylint: disable=g-import-not-at-top
   if jax.config.jax_compilation_cache_dir:
     return
   compilation_cache.enable(
-      compilation_cache.trainer_dir(compilation_cache.run_dir(config.compilation_cache_dir, workdir), process_id),
+      compilation_cache.trainer_dir(compilation_cache.run_dir(config.compilation_cache_dir, workdir)),
       config.compilation_cache_max_gb, min_compile_time_s=0.0)
 
 

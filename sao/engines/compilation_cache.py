@@ -9,8 +9,13 @@ compile options and devices, and the jax/jaxlib/XLA versions, so a changed progr
 The run config's `compilation_cache_dir` names the directory (`default_dir()`: `$SAO_CACHE_DIR/xla`, else
 `$XDG_CACHE_HOME/sao/xla`, i.e. `~/.cache/sao/xla`; "" keeps it inside the run, `<workdir>/jax_cache`):
 
-    <dir>/trainer/process<i>   the trainer's process i (one directory per process of a multi-host job)
+    <dir>/trainer              the trainer, every process of a multi-host job
     <dir>/engines              the local JAX engines (`python -m sao.engines.serve --compilation_cache_dir`)
+
+JAX writes entries from process 0 only and every process reads them (`jax._src.compiler._cache_write`), so the
+processes of a job share one directory: on a pod, a directory every host sees (a bucket) serves every host; a
+host-local one serves process 0 (a directory per process would leave every other process's empty forever). On CPU
+the executables of different processes have different keys: there only process 0 ever hits.
 
 Each directory is bounded (`compilation_cache_max_gb`): JAX then evicts the least recently used entries and takes a
 file lock around each read and write, so runs that share a directory at the same time do not read half-written
@@ -39,8 +44,9 @@ def run_dir(configured: str, workdir: str) -> str:
   return os.path.abspath(path)
 
 
-def trainer_dir(cache_dir: str, process_id: int) -> str:
-  return os.path.join(cache_dir, "trainer", f"process{process_id}")
+def trainer_dir(cache_dir: str) -> str:
+  """The trainer's directory, shared by the processes of a job (see the module docstring)."""
+  return os.path.join(cache_dir, "trainer")
 
 
 def engines_dir(cache_dir: str) -> str:

@@ -30,7 +30,7 @@ def test_run_dir_expands_the_configured_directory_or_stays_in_the_workdir(monkey
   assert compilation_cache.run_dir("", "/w") == "/w/jax_cache"
   monkeypatch.chdir(tmp_path)
   assert compilation_cache.run_dir("", "w") == str(tmp_path / "w" / "jax_cache")
-  assert compilation_cache.trainer_dir("/c", 3) == "/c/trainer/process3"
+  assert compilation_cache.trainer_dir("/c") == "/c/trainer"
   assert compilation_cache.engines_dir("/c") == "/c/engines"
 
 

@@ -63,7 +63,7 @@ from experiments.configs import sao_openswe
 from launch import run
 hits = []
 jax.monitoring.register_event_listener(lambda event, **kw: hits.append(event) if event.endswith("cache_hits") else None)
-run._persistent_compilation_cache(sao_openswe.get_config("toy," + sys.argv[2]), sys.argv[1], 1)
+run._persistent_compilation_cache(sao_openswe.get_config("toy," + sys.argv[2]), sys.argv[1])
 jax.jit(lambda x: jnp.sin(x) * 3.0 + 1.25)(jnp.arange(7.0)).block_until_ready()
 print(len(hits), jax.config.jax_compilation_cache_dir)
 """
@@ -80,18 +80,18 @@ def _compile_in_a_trainer(workdir: str, config_overrides: str, env: dict[str, st
 
 
 def test_trainer_compilation_cache_is_shared_by_runs_unless_configured_otherwise(tmp_path):
-  """The trainer's XLA executables go to `<compilation_cache_dir>/trainer/process<i>`, by default under
+  """The trainer's XLA executables go to `<compilation_cache_dir>/trainer` (one for a job's processes), by default under
   `$SAO_CACHE_DIR` (else `~/.cache/sao`), where a later run with another workdir loads them instead of compiling;
   `compilation_cache_dir=""` keeps them in `<workdir>/jax_cache`; a cache the user configured for JAX itself
   (JAX_COMPILATION_CACHE_DIR) is never overridden."""
   env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
   env["SAO_CACHE_DIR"] = str(tmp_path / "user_cache")
-  shared = str(tmp_path / "user_cache" / "xla" / "trainer" / "process1")
+  shared = str(tmp_path / "user_cache" / "xla" / "trainer")
   assert _compile_in_a_trainer(str(tmp_path / "run_a"), "", env) == (0, shared)
   hits, cache = _compile_in_a_trainer(str(tmp_path / "run_b"), "", env)  # another run: its compiles hit the cache
   assert hits > 0 and cache == shared
 
-  in_run = str(tmp_path / "run_c" / "jax_cache" / "trainer" / "process1")
+  in_run = str(tmp_path / "run_c" / "jax_cache" / "trainer")
   assert _compile_in_a_trainer(str(tmp_path / "run_c"), "compilation_cache_dir=", env) == (0, in_run)
   assert any(n.endswith("-cache") for n in os.listdir(in_run))
 
