@@ -30,9 +30,22 @@ MAX_WORKER_RESTARTS = 10  # a worker that keeps dying is a bug to surface, not a
 ROUTER_POLICY = "cache_aware"
 
 
+# XLA:CPU runs the local engine's prefill-and-decode program about 1.5x slower per row from 32 rows up (the toy
+# model: 1.0-1.1 CPU ms a row at 16-31 rows, 1.6 at 32-64; docs/performance.md, session 25): its batches stop
+# below that, and a burst of more rows is served as several batches.
+MAX_BATCH_ROWS = 31
+
+
+def max_batch_rows(concurrency: int) -> int:
+  """Rows per engine batch: the worker's concurrency, at most `MAX_BATCH_ROWS`."""
+  return max(1, min(concurrency, MAX_BATCH_ROWS))
+
+
 def batch_buckets(concurrency: int) -> list[int]:
-  """The engine's batch shapes (each one is a compile): an eighth, half, and all of the concurrency (deduplicated)."""
-  return sorted({max(1, concurrency // 8), max(1, concurrency // 2), concurrency})
+  """The engine's batch shapes (each one is a compile): a quarter, half, three quarters and all of
+  `max_batch_rows` (deduplicated), so a batch pads at most a quarter of the largest."""
+  top = max_batch_rows(concurrency)
+  return sorted({max(1, top // 4), max(1, top // 2), max(1, 3 * top // 4), top})
 
 
 def prompt_buckets(max_total_tokens: int) -> list[int]:
@@ -52,7 +65,7 @@ def engine_args(config: ml_collections.ConfigDict, cache_dir: str) -> list[str]:
   r = config.rollout
   if config.engine_max_queued_rows < 1:  # here, not in the engine's log after it failed to start
     raise ValueError(f"engine_max_queued_rows: must be >= 1, got {config.engine_max_queued_rows}")
-  return [f"--max_batch_size={max(r.concurrency, 1)}", "--batch_window_ms=5",
+  return [f"--max_batch_size={max_batch_rows(r.concurrency)}", "--batch_window_ms=5",
           f"--max_queued_rows={config.engine_max_queued_rows}",
           f"--new_token_buckets={r.max_new_tokens}",
           f"--batch_buckets={','.join(str(b) for b in batch_buckets(r.concurrency))}",

@@ -16,8 +16,9 @@ CONFIG_ARGS = ["--config=experiments/configs/sao_openswe.py:toy", "--config.roll
 
 
 def test_bucket_arithmetic():
-  assert embedded.batch_buckets(64) == [8, 32, 64]
-  assert embedded.batch_buckets(8) == [1, 4, 8]
+  assert embedded.batch_buckets(64) == [7, 15, 23, 31]  # at most MAX_BATCH_ROWS rows a batch
+  assert embedded.batch_buckets(24) == [6, 12, 18, 24]
+  assert embedded.batch_buckets(8) == [2, 4, 6, 8]
   assert embedded.batch_buckets(1) == [1]
   assert embedded.prompt_buckets(192) == [64, 128, 192]
   assert embedded.prompt_buckets(64) == [64]
@@ -26,8 +27,8 @@ def test_bucket_arithmetic():
 
 def test_engine_args_fit_the_rollouts():
   args = embedded.engine_args(sao_openswe.get_config("toy"), "/c")
-  assert args == ["--max_batch_size=64", "--batch_window_ms=5", "--max_queued_rows=4096", "--new_token_buckets=16",
-                  "--batch_buckets=8,32,64", "--prompt_buckets=64,128,192", "--compilation_cache_dir=/c",
+  assert args == ["--max_batch_size=31", "--batch_window_ms=5", "--max_queued_rows=4096", "--new_token_buckets=16",
+                  "--batch_buckets=7,15,23,31", "--prompt_buckets=64,128,192", "--compilation_cache_dir=/c",
                   "--compilation_cache_max_gb=4.0", "--xla_cpu_threads=1"]
   # The toy's processes share a few cores (one-thread XLA pools); at full scale the trainer owns its host.
   assert "--xla_cpu_threads=0" in embedded.engine_args(sao_openswe.get_config("toy,xla_cpu_threads=0"), "/c")
