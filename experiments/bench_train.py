@@ -42,6 +42,8 @@ from sao.train import batching, steps
 from sao.transport import log as log_lib
 from sao.transport.trajectory import Trajectory
 
+_BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch.BACKEND_COMPILE_EVENT
+
 
 def define_flags() -> None:
   """The command's flags, defined when it runs (not on import: tests import every command in one process, and
@@ -139,6 +141,9 @@ def toy_batch() -> None:
               if t.is_trainable and t.num_action_tokens and max(t.token_ids) < _TOY_VOCAB.value]
   rng = np.random.default_rng(0)
   batch_size = config.rollout.batch_size
+  compiles = []  # every XLA compile in this process (a jit cache miss), not only the steps' traces
+  jax.monitoring.register_event_duration_secs_listener(
+      lambda event, duration, **kw: compiles.append(duration) if event == _BACKEND_COMPILE_EVENT else None)
   c = learner_config.batching
   cpu = _cpu_s()
   for _ in range(_WARMUP.value):
@@ -147,10 +152,10 @@ def toy_batch() -> None:
   cpu_ms, wall_ms, padded, grouped, real, compiling_cpu_s = [], [], [], [], [], []
   for _ in range(_STEPS.value):
     batch, _ = learner.make_batch(_toy_trajectories(rng, batch_size, _TOY_VOCAB.value, replay))
-    traces = dict(steps.TRACE_COUNTS)
+    compiled_before = len(compiles)
     cpu, wall = _cpu_s(), time.perf_counter()
     learner.update(batch)  # returns host floats: the update has finished
-    if dict(steps.TRACE_COUNTS) != traces:  # a new shape: this update compiled
+    if len(compiles) != compiled_before:  # a new shape (a step's group, or the whole batch's T): this update compiled
       compiling_cpu_s.append(_cpu_s() - cpu)
       continue
     cpu_ms.append(1e3 * (_cpu_s() - cpu))
