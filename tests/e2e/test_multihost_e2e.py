@@ -8,8 +8,8 @@ One job, then its resume (one test: a job is ~1.5 minutes on 2 cores, most of it
 - Both jobs: exactly one gRPC trajectory service (process 0's), one engine and one worker; one metrics row per
   learner step; every policy version published once (one export directory and one weight update per version).
 
-Each job runs in its own session, SIGKILLed whole in teardown. Measured on 2 shared CPU cores: 94 s for both jobs
-with a warm compilation cache (the test suite's run; until December 2026 a separate whole run took 81 s more).
+Each job runs in its own session, SIGKILLed whole in teardown. Measured on 2 CPU cores: 115 s for both jobs alone
+on the machine with a cold compilation cache (until session 25 a separate whole run took 81 s more in the suite).
 """
 from __future__ import annotations
 
