@@ -49,7 +49,8 @@ def measure(rows: list[int], prompt: int, new_tokens: int, repeats: int) -> dict
   sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0)
   calls = {}
   for n in rows:
-    sampler = Sampler(model_config, params, batch_buckets=(n,), prompt_buckets=(prompt,), new_token_buckets=(new_tokens,))
+    sampler = Sampler(model_config, params, batch_buckets=(n,), prompt_buckets=(prompt,),
+                      new_token_buckets=(new_tokens,))
     prompts = [rng.integers(0, model_config.vocab_size, prompt - 4) for _ in range(n)]
     sampler.generate(prompts, sampling, seed=0)  # compiles
     calls[n] = (sampler, prompts)
