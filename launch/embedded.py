@@ -58,6 +58,19 @@ def prompt_buckets(max_total_tokens: int) -> list[int]:
   return buckets + [max_total_tokens]
 
 
+# A later turn's request prefills only what its cached prefix does not cover: the toy's are 5-10 tokens (an
+# observation and the chat template's turn markers), and a 64-slot suffix made its batches cost 1.8x what a 16-slot
+# one does (docs/performance.md, session 26).
+SHORT_SUFFIX_BUCKETS = (16, 32)
+
+
+def suffix_buckets(max_total_tokens: int) -> list[int]:
+  """The engine's buckets of a prompt's uncached suffix: `SHORT_SUFFIX_BUCKETS` below the smallest prompt bucket,
+  then the prompt buckets (a request without a cached prefix prefills its whole prompt)."""
+  prompts = prompt_buckets(max_total_tokens)
+  return [b for b in SHORT_SUFFIX_BUCKETS if b < prompts[0]] + prompts
+
+
 def engine_args(config: ml_collections.ConfigDict, cache_dir: str) -> list[str]:
   """The `sao.engines.serve` flags that fit the run's rollouts: every agent loop of a worker in one batch, the
   episode's token budget as the longest prompt, the config's queue bound (`engine_max_queued_rows`), a
@@ -71,6 +84,7 @@ def engine_args(config: ml_collections.ConfigDict, cache_dir: str) -> list[str]:
           f"--new_token_buckets={r.max_new_tokens}",
           f"--batch_buckets={','.join(str(b) for b in batch_buckets(r.concurrency))}",
           f"--prompt_buckets={','.join(str(b) for b in prompt_buckets(r.max_total_tokens))}",
+          f"--suffix_buckets={','.join(str(b) for b in suffix_buckets(r.max_total_tokens))}",
           # Each (batch, prompt) bucket compiles once; the persistent cache makes a resumed run or the next
           # experiment start in seconds.
           f"--compilation_cache_dir={cache_dir}",

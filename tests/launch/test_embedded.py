@@ -23,12 +23,15 @@ def test_bucket_arithmetic():
   assert embedded.prompt_buckets(192) == [64, 128, 192]
   assert embedded.prompt_buckets(64) == [64]
   assert embedded.prompt_buckets(6144) == [64, 128, 256, 512, 1024, 2048, 4096, 6144]
+  assert embedded.suffix_buckets(192) == [16, 32, 64, 128, 192]  # a later turn's few new tokens: a short suffix
+  assert embedded.suffix_buckets(32) == [16, 32]
 
 
 def test_engine_args_fit_the_rollouts():
   args = embedded.engine_args(sao_openswe.get_config("toy"), "/c")
   assert args == ["--max_batch_size=31", "--batch_window_ms=5", "--max_queued_rows=4096", "--new_token_buckets=16",
-                  "--batch_buckets=7,15,23,31", "--prompt_buckets=64,128,192", "--compilation_cache_dir=/c",
+                  "--batch_buckets=7,15,23,31", "--prompt_buckets=64,128,192",
+                  "--suffix_buckets=16,32,64,128,192", "--compilation_cache_dir=/c",
                   "--compilation_cache_max_gb=4.0", "--xla_cpu_threads=1"]
   # The toy's processes share a few cores (one-thread XLA pools); at full scale the trainer owns its host.
   assert "--xla_cpu_threads=0" in embedded.engine_args(sao_openswe.get_config("toy,xla_cpu_threads=0"), "/c")
