@@ -6,6 +6,9 @@ SAO (`_update_sao`, docs/algorithm.md's stabilized recipe):
   3. V¹ = critic(batch);  A = GAE(r, V¹, γ, λ_b = 1 − 1/(α·l_b) or a fixed `sao.lambda_policy`);  A ← whiten_m(A)
      (config flag)
   4. one actor step with the DIS loss — skipped while `num_updates < critic_warmup_steps`.
+  With λ_critic = 1 and no value clip, R does not depend on V⁰ and the loss reads no old values: step 1's critic
+  forward is skipped (unless the caller asks for V⁰, `update_traced`) and its diagnostics come from step 2's first
+  forward, which runs the same params (`sao.train.critic_stats`).
 GSPO / GRPO (`_update_group`): Â_i = group-normalised rewards, one actor step with the GSPO / PPO-clip loss.
 The actor loss is `config.actor_loss` (a name in `sao.train.actor_losses`), by default the algorithm's own.
 With `batching.length_groups` every critic forward and step runs over the batch's rows sorted by length in groups,
@@ -40,6 +43,7 @@ from sao.models.config import ModelConfig
 from sao.models.transformer import abstract_params, init_critic_from_policy
 from sao.train import actor_losses, batching, roles, state as state_lib, steps
 from sao.train import checkpoint as ckpt_lib
+from sao.train import critic_stats
 from sao.train import distributed
 from sao.train import precompile as precompile_lib
 from sao.train import targets
@@ -175,13 +179,14 @@ class Learner:
                                       self.batcher.batch_multiple, self.batcher.bucket_lengths)
       batch_metrics["batch/grouped_padded_tokens"] = float(sum(len(g.rows) * g.length for g in groups))
     if self.config.algorithm == "sao":
-      metrics, per_token = self._update_sao(self._device(batch, batching.FIELDS), groups)
+      metrics, per_token = self._update_sao(self._device(batch, batching.FIELDS), groups,
+                                            want_values_before=bool(len(rows)))
     else:
       metrics, per_token = self._update_group(self._device(batch, batching.FIELDS), groups), {}
     rows = np.asarray(rows, np.int64)
     # `fetch`: per-token arrays are sharded over the batch (across processes on a pod); metrics are replicated.
     traces = {k: np.asarray(v, np.float32)[rows] for k, v in distributed.fetch(per_token).items()} if rows.size else {}
-    metrics = {k: float(v) for k, v in distributed.fetch(metrics).items()}
+    metrics = critic_stats.diagnostics({k: float(v) for k, v in distributed.fetch(metrics).items()})
     self._guard(metrics)
     self.num_updates += 1
     metrics.update(batch_metrics)
@@ -272,20 +277,30 @@ class Learner:
     return meta["extra"]
 
   # ---------------------------------------------------------------------------------------------- the algorithms
-  def _update_sao(self, batch: dict, groups: list[batching.LengthGroup] | None
+  def _update_sao(self, batch: dict, groups: list[batching.LengthGroup] | None, want_values_before: bool = True
                   ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
-    """Returns (metrics, per-token `[B, T]` arrays: pre-update values, returns, advantages)."""
+    """Returns (metrics, per-token `[B, T]` arrays: pre-update values (only with `want_values_before`), returns,
+    advantages). With Monte-Carlo critic targets and no value clip the pre-update values are needed only for the
+    diagnostics, which the first critic epoch's forward then provides (`sao.train.critic_stats`)."""
     c = self.config.sao
     metrics: dict[str, jax.Array] = {}
-    values = self._values(batch, groups)
-    values_before = values
-    returns, critic_diag = targets.critic_targets(batch, values, c.gamma, c.lambda_critic)  # before any whitening
+    fused = not (want_values_before or targets.critic_reads_values_before(self.config))
+    if fused:
+      values_before = None
+      returns, returns_var, critic_diag = targets.monte_carlo_returns(batch, c.gamma)
+    else:
+      values_before = self._values(batch, groups)
+      returns, critic_diag = targets.critic_targets(batch, values_before, c.gamma, c.lambda_critic)
     metrics.update(critic_diag)
     critic_batch = dict(steps.select(batch, ("input_ids", "attention_mask", "action_mask"), "critic"),
-                        returns=returns, old_values=values)
+                        returns=returns, old_values=returns if values_before is None else values_before)
     for epoch in range(c.critic_epochs):
       self.critic.state, m = self._train(self._critic_step, self._grouped_critic_step, self.critic.state,
                                          critic_batch, groups)
+      m, first_values = critic_stats.split(m)
+      if fused and epoch == 0:  # `update_traced` turns them into the diagnostics after its fetch
+        metrics.update({f"critic/{k}": v for k, v in first_values.items()})
+        metrics[critic_stats.RETURNS_VAR] = returns_var
       metrics.update({f"critic/{k}": v for k, v in m.items()})
       metrics[f"critic/loss_epoch{epoch}"] = m["loss"]
       metrics[f"critic/skipped_epoch{epoch}"] = m["skipped"]
@@ -296,7 +311,10 @@ class Learner:
     if self.num_updates >= c.critic_warmup_steps:
       metrics.update(self._actor_update(dict(batch, advantages=advantages), groups))
     metrics["actor/warmup"] = np.float32(self.num_updates < c.critic_warmup_steps)
-    return metrics, {"values": values_before, "returns": returns, "advantages": advantages}
+    per_token = {"returns": returns, "advantages": advantages}
+    if values_before is not None:
+      per_token["values"] = values_before
+    return metrics, per_token
 
   def _update_group(self, batch: dict, groups: list[batching.LengthGroup] | None) -> dict[str, jax.Array]:
     seq_advantages, metrics = targets.group_advantages(batch, self.config.group.normalize_std)

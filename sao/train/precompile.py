@@ -110,7 +110,7 @@ def _batch_programs(learner: Any, rows: int, lengths: Sequence[int], roles: tupl
       s = c.sao
       critic = learner.critic.abstract_state()
       values = _compiled_output(learner._critic_values.lower(critic.params, whole))  # the whole batch, as called
-      returns = _compiled_output(targets.critic_targets.lower(whole, values, s.gamma, s.lambda_critic), 0)
+      returns = _target_programs(c, whole, values)
       if "critic" in roles:
         critic_batch = dict(_ids(whole), action_mask=whole["action_mask"], returns=returns, old_values=values)
         learner._critic_step.lower(critic, critic_batch, rng).compile()
@@ -120,6 +120,15 @@ def _batch_programs(learner: Any, rows: int, lengths: Sequence[int], roles: tupl
       actor_batch = steps.select({**whole, **extra}, loss.batch_keys, f"actor loss {loss.name!r}")
       learner._actor_steps[loss.name].lower(learner.actor.abstract_state(), actor_batch, rng).compile()
     yield f"update [{rows}, {length}] ({', '.join(roles)})"
+
+
+def _target_programs(config: Any, whole: dict[str, Any], values: Any) -> Any:
+  """Compiles the critic's targets for a whole batch (`critic_targets`; with no use for the pre-update values also
+  `monte_carlo_returns`, what an untraced update calls); returns the abstract R."""
+  s = config.sao
+  if not targets.critic_reads_values_before(config):
+    targets.monte_carlo_returns.lower(whole, s.gamma).compile()
+  return _compiled_output(targets.critic_targets.lower(whole, values, s.gamma, s.lambda_critic), 0)
 
 
 def _ids(batch: dict[str, Any]) -> dict[str, Any]:
@@ -156,7 +165,7 @@ def _group_programs(learner: Any, rows: int, max_tokens: int, roles: tuple[str, 
     else:
       s = c.sao
       values = batch(("values",), rows, length)["values"]
-      returns = _compiled_output(targets.critic_targets.lower(whole, values, s.gamma, s.lambda_critic), 0)
+      returns = _target_programs(c, whole, values)
       targets.policy_advantages.lower(whole, values, returns, s.gamma, s.lambda_policy_alpha, s.whiten_advantages,
                                       s.lambda_policy).compile()
     yield f"targets [{rows}, {length}]"

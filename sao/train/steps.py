@@ -39,6 +39,7 @@ from sao.models.logprobs import token_logprobs
 from sao.models.transformer import Critic
 from sao.train import actor_losses
 from sao.train import config as config_lib
+from sao.train import critic_stats
 from sao.train import mesh as mesh_lib
 from sao.train import optim
 from sao.train.actor_losses import Mean
@@ -142,7 +143,8 @@ def _critic_micro_loss(model_config: ModelConfig, value_clip: float):
     _, aux = losses.value_loss(values, mb["returns"], mb["action_mask"], mb["old_values"], clip)
     mask = mb["action_mask"].astype(bool)
     tokens = jnp.sum(mask, dtype=jnp.float32)
-    metrics = {"value_mean": Mean(total=jnp.sum(jnp.where(mask, jax.lax.stop_gradient(values), 0.0)), count=tokens)}
+    metrics = {"value_mean": Mean(total=jnp.sum(jnp.where(mask, jax.lax.stop_gradient(values), 0.0)), count=tokens),
+               **critic_stats.step_metrics(values, mb["returns"], mask)}  # epoch 0's: the pre-update diagnostics
     if clip is not None:
       metrics["clip_fraction"] = Mean(total=aux["clip_count"], count=tokens)
     return aux["loss_sum"], metrics
@@ -389,7 +391,8 @@ def make_critic_step(model_config: ModelConfig, tx: optax.GradientTransformation
   """Jitted `critic_step(state, batch, rng) -> (state, metrics)` minimising `(1/N) Σ m·½(V − R)²`.
 
   `batch` holds `CRITIC_KEYS` (`returns`, `old_values` `[B, T]`; old_values only matter when `value_clip > 0`).
-  Metrics: loss, grad_norm, l2_params, l2_updates, skipped, step, tokens, value_mean (+ clip_fraction).
+  Metrics: loss, grad_norm, l2_params, l2_updates, skipped, step, tokens, value_mean (+ clip_fraction), and the
+  `critic_stats.PREFIX` sums of the values this step's forward saw (`sao.train.critic_stats`).
   """
   step = _make_step(_critic_micro_loss(model_config, value_clip), "value", actor_losses.token_count, tx, trainable,
                     micro_batch_size, mesh)

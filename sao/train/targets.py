@@ -2,6 +2,7 @@
 the `[B, T]` batch, `sao.train.learner` calls them by module attribute so `sao.train.aot` can record them):
 
 - `critic_targets`: `R = GAE(r, V⁰, γ, λ_critic) + V⁰` and the critic's diagnostics on the pre-update values;
+- `monte_carlo_returns`: the same R at λ_critic = 1, which needs no V⁰;
 - `policy_advantages`: `A = GAE(r, V¹, γ, λ_b)` with the length-adaptive `λ_b = 1 − 1/(α·l_b)` (or a fixed λ),
   whitened over the batch's action tokens when asked;
 - `group_advantages`: GSPO / GRPO's group-normalised rewards `Â_i`.
@@ -38,6 +39,22 @@ def critic_targets(batch, values, gamma: float, lam: float):
           **metrics_lib.masked_summary("critic/values", values, mask),
           **metrics_lib.masked_summary("critic/returns", returns, mask)}
   return returns, diag
+
+
+def critic_reads_values_before(learner_config) -> bool:
+  """Whether the critic's targets or loss read the pre-update values V⁰ (λ_critic < 1, or a value clip); if not,
+  the update computes R with `monte_carlo_returns` and skips its pre-update critic forward (`sao.train.learner`)."""
+  return learner_config.sao.lambda_critic != 1.0 or learner_config.critic.value_clip > 0
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def monte_carlo_returns(batch, gamma: float):
+  """`critic_targets` at λ_critic = 1, where `R = GAE(r, V, γ, 1) + V = Σ_k γ^k r_{t+k}` (over the action tokens)
+  whatever V: computed with V = 0, so no pre-update critic forward is needed. Returns (R `[B, T]`, the masked
+  variance of R, the returns' diagnostics; the values' come from `sao.train.critic_stats`)."""
+  mask = batch["action_mask"]
+  _, returns = adv_lib.gae(batch["token_rewards"], jnp.zeros(mask.shape, jnp.float32), mask, gamma, 1.0)
+  return returns, adv_lib.masked_var(returns, mask), metrics_lib.masked_summary("critic/returns", returns, mask)
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4, 5, 6))

@@ -106,3 +106,37 @@ def test_grouped_update_on_a_sharded_mesh_equals_one_batch_on_one_device():
     np.testing.assert_allclose(m1[key], m0[key], rtol=1e-5, atol=1e-5, err_msg=key)
   _assert_states_close(a0, a1)
   _assert_states_close(c0, c1)
+
+
+def test_first_critic_epoch_gives_the_pre_update_diagnostics():
+  """λ_critic = 1, no value clip: `update` skips the pre-update critic forward (its diagnostics come from critic
+  epoch 0's forward, `sao.train.critic_stats`) and is the same update, with the same metrics, as `update_traced`,
+  which runs that forward for the traces."""
+  trajs = helpers.trajectories(seed=11, n=8, min_len=3, max_len=32)
+  config = _config(**{"batching.length_groups": 4, "sao.gamma": 0.9})  # the one-call step shares the metrics
+  results = []
+  for traced in (True, False):
+    learner = helpers.make_learner(config)
+    forwards = []
+    values = learner._values  # pylint: disable=protected-access
+    learner._values = lambda *a, **k: forwards.append(1) or values(*a, **k)  # pylint: disable=protected-access
+    batch, _ = learner.make_batch(trajs)
+    metrics = learner.update_traced(batch, rows=[0])[0] if traced else learner.update(batch)
+    results.append((metrics, jax.device_get(learner.critic.state), jax.device_get(learner.actor.state), forwards))
+  (m0, c0, a0, f0), (m1, c1, a1, f1) = results
+  assert (len(f0), len(f1)) == (2, 1)  # before and after the critic epochs / after only
+  assert set(m1) == set(m0) and not any(k.startswith("critic/v0_") for k in m1)
+  assert m0["critic/explained_variance"] != 0.0 and m0["critic/values/min"] < m0["critic/values/max"]
+  for key in m0:
+    np.testing.assert_allclose(m1[key], m0[key], rtol=1e-5, atol=1e-5, err_msg=key)
+  _assert_states_close(c0, c1)
+  _assert_states_close(a0, a1)
+
+
+def test_critic_targets_that_read_the_values_keep_the_pre_update_forward():
+  learner = helpers.make_learner(_config(**{"sao.lambda_critic": 0.95}))  # (a value clip reads them too)
+  forwards = []
+  values = learner._values  # pylint: disable=protected-access
+  learner._values = lambda *a, **k: forwards.append(1) or values(*a, **k)  # pylint: disable=protected-access
+  metrics = learner.update(helpers.trajectories(seed=12, n=8, min_len=3, max_len=32))
+  assert len(forwards) == 2 and np.isfinite(metrics["critic/explained_variance"])
