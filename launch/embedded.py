@@ -59,8 +59,8 @@ def prompt_buckets(max_total_tokens: int) -> list[int]:
 
 
 # A later turn's request prefills only what its cached prefix does not cover: the toy's are 5-10 tokens (an
-# observation and the chat template's turn markers), and a 64-slot suffix made its batches cost 1.8x what a 16-slot
-# one does (docs/performance.md, session 26).
+# observation and the chat template's turn markers), and a 64-slot suffix made a 24-row batch cost 1.5x what a
+# 16-slot one does (docs/performance.md, session 26).
 SHORT_SUFFIX_BUCKETS = (16, 32)
 
 

@@ -293,7 +293,7 @@ class Learner:
       returns, critic_diag = targets.critic_targets(batch, values_before, c.gamma, c.lambda_critic)
     metrics.update(critic_diag)
     critic_batch = dict(steps.select(batch, ("input_ids", "attention_mask", "action_mask"), "critic"),
-                        returns=returns, old_values=returns if values_before is None else values_before)
+                        returns=returns, old_values=returns if fused else values_before)  # unread without a clip
     for epoch in range(c.critic_epochs):
       self.critic.state, m = self._train(self._critic_step, self._grouped_critic_step, self.critic.state,
                                          critic_batch, groups)
