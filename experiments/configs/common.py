@@ -75,6 +75,9 @@ def base_config() -> ml_collections.ConfigDict:
       checkpoint_every=50,
       critic_trace_every=10,  # SAO: dump one success + one failure with per-token critic values (0 = off)
       keep_policy_exports=3,
+      # Each new policy version reaches the engines in the background while the next step trains (the trainer
+      # otherwise waits for every engine to load and swap it; sao.train.publication); False: wait, as before.
+      async_publish=True,
       # Threads of XLA:CPU's pools in the trainer process and in each local engine (0: one per core). The toy's
       # trainer, engine and worker share a few cores: one-thread pools spend less CPU per step
       # (sao.engines.xla_cpu_threads).

@@ -7,7 +7,8 @@
 Every step takes the first `batch_size` finished trajectories (SAO) or `batch_size / G` complete groups (GSPO/GRPO)
 from the service — it never waits for a particular slow rollout — updates the learner, and, when the actor changed,
 exports the policy in HF layout to `<workdir>/policy/v<version>` and tells every engine to load it
-(`/update_weights_from_disk`). Validation runs on the held-out split through the same workers (the dispenser leases
+(`/update_weights_from_disk`), in the background while the next step runs (`sao.train.publication`; `async_publish`
+in the config). Validation runs on the held-out split through the same workers (the dispenser leases
 it as evaluation work every `eval_every` versions) and is reported as `validation`.
 
 A trainer job may span P processes (one per TPU host, `sao.train.distributed`): every process runs the learner and
@@ -47,6 +48,7 @@ from sao.train import mesh as mesh_lib
 from sao.train import phases
 from sao.train import precompile as precompile_lib
 from sao.train import progress
+from sao.train import publication as publication_lib
 from sao.train import writers as writers_lib
 from sao.train.export import export_policy
 from sao.train.learner import Learner
@@ -95,6 +97,7 @@ class Trainer:
     self.validations: list[tuple[int, float]] = []  # (policy version, success rate)
     self._precompilers: list[precompile_lib.Precompiler] = []
     self._precompiled_ahead = False
+    self.publication: publication_lib.Publication | None = None  # process 0's, once the engines exist
 
   def _decide(self, tag: str, decide: Callable[[], Any]) -> Any:
     """`decide()` evaluated on process 0 and shared: every process gets process 0's answer."""
@@ -205,6 +208,9 @@ class Trainer:
         self.engine_urls = tuple(c.engine_urls) or tuple(launcher.start_engines(base_dir))
         self.fleet = fleet_lib.Fleet(self.engine_urls)  # remembers servers it took out of a router's rotation
         server = self._server(model_config, self.engine_urls)
+        self.publication = publication_lib.Publication(
+            lambda path, version: asyncio.run(_publish(self.engine_urls, path, version, self.fleet)), server,
+            c.keep_policy_exports, background=c.async_publish)
       step, learner = 0, None
       if resume:
         learner = self._rl_learner(model_config, params, value_init, has_value_init)
@@ -222,7 +228,7 @@ class Trainer:
                 flush=True)
         launcher.start_workers(f"{c.server.host}:{port}")
       if resume:
-        self._publish(model_config, learner, server)
+        self._publish(model_config, learner)
       else:
         if server is not None:
           server.dispenser.schedule_eval(0, repeats=c.rollout.base_eval_repeats)
@@ -232,6 +238,8 @@ class Trainer:
         learner = self._rl_learner(model_config, params, value_init, has_value_init)
       # Steps count trajectories batches across phases: value pretraining, then `total_steps` RL steps.
       summary = self._train(learner, model_config, server, checkpointer, step, self._end_step())
+      if self.publication is not None:
+        self.publication.wait()  # the last version's publish: its failure is the run's
       # The last periodic save may already hold this learner step (orbax refuses to overwrite a step).
       checkpointer.wait()
       if self._decide("final_checkpoint", lambda: learner.num_updates not in checkpointer.all_steps()):
@@ -239,6 +247,8 @@ class Trainer:
       checkpointer.wait()
       return summary
     finally:
+      if self.publication is not None:
+        self.publication.close()
       for precompiler in self._precompilers:
         precompiler.stop()
       launcher.stop()
@@ -296,18 +306,17 @@ class Trainer:
     self._print(f"[value pretraining] critic saved to {value_init}; the RL phase loads it")
     return steps
 
-  def _publish(self, model_config, learner, server) -> dict[str, float]:
+  def _publish(self, model_config, learner, wait: bool = True) -> dict[str, float]:
+    """Exports the actor as `<workdir>/policy/v<version>` and, on process 0, publishes it to the engines
+    (`sao.train.publication`): `wait` until they serve it, else in the background while the caller trains on.
+    Returns the metrics of the publish that finished here (this one's with `wait`, else the previous one's)."""
     version = learner.version
     path = os.path.join(self.workdir, "policy", f"v{version}")
     export_policy(model_config, learner.actor_params, self.tokenizer, path)  # every process takes part
     if not self.is_coordinator:
       return {}
-    server.announce_policy_version(version)  # before the engines serve it: their trajectories are not "future"
-    fleet_metrics = asyncio.run(_publish(self.engine_urls, path, version, self.fleet))
-    server.set_policy_version(version)
-    old = os.path.join(self.workdir, "policy", f"v{version - self.config.keep_policy_exports}")
-    shutil.rmtree(old, ignore_errors=True)
-    return fleet_metrics
+    metrics = self.publication.start(path, version)
+    return {**metrics, **self.publication.wait()} if wait else metrics
 
   def _take(self, server, n: int) -> list[Trajectory]:
     while True:
@@ -375,11 +384,13 @@ class Trainer:
       metrics = self._update(learner, trainable, step, phase) if trainable else {}
       if server is not None:
         server.mark_consumed(trajectories, step)
+      # A checkpoint saves the dispenser state of the version just published: that publish finishes first.
+      checkpoint_due = checkpointer is not None and bool(trainable) and checkpointer.is_due(learner.num_updates)
       if learner.version != version_before:
-        metrics = {**metrics, **self._publish(model_config, learner, server)}
+        metrics = {**metrics, **self._publish(model_config, learner, wait=checkpoint_due)}
       if self.is_coordinator:  # metrics, validation results and progress lines are process 0's
         self._log_step(step, end_step, phase, learner, server, trajectories, trainable, stale, unusable, metrics)
-      if checkpointer is not None and trainable and checkpointer.is_due(learner.num_updates):
+      if checkpoint_due:
         # Only after an update: a batch with nothing trainable leaves `num_updates` (the checkpoint step) as is.
         learner.save_checkpoint(checkpointer, extra=self._checkpoint_extra(step + 1, phase, server))
       self.writer.flush()
