@@ -18,8 +18,9 @@ limit (`server.max_staleness`) still applies to every batch. A publish that fail
 version) raises at the next `start` or `wait`: the trainer stops one step later than it would have, never silently.
 
 Metrics, returned by `start` and `wait` for the publish they waited for: the fleet's own (`fleet/*`, every server's
-reported version), `fleet/publish_s` (that publish's wall time) and `trainer/publish_wait_s` (how long the trainer
-waited for it: 0 when it had finished during the update).
+reported version), `fleet/published_version` (the version they report on: in the background, a step's row carries
+the previous version's publish), `fleet/publish_s` (that publish's wall time) and `trainer/publish_wait_s` (how long
+the trainer waited for it: 0 when it had finished during the update).
 """
 from __future__ import annotations
 
@@ -87,4 +88,5 @@ class Publication:
     old = os.path.join(os.path.dirname(path), f"v{version - self._keep}")
     shutil.rmtree(old, ignore_errors=True)
     metrics["fleet/publish_s"] = time.perf_counter() - start
+    metrics["fleet/published_version"] = float(version)  # which version these fleet metrics report on
     return metrics

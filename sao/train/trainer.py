@@ -306,17 +306,20 @@ class Trainer:
     self._print(f"[value pretraining] critic saved to {value_init}; the RL phase loads it")
     return steps
 
-  def _publish(self, model_config, learner, wait: bool = True) -> dict[str, float]:
+  def _publish(self, model_config, learner, wait: bool = True) -> list[dict[str, float]]:
     """Exports the actor as `<workdir>/policy/v<version>` and, on process 0, publishes it to the engines
     (`sao.train.publication`): `wait` until they serve it, else in the background while the caller trains on.
-    Returns the metrics of the publish that finished here (this one's with `wait`, else the previous one's)."""
+    Returns the reports of the publishes that finished here, oldest first (the previous version's, then with
+    `wait` this one's)."""
     version = learner.version
     path = os.path.join(self.workdir, "policy", f"v{version}")
     export_policy(model_config, learner.actor_params, self.tokenizer, path)  # every process takes part
     if not self.is_coordinator:
-      return {}
-    metrics = self.publication.start(path, version)
-    return {**metrics, **self.publication.wait()} if wait else metrics
+      return []
+    reports = [self.publication.start(path, version)]
+    if wait:
+      reports.append(self.publication.wait())
+    return [r for r in reports if r]
 
   def _take(self, server, n: int) -> list[Trajectory]:
     while True:
@@ -384,10 +387,14 @@ class Trainer:
       metrics = self._update(learner, trainable, step, phase) if trainable else {}
       if server is not None:
         server.mark_consumed(trajectories, step)
-      # A checkpoint saves the dispenser state of the version just published: that publish finishes first.
+      # A checkpoint saves the dispenser state of the version just published: that publish finishes first (as does
+      # the phase's last, so that its row reports it).
       checkpoint_due = checkpointer is not None and bool(trainable) and checkpointer.is_due(learner.num_updates)
       if learner.version != version_before:
-        metrics = {**metrics, **self._publish(model_config, learner, wait=checkpoint_due)}
+        reports = self._publish(model_config, learner, wait=checkpoint_due or step == end_step - 1)
+        for report in reports[:-1]:  # two finished here (the previous version's, then this one's): a row each
+          self.writer.write_scalars(step, report)
+        metrics = {**metrics, **(reports[-1] if reports else {})}
       if self.is_coordinator:  # metrics, validation results and progress lines are process 0's
         self._log_step(step, end_step, phase, learner, server, trajectories, trainable, stale, unusable, metrics)
       if checkpoint_due:

@@ -35,8 +35,11 @@ KILL_AFTER_VERSION = 1
 FINAL_VERSION = STEPS - 1  # the first RL step is critic warmup; each later one publishes a version
 # COMMON's 6 s lease TTL is for its worker-kill test; here nothing kills a worker, and on a busy machine short
 # leases only expire and redo work.
+# No periodic checkpoint (COMMON saves every step, and a checkpoint waits for its step's publish): the versions are
+# published in the background while the next step trains (`sao.train.publication`), as in the README's job.
 ARG = (f"sao_openswe.py:toy,num_engines=2,total_steps={STEPS},recipe.value_pretrain_steps=1,"
-       f"learner.sao.critic_warmup_steps=1,critic_trace_every=0,{COMMON},rollout.lease_ttl_s=60")
+       f"learner.sao.critic_warmup_steps=1,critic_trace_every=0,{COMMON},rollout.lease_ttl_s=60,"
+       "checkpoint_every=1000")
 
 
 def _engine_urls(output: str) -> list[str]:
@@ -45,7 +48,8 @@ def _engine_urls(output: str) -> list[str]:
 
 
 def _publishes(workdir: str) -> list[dict]:
-  """The metrics rows of steps that published a version (they carry the fleet's report)."""
+  """The metrics rows that carry the fleet's report of a publish (`fleet/published_version`: in the background, the
+  step after the publish; the run's last publish in its own step's row)."""
   return [r for r in _metrics(workdir) if "fleet/servers" in r]
 
 
@@ -97,9 +101,10 @@ def test_two_engines_behind_the_router_one_killed_mid_run(tmp_path, runs, cache_
   before_kill = _freeze_with_versions_to_come(run, workdir, engines)
   for row in before_kill:
     assert row["fleet/servers"] == 2 and row["fleet/servers_current"] == 2, row
+    assert row["policy_version"] - 1 <= row["fleet/published_version"] <= row["policy_version"], row
     for url in engines:
       name = fleet_lib.metric_name(url)
-      assert row[f"fleet/weight_version/{name}"] == row["policy_version"], (url, row)
+      assert row[f"fleet/weight_version/{name}"] == row["fleet/published_version"], (url, row)
       assert row[f"fleet/in_rotation/{name}"] == 1.0
 
   # --- SIGKILL one engine (the session's `sao.engines.serve` processes are the two engines).
@@ -120,6 +125,7 @@ def test_two_engines_behind_the_router_one_killed_mid_run(tmp_path, runs, cache_
   assert after_kill, "no version was published after the kill"
   last = after_kill[-1]
   assert last["policy_version"] >= KILL_AFTER_VERSION + 1
+  assert last["fleet/published_version"] == last["policy_version"]  # the last publish is waited for
   assert last[f"fleet/weight_version/{fleet_lib.metric_name(alive)}"] == last["policy_version"]
   assert last[f"fleet/weight_version/{fleet_lib.metric_name(dead[0])}"] == -1.0
   assert last[f"fleet/in_rotation/{fleet_lib.metric_name(dead[0])}"] == 0.0
@@ -127,7 +133,7 @@ def test_two_engines_behind_the_router_one_killed_mid_run(tmp_path, runs, cache_
   assert sum("reward" in r for r in _metrics(workdir)) == 1 + STEPS
 
   # --- Trajectories: their versions are versions the engines reported; the trained ones are whole.
-  reported = {0} | {int(r["policy_version"]) for r in _publishes(workdir) if r["fleet/servers_current"] >= 1}
+  reported = {0} | {int(r["fleet/published_version"]) for r in _publishes(workdir) if r["fleet/servers_current"] >= 1}
   records = _records(workdir)
   versions = {r.trajectory.policy_version for r in records}
   assert versions <= reported, (versions, reported)

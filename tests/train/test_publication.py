@@ -57,9 +57,10 @@ def test_background_publishes_run_in_order_one_at_a_time(tmp_path):
   threading.Timer(0.2, gate.set).start()
   previous = pub.start(path(2), 2)
   assert previous["version"] == 1.0 and previous["fleet/servers_current"] == 1.0
+  assert previous["fleet/published_version"] == 1.0
   assert previous["fleet/publish_s"] >= 0.1 and previous["trainer/publish_wait_s"] >= 0.1
   last = pub.wait()
-  assert last["version"] == 2.0
+  assert last["version"] == 2.0 and last["fleet/published_version"] == 2.0
   assert pub.wait() == {}  # nothing in flight any more
   assert rec.events == [("announce", 1), ("publish_begin", 1), ("publish_end", 1), ("serve", 1),
                         ("announce", 2), ("publish_begin", 2), ("publish_end", 2), ("serve", 2)]
