@@ -1,9 +1,10 @@
 """Policy versions to the engines in the background: the trainer's next update runs while the fleet loads the last.
 
 Telling the engines about a new version (`sao.engines.fleet.Fleet.publish`: each server loads the exported directory,
-waits for its running batch, swaps, and reports its version) takes the trainer nothing but waiting: on the README's
-toy job that wait was about a fifth of the trainer's main thread, with XLA idle. A `Publication` runs it in one
-background thread instead, one version at a time and in order:
+waits for its running batch, swaps, and reports its version) takes the trainer nothing but waiting, with nothing queued
+for its accelerators: a fifth of the main thread's time on the README's toy job, tens of seconds per step for a
+70 GB policy published through disk (docs/performance.md, "Session 27", "Weight publication"). A `Publication` runs
+it in one background thread instead, one version at a time and in order:
 
     publication.start(path, version)   # waits for the previous version's publish (re-raising its error), then
                                        # announces `version` to the trajectory service and starts its publish
