@@ -2,6 +2,7 @@
 (a stand-in trainer with known timestamps; the bench itself runs the real trainer)."""
 from __future__ import annotations
 
+import inspect
 import types
 
 import pytest
@@ -35,3 +36,13 @@ def test_summarize_mode_measures_after_the_warmup():
   assert out["publish_fraction_mean"] == pytest.approx((0.5 + 0.5) / 2)  # 4.0 in (3, 5), 7.0 in (6, 8)
   assert out["engine_publish_fraction_mean"] == pytest.approx(0.75)
   assert out["timeline"]["first_lease"] == -1.5 and out["taken"] == [{"leased_at": 0.5, "turns": 3}]
+
+
+def test_the_bench_trainer_overrides_keep_the_trainer_signatures():
+  """The bench's Trainer subclass overrides private methods the trainer calls: their parameters must stay the
+  trainer's (a renamed parameter would only fail when the benchmark runs, minutes in)."""
+  from sao.train.trainer import Trainer
+  bench_trainer = pipeline_recording.bench_trainer_class()
+  for name in ("_publish", "_take", "_server"):
+    assert (list(inspect.signature(getattr(bench_trainer, name)).parameters) ==
+            list(inspect.signature(getattr(Trainer, name)).parameters)), name
