@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import shutil
 import time
 from typing import Any, Callable, Sequence
 
