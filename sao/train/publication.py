@@ -48,7 +48,6 @@ class Publication:
     self._publish = publish
     self._server = server
     self._keep = keep
-    self._background = background
     self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sao-publish") if background else None
     self._pending: concurrent.futures.Future | None = None
 
