@@ -1,6 +1,7 @@
 r"""Throughput of one SAO learner update on CPU, beside the machine's measured float32 matmul peak.
 
-One update = critic forward, K critic steps, critic forward, advantages, one DIS actor step. Achieved FLOP/s counts
+One update = critic forward (only when the critic reads V⁰: λ_critic < 1 or a value clip), K critic steps, critic
+forward, advantages, one DIS actor step. Achieved FLOP/s counts
 `6·P·tokens` per training step (forward + backward) and `2·P·tokens` per forward, for the actor and the critic
 (attention's T² term and the head are left out, as in the usual MFU convention); the peak is a jitted
 `[n, n] @ [n, n]` float32 matmul timed in the same run (before and after the updates, the better kept), and their
@@ -38,7 +39,7 @@ from sao.models.transformer import init_params
 from sao.train import config as config_lib
 from sao.train.learner import Learner
 from sao.train.mesh import make_mesh
-from sao.train import batching, steps
+from sao.train import batching, steps, targets
 from sao.transport import log as log_lib
 from sao.transport.trajectory import Trajectory
 
@@ -212,7 +213,8 @@ def main(argv):
   p_actor = _param_count(learner.actor_params)
   p_critic = _param_count(learner.critic_params)
   k = config.sao.critic_epochs
-  flops = 6 * p_actor * tokens + k * 6 * p_critic * tokens + 2 * 2 * p_critic * tokens
+  forwards = 2 if targets.critic_reads_values_before(config) else 1  # V⁰ before the critic's epochs, V after
+  flops = 6 * p_actor * tokens + k * 6 * p_critic * tokens + forwards * 2 * p_critic * tokens
   achieved = flops / step_s
   after, after_per_cpu_s = _matmul_peak(_MATMUL.value)
   peak, peak_per_cpu_s = max(peak, after), max(peak_per_cpu_s, after_per_cpu_s)
@@ -221,7 +223,7 @@ def main(argv):
   print(f"batch [B, T] = [{_BATCH.value}, {_SEQ_LEN.value}] = {tokens} tokens; K = {k} critic epochs")
   print(f"first update (compile + run): {compile_s:.1f} s; update: median {step_s:.3f} s over {len(times)}")
   print(f"throughput: {tokens / step_s:,.0f} tokens/s; achieved {achieved / 1e9:.2f} GFLOP/s "
-        f"(6·P·tokens actor + {k}·6·P·tokens + 2·2·P·tokens critic)")
+        f"(6·P·tokens actor + {k}·6·P·tokens + {forwards}·2·P·tokens critic)")
   print(f"float32 matmul peak ({_MATMUL.value}³): {peak / 1e9:.2f} GFLOP/s; ratio (MFU-like) {achieved / peak:.3f}")
   print(f"per CPU-second (this process's user + system time, which other jobs move far less than wall time): "
         f"update median {step_cpu_s:.3f} CPU-s, {flops / step_cpu_s / 1e9:.2f} GFLOP per CPU-s vs the peak's "

@@ -136,7 +136,8 @@ def record_update(learner: Learner, batch: dict[str, jax.ShapeDtypeStruct]) -> d
     # Past the critic warmup, so that the SAO update also runs its actor step.
     learner.num_updates = learner.config.sao.critic_warmup_steps
     if learner.config.algorithm == "sao":
-      learner._update_sao(batch, None)  # pylint: disable=protected-access
+      # As the trainer's `update` runs it: V⁰ only where the critic's targets or loss read it.
+      learner._update_sao(batch, None, want_values_before=False)  # pylint: disable=protected-access
     else:
       learner._update_group(batch, None)  # pylint: disable=protected-access
     for name in FORWARD_PROGRAMS:

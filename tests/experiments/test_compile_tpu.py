@@ -28,10 +28,13 @@ from sao.train import aot, compile_stats
 from sao.train.tpu_topology import GIB, Chip, parse_topology
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SAO_PROGRAMS = {"critic_values", "critic_targets", "critic_step", "policy_advantages", "actor_step_dis",
+# λ_critic = 1 and no value clip (the recipes): R without V⁰, one critic forward (after the critic's epochs).
+SAO_PROGRAMS = {"critic_values", "monte_carlo_returns", "critic_step", "policy_advantages", "actor_step_dis",
                 "actor_logprobs"}
+# A value clip (or λ_critic < 1) reads V⁰: the pre-update forward and `critic_targets` come back.
+SAO_PROGRAMS_WITH_V0 = SAO_PROGRAMS - {"monte_carlo_returns"} | {"critic_targets"}
 GSPO_PROGRAMS = {"group_advantages", "actor_step_gspo", "actor_logprobs"}
-ADVANTAGE_PROGRAMS = {"critic_targets", "policy_advantages", "group_advantages"}
+ADVANTAGE_PROGRAMS = {"critic_targets", "monte_carlo_returns", "policy_advantages", "group_advantages"}
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                   reason="libtpu is not installed (pip install -e '.[test]' installs it)")
 
@@ -58,7 +61,8 @@ def _check_rows(rows, programs, model_config: ModelConfig):
       assert r.estimated_seconds > 0 and 0 < r.estimated_mfu < 1
   calls = {r.program: r.calls for r in rows}
   if "critic_step" in calls:
-    assert calls["critic_step"] == 2 and calls["critic_values"] == 2 and calls["actor_step_dis"] == 1
+    forwards = 2 if "critic_targets" in calls else 1  # V⁰ before the critic's epochs, V after them
+    assert calls["critic_step"] == 2 and calls["critic_values"] == forwards and calls["actor_step_dis"] == 1
   assert calls["actor_logprobs"] == 0
 
 
@@ -150,12 +154,17 @@ def test_a_compiled_program_larger_than_the_chip_does_not_fit():
 
 @pytest.mark.slow
 def test_update_programs_compile_on_cpu_devices():
-  """The recorder and the report on the host's CPU devices (no libtpu): every SAO program, FLOPs in bounds."""
+  """The recorder and the report on the host's CPU devices (no libtpu): every SAO program, FLOPs in bounds; with a
+  value clip the update reads V⁰, so its forward and `critic_targets` are compiled (the TPU test below covers the
+  recipe's update without them)."""
   config = _config(sao_openswe, "qwen3_moe", 32)
+  config.unlock()
+  config.learner.critic.value_clip = 0.2
+  config.lock()
   model_config = model_config_of(config, "float32")
   cpu_chip = Chip("cpu", "cpu", 1 << 40, 1e12, 1e11, "")
   rows = aot.compile_update(config, model_config, jax.devices("cpu")[:4], cpu_chip)
-  _check_rows(rows, SAO_PROGRAMS, model_config)
+  _check_rows(rows, SAO_PROGRAMS_WITH_V0, model_config)
 
 
 @pytest.mark.slow
