@@ -18,7 +18,7 @@ from sao.train import aot, aot_report
 from sao.train.tpu_topology import Chip
 
 CPU_CHIP = Chip("cpu", "cpu", 1 << 40, 1e12, 1e11, "")
-PROGRAMS = ("critic_values", "critic_targets", "critic_step")
+PROGRAMS = ("monte_carlo_returns", "critic_step", "critic_values")  # in the update's order
 
 
 def _settings(**changes):
