@@ -31,6 +31,7 @@ EXTRAS_REQUIRE = {
     # torch is pinned: a CPU wheel of exactly this version lies on the CI machines' disk.
     "test": [
         "pytest>=8,<10",
+        "pytest-xdist>=3.6,<4",  # the README's test command runs 2 workers (docs/performance.md, "The test suite")
         "hypothesis>=6.100,<7",
         "chex>=0.1.90,<0.2",
         "torch==2.13.0",
