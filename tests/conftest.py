@@ -4,6 +4,8 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 # LLVM at -O0 for the tests' programs: XLA's HLO passes (fusion, layout, buffer assignment: what the memory and HLO
 # tests read) are unchanged, and the suite's programs are small enough that compiling them is most of their cost
 # (docs/performance.md, "The test suite"). The subprocesses the tests start inherit both flags.
@@ -33,8 +35,6 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
   del config
-  import pytest  # pylint: disable=g-import-not-at-top
   for item in items:
-    path = os.path.relpath(str(item.path), os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    if path.startswith(MULTIPROCESS_TESTS):
+    if item.nodeid.startswith(MULTIPROCESS_TESTS):  # node ids are relative to the repository root (pytest.ini)
       item.add_marker(pytest.mark.xdist_group("multiprocess"))
