@@ -33,6 +33,9 @@ def pytest_configure(config):
   config.addinivalue_line("markers", "slow: a test that takes more than ~30 s on 2 CPU cores (still run in CI)")
 
 
+# First among the plugins' hooks: pytest-xdist's own (`--dist loadgroup`) turns the `xdist_group` marker into the
+# node-id suffix that groups the tests, and it only sees markers added before it runs.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
   del config
   for item in items:
