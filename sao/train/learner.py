@@ -12,7 +12,7 @@ SAO (`_update_sao`, docs/algorithm.md's stabilized recipe):
 GSPO / GRPO (`_update_group`): Â_i = group-normalised rewards, one actor step with the GSPO / PPO-clip loss.
 The actor loss is `config.actor_loss` (a name in `sao.train.actor_losses`), by default the algorithm's own.
 With `batching.length_groups` every critic forward and step runs over the batch's rows sorted by length in groups,
-each padded only to its own bucket (`batching.length_groups`, `steps.GroupedStep`): the same update on fewer padded
+each padded only to its own bucket (`batching.length_groups`, `grouped_steps.GroupedStep`): the same update on fewer padded
 tokens; GAE, whitening and group advantages still see the whole `[B, T]` batch.
 
 Multi-process (one process per host, `sao.train.distributed`): every process calls the same methods in the same order
@@ -41,7 +41,7 @@ from jax.sharding import Mesh
 
 from sao.models.config import ModelConfig
 from sao.models.transformer import abstract_params, init_critic_from_policy
-from sao.train import actor_losses, batching, roles, state as state_lib, steps
+from sao.train import actor_losses, batching, grouped_steps, roles, state as state_lib, steps
 from sao.train import checkpoint as ckpt_lib
 from sao.train import critic_stats
 from sao.train import distributed
@@ -99,7 +99,7 @@ class Learner:
                                          hparams=loss.hparams(c))
         for loss in (self.actor_loss, actor_losses.get("sft"))}
     # `batching.length_groups`: the update's steps over length-sorted row groups (None: one [B, T] call).
-    self._grouped_actor_step = steps.make_grouped_actor_step(
+    self._grouped_actor_step = grouped_steps.make_grouped_actor_step(
         self.actor_loss.name, model_config, self.actor.tx, self.actor.trainable, self.actor.shardings, self.mesh,
         micro_batch_size=mbs, temperature=c.temperature, logprob_chunk_size=c.logprob_chunk_size,
         hparams=self.actor_loss.hparams(c)) if c.batching.length_groups else None
@@ -124,7 +124,7 @@ class Learner:
                                                  value_clip=c.critic.value_clip)
       self._critic_values = steps.make_critic_values(model_config, self.critic.param_shardings, self.mesh, mbs)
       if c.batching.length_groups:
-        self._grouped_critic_step = steps.make_grouped_critic_step(
+        self._grouped_critic_step = grouped_steps.make_grouped_critic_step(
             model_config, self.critic.tx, self.critic.trainable, self.critic.shardings, self.mesh,
             micro_batch_size=mbs, value_clip=c.critic.value_clip)
     self._batch_sharding = mesh_lib.batch_sharding(self.mesh)
@@ -343,7 +343,7 @@ class Learner:
       values[group.rows, :group.length] = part
     return self._device({"values": values}, ("values",))["values"]
 
-  def _train(self, step, grouped_step: steps.GroupedStep | None, state: steps.TrainState, batch: dict,
+  def _train(self, step, grouped_step: grouped_steps.GroupedStep | None, state: steps.TrainState, batch: dict,
              groups: list[batching.LengthGroup] | None) -> tuple[steps.TrainState, dict]:
     """One step of `step` on the device batch, or of `grouped_step` on its length groups (the same update)."""
     if groups is None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import threading
 from typing import Any, Callable
 
 import flax
@@ -108,12 +107,12 @@ def _merge(trainable: Any, frozen: Any) -> Any:
   return jax.tree.map(lambda a, b: b if a is None else a, trainable, frozen, is_leaf=lambda x: x is None)
 
 
-def _partition(params: Any, mask: Any) -> tuple[Any, Any]:
+def partition_params(params: Any, mask: Any) -> tuple[Any, Any]:
   return (jax.tree.map(lambda p, m: p if m else None, params, mask),
           jax.tree.map(lambda p, m: None if m else p, params, mask))
 
 
-def _actor_micro_loss(loss: actor_losses.ActorLoss, hparams: dict, model_config: ModelConfig, temperature: float,
+def actor_micro_loss(loss: actor_losses.ActorLoss, hparams: dict, model_config: ModelConfig, temperature: float,
                       chunk: int):
   """A function `(params, micro_batch) -> (loss_sum, metrics)` whose `metrics` (clu) merge over micro-batches."""
 
@@ -136,7 +135,7 @@ def _actor_micro_loss(loss: actor_losses.ActorLoss, hparams: dict, model_config:
   return fn
 
 
-def _critic_micro_loss(model_config: ModelConfig, value_clip: float):
+def critic_micro_loss(model_config: ModelConfig, value_clip: float):
   def fn(params, mb):
     values = critic_values_fn(params, model_config, mb)
     clip = value_clip if value_clip > 0 else None
@@ -164,7 +163,7 @@ def _merge_metrics(a: dict, b: dict) -> dict:
   return jax.tree.map(lambda x, y: x.merge(y), a, b, is_leaf=_is_metric)
 
 
-def _check_metric_names(micro_loss: Callable, kind: str, params: Any, micro_batch: dict) -> Any:
+def check_metric_names(micro_loss: Callable, kind: str, params: Any, micro_batch: dict) -> Any:
   """The micro-batch loss's metric shapes (clu metrics of scalars); a name clashing with `STEP_METRICS` is an
   error."""
   _, metrics_shape = jax.eval_shape(micro_loss, params, micro_batch)
@@ -174,18 +173,18 @@ def _check_metric_names(micro_loss: Callable, kind: str, params: Any, micro_batc
   return metrics_shape
 
 
-def _zero_carry(metrics_shape: Any, train_params: Any) -> tuple[Any, jax.Array, Any]:
+def zero_carry(metrics_shape: Any, train_params: Any) -> tuple[Any, jax.Array, Any]:
   """The accumulator `(grad_sum, loss_sum, metrics)` before any micro-batch: zeros. Gradients accumulate in float32
   whatever the param dtype (bf16 sums over micro-batches would lose bits)."""
   return (jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), train_params), jnp.zeros((), jnp.float32),
           jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metrics_shape))
 
 
-def _accumulate(micro_loss: Callable, trainable: Any, micro_batch_size: int, mesh: Mesh, params: Any, batch: dict,
+def accumulate_grads(micro_loss: Callable, trainable: Any, micro_batch_size: int, mesh: Mesh, params: Any, batch: dict,
                 carry: tuple[Any, jax.Array, Any]) -> tuple[Any, jax.Array, Any]:
   """Adds the batch's `(Σ_m ∇loss_sum_m, Σ_m loss_sum_m, merged metrics)` to `carry`, one micro-batch at a time."""
   num_micro = num_micro_batches(batch["input_ids"].shape[0], micro_batch_size)
-  train_params, frozen_params = _partition(params, trainable)
+  train_params, frozen_params = partition_params(params, trainable)
 
   def body(carry, mb):
     grad_acc, loss_acc, metrics_acc = carry
@@ -199,11 +198,11 @@ def _accumulate(micro_loss: Callable, trainable: Any, micro_batch_size: int, mes
   return carry
 
 
-def _apply(tx: optax.GradientTransformation, trainable: Any, state: TrainState, carry: tuple[Any, jax.Array, Any],
+def apply_grads(tx: optax.GradientTransformation, trainable: Any, state: TrainState, carry: tuple[Any, jax.Array, Any],
            denominator: jax.Array, tokens: jax.Array) -> tuple[TrainState, dict]:
   """`∇L = grad_sum / N` → clip/AdamW → NaN guard → metrics (`tokens`: the batch's action tokens)."""
   grad_sum, loss_sum, micro_metrics = carry
-  _, frozen_params = _partition(state.params, trainable)
+  _, frozen_params = partition_params(state.params, trainable)
   grads = jax.tree.map(lambda g: g / denominator, grad_sum)
   loss = loss_sum / denominator
   grad_norm = optax.global_norm(grads)
@@ -238,12 +237,12 @@ def _make_step(micro_loss: Callable, kind: str, denominator_fn: Callable[[jax.Ar
     del rng  # no stochastic layers yet; kept so every step has the same signature
     TRACE_COUNTS[kind] += 1
     num_micro = num_micro_batches(batch["input_ids"].shape[0], micro_batch_size)
-    metrics_shape = _check_metric_names(micro_loss, kind, state.params,
+    metrics_shape = check_metric_names(micro_loss, kind, state.params,
                                         jax.tree.map(lambda x: x[0], split_micro(batch, num_micro)))
-    carry = _zero_carry(metrics_shape, _partition(state.params, trainable)[0])
-    carry = _accumulate(micro_loss, trainable, micro_batch_size, mesh, state.params, batch, carry)
+    carry = zero_carry(metrics_shape, partition_params(state.params, trainable)[0])
+    carry = accumulate_grads(micro_loss, trainable, micro_batch_size, mesh, state.params, batch, carry)
     tokens = jnp.sum(batch["action_mask"].astype(bool), dtype=jnp.float32)
-    return _apply(tx, trainable, state, carry, denominator_fn(batch["action_mask"]), tokens)
+    return apply_grads(tx, trainable, state, carry, denominator_fn(batch["action_mask"]), tokens)
 
   return step
 
@@ -253,115 +252,6 @@ def _jit_step(step, state_shardings, mesh) -> MeshJit:
   rep = mesh_lib.replicated(mesh)
   return MeshJit(step, mesh, in_shardings=(state_shardings, batch_sharding, rep),
                  out_shardings=(state_shardings, rep), donate_argnums=(0,))
-
-
-class GroupedStep:
-  """One training step over several batches of different padded shapes — the same update as one step over their
-  union (the step's exact micro-batch accumulation, carried across jitted calls):
-
-      carry ← 0;  for each group g:  carry ← carry + (Σ_m ∇loss_sum_m, Σ_m loss_sum_m, metrics) of g
-      state ← AdamW(state, carry.grads / N)        (N = `denominator(action_mask)` of the whole batch)
-
-  Used for rows sorted by length, each group padded only to its own bucket (`Learner`, `batching.length_groups`):
-  the FLOPs go to real tokens. Each group `[b_g, T_g]` is split into micro-batches as the one-call step splits its
-  batch. Programs: one `accumulate` per group shape (traced under the step's `kind` in `TRACE_COUNTS`), one `apply`
-  and one `zeros`, whatever the shapes.
-  """
-
-  def __init__(self, micro_loss: Callable, kind: str, denominator_fn: Callable[[jax.Array], jax.Array],
-               tx: optax.GradientTransformation, trainable: Any, state_shardings: Any, mesh: Mesh,
-               micro_batch_size: int):
-    self.kind = kind
-    self._micro_loss = micro_loss
-    # One program per batch shape (called eagerly on the host mask, a token count is several ops compiled per T).
-    self._denominator = jax.jit(denominator_fn)
-    self._trainable = trainable
-    self._micro_batch_size = micro_batch_size
-    rep = mesh_lib.replicated(mesh)
-    self._param_shardings = state_shardings.params
-    # (grad_sum, loss_sum, metrics): grads sharded as their params (frozen leaves are None on both sides).
-    self._carry_shardings = (_partition(state_shardings.params, trainable)[0], rep, rep)
-    self._zeros = None  # built on first use: the metric shapes come from tracing the loss once
-    self._lock = threading.Lock()  # `precompile` may run in a thread beside the first call
-    self._applied_compiled = False
-
-    def accumulate(params, batch, carry):
-      TRACE_COUNTS[kind] += 1
-      return _accumulate(micro_loss, trainable, micro_batch_size, mesh, params, batch, carry)
-
-    self._accumulate = MeshJit(accumulate, mesh,
-                               in_shardings=(self._param_shardings, mesh_lib.batch_sharding(mesh),
-                                             self._carry_shardings),
-                               out_shardings=self._carry_shardings, donate_argnums=(2,))
-    self._apply = jax.jit(functools.partial(_apply, tx, trainable),
-                          in_shardings=(state_shardings, self._carry_shardings, rep, rep),
-                          out_shardings=(state_shardings, rep), donate_argnums=(0,))
-
-  def __call__(self, state: TrainState, groups: list[dict], rng: jax.Array, action_mask: Any
-               ) -> tuple[TrainState, dict]:
-    """`groups`: the batch's rows as device batches `[b_g, T_g]` (each holding the step's batch keys);
-    `action_mask`: the whole batch's `[B, T]` host mask (the denominator and the `tokens` metric)."""
-    del rng  # as in the one-call step
-    if not groups:
-      raise ValueError(f"{self.kind} step: no groups")
-    self._build_zeros(state.params, groups[0])
-    carry = self._zeros(state.params)
-    for batch in groups:
-      carry = self._accumulate(state.params, batch, carry)
-    mask = np.asarray(action_mask).astype(bool)
-    denominator = np.float32(np.asarray(self._denominator(mask)))
-    return self._apply(state, carry, denominator, np.float32(mask.sum()))
-
-  def precompile(self, state: TrainState, group: Any) -> None:
-    """Compiles the programs a call with a group shaped as `group` runs (`accumulate` for that shape; `zeros` and
-    `apply`, shape-free, on the first call) without running them. `state`: the role's abstract state
-    (`jax.ShapeDtypeStruct`s with its shardings: nothing is read, so a thread may compile while the live state is
-    being donated); `group`: a device batch `[b_g, T_g]` of the step's batch keys, or its abstract shapes. A later
-    call on those shapes finds the compiled programs in jit's cache: nothing is traced or compiled again."""
-    self._build_zeros(state.params, group)
-    carry = self._zeros.eval_shape(state.params)  # carries the carry's shardings, as the real call's zeros do
-    self._accumulate.lower(state.params, group, carry).compile()
-    if not self._applied_compiled:
-      scalar = jax.ShapeDtypeStruct((), jnp.float32)
-      self._zeros.lower(state.params).compile()
-      self._apply.lower(state, carry, scalar, scalar).compile()
-      self._applied_compiled = True
-
-  def precompile_denominator(self, mask_shape: tuple[int, int]) -> None:
-    """Compiles the denominator's program for a whole batch's `[B, T]` action mask (host bool)."""
-    self._denominator.lower(jax.ShapeDtypeStruct(mask_shape, np.bool_)).compile()
-
-  def _build_zeros(self, params: Any, group: Any) -> None:
-    """`self._zeros`, the zero carry's program, built on first use: the metric shapes come from tracing the loss
-    once on one micro-batch of `group`."""
-    with self._lock:
-      if self._zeros is not None:
-        return
-      num_micro = num_micro_batches(group["input_ids"].shape[0], self._micro_batch_size)
-      example = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
-                             jax.eval_shape(lambda b: split_micro(b, num_micro), group))
-      metrics_shape = _check_metric_names(self._micro_loss, self.kind, params, example)
-      self._zeros = jax.jit(lambda params: _zero_carry(metrics_shape, _partition(params, self._trainable)[0]),
-                            in_shardings=(self._param_shardings,), out_shardings=self._carry_shardings)
-
-
-def make_grouped_actor_step(kind: str, model_config: ModelConfig, tx: optax.GradientTransformation, trainable: Any,
-                            state_shardings: Any, mesh: Mesh, *, micro_batch_size: int = 0, temperature: float = 1.0,
-                            logprob_chunk_size: int = 128, hparams: dict[str, Any] | None = None) -> GroupedStep:
-  """`make_actor_step`'s update as a `GroupedStep` (same arguments)."""
-  loss = actor_losses.get(kind)
-  if hparams is None:
-    hparams = loss.hparams(config_lib.default_learner_config())
-  micro_loss = _actor_micro_loss(loss, dict(hparams), model_config, temperature, logprob_chunk_size)
-  return GroupedStep(micro_loss, kind, loss.denominator, tx, trainable, state_shardings, mesh, micro_batch_size)
-
-
-def make_grouped_critic_step(model_config: ModelConfig, tx: optax.GradientTransformation, trainable: Any,
-                             state_shardings: Any, mesh: Mesh, *, micro_batch_size: int = 0,
-                             value_clip: float = 0.0) -> GroupedStep:
-  """`make_critic_step`'s update as a `GroupedStep` (same arguments)."""
-  return GroupedStep(_critic_micro_loss(model_config, value_clip), "value", actor_losses.token_count, tx, trainable,
-                     state_shardings, mesh, micro_batch_size)
 
 
 def make_actor_step(kind: str, model_config: ModelConfig, tx: optax.GradientTransformation, trainable: Any,
@@ -380,7 +270,7 @@ def make_actor_step(kind: str, model_config: ModelConfig, tx: optax.GradientTran
   loss = actor_losses.get(kind)
   if hparams is None:
     hparams = loss.hparams(config_lib.default_learner_config())
-  micro_loss = _actor_micro_loss(loss, dict(hparams), model_config, temperature, logprob_chunk_size)
+  micro_loss = actor_micro_loss(loss, dict(hparams), model_config, temperature, logprob_chunk_size)
   step = _make_step(micro_loss, kind, loss.denominator, tx, trainable, micro_batch_size, mesh)
   return _jit_step(step, state_shardings, mesh)
 
@@ -394,7 +284,7 @@ def make_critic_step(model_config: ModelConfig, tx: optax.GradientTransformation
   Metrics: loss, grad_norm, l2_params, l2_updates, skipped, step, tokens, value_mean (+ clip_fraction), and the
   `critic_stats.PREFIX` sums of the values this step's forward saw (`sao.train.critic_stats`).
   """
-  step = _make_step(_critic_micro_loss(model_config, value_clip), "value", actor_losses.token_count, tx, trainable,
+  step = _make_step(critic_micro_loss(model_config, value_clip), "value", actor_losses.token_count, tx, trainable,
                     micro_batch_size, mesh)
   return _jit_step(step, state_shardings, mesh)
 

@@ -10,7 +10,7 @@ from sao.train import critic_stats
 
 
 def _merged(values, returns, mask, parts):
-  """Zero carry (the steps' `_zero_carry`) merged with each row block's metrics, as a step's scan does."""
+  """Zero carry (`steps.zero_carry`) merged with each row block's metrics, as a step's scan does."""
   blocks = np.array_split(np.arange(values.shape[0]), parts)
   shapes = jax.eval_shape(critic_stats.step_metrics, values[:1], returns[:1], mask[:1])
   carry = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
