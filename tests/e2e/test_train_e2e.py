@@ -6,7 +6,9 @@ on a tiny number_search config, with faults injected from outside.
   `curves.png`. Mid-run the rollout worker is SIGKILLed: its leases expire (short TTL), the trainer restarts the
   worker, the tasks are re-leased and none is lost. Then the whole run (its session) is SIGKILLed; the same
   command resumes at the checkpoint's step and trains first on the trajectories that were accepted but not consumed.
-- GSPO: the same smoke with groups of G rollouts per task.
+- GSPO: groups of G rollouts per task are leased, logged and trained on whole, and metrics land as for SAO. GRPO
+  runs the same system with another actor loss (`ppo_clip`, held to a NumPy reference in tests/train/test_grpo.py);
+  one group method's run here covers both (until session 29 a GRPO run of its own took another ~90 s of the suite).
 
 Each run is started in its own session and every process of it is SIGKILLed in teardown, so no engine or
 worker outlives the test. All runs share one JAX persistent compilation cache to keep the file's runtime down.
@@ -42,8 +44,11 @@ COMMON = ("recipe.sft_steps=5,recipe.num_demonstrations=50,log_every=1,rollout.e
 SAO_STEPS = 6  # RL steps, after 1 value-pretraining step
 SAO_ARG = (f"sao_openswe.py:toy,total_steps={SAO_STEPS},recipe.value_pretrain_steps=1,"
            f"learner.sao.critic_warmup_steps=1,critic_trace_every=2,{COMMON}")
-GSPO_STEPS = 4  # step 0 publishes v1; the later steps' groups are sampled from it
-GSPO_ARG = f"gspo_openswe.py:toy,total_steps={GSPO_STEPS},rollout.group_size=4,{COMMON}"
+GROUP = 4  # G; BATCH = 2 tasks × 4 samples
+GSPO_STEPS = 4  # step 0 publishes v1; later steps sample from it (with 3, a fast machine sampled all from v0)
+# One base validation pass of the 2 validation tasks instead of 4.
+GSPO_ARG = (f"gspo_openswe.py:toy,total_steps={GSPO_STEPS},rollout.group_size={GROUP},{COMMON},"
+            "rollout.base_eval_repeats=1")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -333,18 +338,29 @@ def test_gspo_end_to_end(tmp_path, runs, cache_dir):
   run = Run(GSPO_ARG, workdir, cache_dir, "gspo")
   runs.append(run)
   out = run.finish(600)
-  assert "[value pretraining]" not in out
-  _check_outputs(workdir)
-  groups = collections.defaultdict(set)
-  for r in _records(workdir):
-    groups[r.trajectory.group_id].add(r.trajectory.sample_index)
-  assert all(idx <= {0, 1, 2, 3} for idx in groups.values()), dict(groups)
+  assert "[value pretraining]" not in out, "GSPO has no critic to pretrain"
+  rows = _check_outputs(workdir)
+  steps = [r for r in rows if "reward" in r]
+  assert [r["step"] for r in steps] == list(range(GSPO_STEPS)), [r.get("step") for r in steps]
+  for r in steps:
+    assert r["batch/num_trajectories"] == BATCH, r
+    assert 0.0 <= r["actor/clip_fraction"] <= 1.0 and r["actor/skipped"] == 0, r
+    assert not any(k.startswith("critic/") for k in r), "GSPO has no critic"
+    # The 5-step warm start rarely solves a task: a batch whose groups all have equal rewards has Â = 0 and exactly
+    # no gradient; one with a mixed group moves the policy.
+    assert (r["actor/grad_norm"] > 0) == (r["advantages/std"] > 0), r
+  # Every group the learner trained on is complete: G samples 0..G-1 of one task (whatever lease each came under).
   consumed = log_lib.read_consumed(os.path.join(workdir, "trajectories"))
-  # Every group the learner trained on is complete: G samples 0..G-1 (whatever lease each came under).
-  trained = collections.defaultdict(set)
-  for r in _records(workdir):
-    if r.key in consumed:
-      trained[r.trajectory.group_id].add(r.trajectory.sample_index)
-  assert trained and all(idx == {0, 1, 2, 3} for idx in trained.values()), dict(trained)
   assert len(consumed) == GSPO_STEPS * BATCH
+  groups, trained, tasks = collections.defaultdict(set), collections.defaultdict(set), collections.defaultdict(set)
+  for rec in _records(workdir):
+    traj = rec.trajectory
+    groups[traj.group_id].add(traj.sample_index)
+    if rec.key in consumed:
+      trained[traj.group_id].add(traj.sample_index)
+      tasks[traj.group_id].add(traj.task_id)
+  assert all(idx <= set(range(GROUP)) for idx in groups.values()), dict(groups)
+  assert len(trained) == GSPO_STEPS * BATCH // GROUP, dict(trained)
+  assert all(idx == set(range(GROUP)) for idx in trained.values()), dict(trained)
+  assert all(len(t) == 1 for t in tasks.values()), dict(tasks)
   assert not os.path.exists(os.path.join(workdir, critic_traces.TRACES_FILE)), "GSPO has no critic to trace"
