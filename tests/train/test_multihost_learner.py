@@ -29,15 +29,18 @@ def _load(path):
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
   out = str(tmp_path_factory.mktemp("multihost_learner"))
+  # One persistent compilation cache for the jobs: the resume finds the 2-process run's programs there.
+  env = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_cache")),
+         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
   with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the reference alongside: compilation is single-threaded
     reference = pool.submit(multihost.run_processes, WORKER, num_processes=1, devices_per_process=8,
-                            args=["run", "--out", out], timeout_s=900)
+                            args=["run", "--out", out], timeout_s=900, env=env)
     killed = multihost.run_processes(WORKER, num_processes=2, devices_per_process=4,
-                                     args=["run", "--out", out, "--kill"], timeout_s=900, check=False)
+                                     args=["run", "--out", out, "--kill"], timeout_s=900, env=env, check=False)
     reference.result()
   assert [r.returncode for r in killed] == [-9, -9], multihost._tails(killed)
   multihost.run_processes(WORKER, num_processes=2, devices_per_process=4, args=["resume", "--out", out],
-                          timeout_s=900)
+                          timeout_s=900, env=env)
   return out
 
 
