@@ -27,7 +27,6 @@ from typing import Any, Callable
 import flax
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from clu import metrics as clu_metrics
 from jax.sharding import Mesh
