@@ -40,6 +40,13 @@ class ProcessResult:
   output: str  # stdout and stderr, interleaved
 
 
+def compilation_cache_env(cache_dir: str) -> dict[str, str]:
+  """Environment for a child process that reads and writes JAX's persistent compilation cache in `cache_dir`, every
+  program included (JAX skips programs that compile in under a second, or whose entry is small, by default)."""
+  return {"JAX_COMPILATION_CACHE_DIR": cache_dir, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
 def free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))

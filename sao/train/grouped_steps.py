@@ -111,8 +111,9 @@ class GroupedStep:
       example = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
                              jax.eval_shape(lambda b: steps.split_micro(b, num_micro), group))
       metrics_shape = steps.check_metric_names(self._micro_loss, self.kind, params, example)
-      self._zeros = jax.jit(lambda params: steps.zero_carry(metrics_shape, steps.partition_params(params, self._trainable)[0]),
-                            in_shardings=(self._param_shardings,), out_shardings=self._carry_shardings)
+      trainable = self._trainable
+      zeros = lambda params: steps.zero_carry(metrics_shape, steps.partition_params(params, trainable)[0])
+      self._zeros = jax.jit(zeros, in_shardings=(self._param_shardings,), out_shardings=self._carry_shardings)
 
 
 def make_grouped_actor_step(kind: str, model_config: ModelConfig, tx: optax.GradientTransformation, trainable: Any,

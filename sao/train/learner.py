@@ -12,8 +12,8 @@ SAO (`_update_sao`, docs/algorithm.md's stabilized recipe):
 GSPO / GRPO (`_update_group`): Â_i = group-normalised rewards, one actor step with the GSPO / PPO-clip loss.
 The actor loss is `config.actor_loss` (a name in `sao.train.actor_losses`), by default the algorithm's own.
 With `batching.length_groups` every critic forward and step runs over the batch's rows sorted by length in groups,
-each padded only to its own bucket (`batching.length_groups`, `grouped_steps.GroupedStep`): the same update on fewer padded
-tokens; GAE, whitening and group advantages still see the whole `[B, T]` batch.
+each padded only to its own bucket (`batching.length_groups`, `grouped_steps.GroupedStep`): the same update on fewer
+padded tokens; GAE, whitening and group advantages still see the whole `[B, T]` batch.
 
 Multi-process (one process per host, `sao.train.distributed`): every process calls the same methods in the same order
 with the same host batch; each feeds only its addressable shards (`_device`), and whatever comes back to the host

@@ -26,6 +26,7 @@ import urllib.request
 
 import pytest
 
+from tests import multihost
 from tests.e2e import test_train_e2e as e2e
 
 pytestmark = pytest.mark.slow
@@ -43,8 +44,7 @@ class Job(e2e.Run):
 
   def __init__(self, workdir: str, cache_dir: str, name: str):
     env = dict(os.environ)
-    env.update(JAX_COMPILATION_CACHE_DIR=cache_dir, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", PYTHONUNBUFFERED="1")
+    env.update(PYTHONUNBUFFERED="1", **multihost.compilation_cache_env(cache_dir))
     self.workdir = workdir
     self.out_path = os.path.join(os.path.dirname(workdir), f"{name}.out")
     with open(self.out_path, "wb") as out:

@@ -29,6 +29,7 @@ import pytest
 
 from sao.analysis import critic_traces
 from sao.transport import log as log_lib
+from tests import multihost
 
 pytestmark = pytest.mark.slow
 
@@ -105,9 +106,7 @@ class Run:
     # The test process fakes 8 CPU devices (conftest); the real command runs on the host's one CPU device.
     env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
                                 if "xla_force_host_platform_device_count" not in f)
-    env.update(JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=cache_dir,
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-               PYTHONUNBUFFERED="1")
+    env.update(JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", **multihost.compilation_cache_env(cache_dir))
     self.out_path = os.path.join(os.path.dirname(workdir), f"{name}.out")
     self.workdir = workdir
     with open(self.out_path, "wb") as out:

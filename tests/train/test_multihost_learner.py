@@ -30,8 +30,7 @@ def _load(path):
 def jobs(tmp_path_factory):
   out = str(tmp_path_factory.mktemp("multihost_learner"))
   # One persistent compilation cache for the jobs: the resume finds the 2-process run's programs there.
-  env = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_cache")),
-         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+  env = multihost.compilation_cache_env(str(tmp_path_factory.mktemp("jax_cache")))
   with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the reference alongside: compilation is single-threaded
     reference = pool.submit(multihost.run_processes, WORKER, num_processes=1, devices_per_process=8,
                             args=["run", "--out", out], timeout_s=900, env=env)
