@@ -51,6 +51,26 @@ def _check_equal(q, k, v, mask, impl_fn, rng):
     np.testing.assert_allclose(g, w, atol=ATOL, err_msg=f"d{name}")
 
 
+@pytest.mark.parametrize("heads,kv_heads", [(8, 2), (4, 4), (3, 1)])
+def test_dense_equals_reference_training_layout(heads, kv_heads):
+  """The "xla" path (query heads folded into rows) = the head-by-head oracle: left/right/no padding, GQA, MHA, MQA
+  with an odd group; values and gradients."""
+  q, k, v, rng = _qkv(11 + heads, 3, 23, 23, heads, kv_heads, 8)
+  mask = attn.AttentionMask(jnp.asarray(_padding(("left", "right", "none"), 23)))
+  _check_equal(q, k, v, mask, lambda q, k, v: attn.dense_attention(q, k, v, mask.dense(23)), rng)
+  np.testing.assert_allclose(attn.attention(q, k, v, mask, "xla"), attn.dense_attention(q, k, v, mask.dense(23)))
+
+
+def test_dense_equals_reference_with_cache_slots():
+  """Decode (T = 1) and a prefill chunk (T = 5) against S = 29 slots, some invalid, some not yet written."""
+  valid = np.zeros((2, 29), bool)
+  valid[0, 3:20], valid[1, 0:9], valid[1, 12:25] = True, True, True
+  for t, index in ((1, np.array([19, 24])), (5, np.array([15, 20]))):
+    q, k, v, rng = _qkv(20 + t, 2, t, 29, 4, 2, 8)
+    mask = attn.AttentionMask(jnp.asarray(valid), jnp.asarray(index[:, None] + np.arange(t)[None, :], jnp.int32))
+    _check_equal(q, k, v, mask, lambda q, k, v: attn.dense_attention(q, k, v, mask.dense(t)), rng)
+
+
 def test_blockwise_equals_reference_causal_gqa_left_right_padding():
   # Rows left-padded, right-padded, unpadded; 37 tokens with 8-query / 16-key blocks: ragged last blocks on both
   # axes, skipped (future and all-padding) key tiles; GQA with 8 query heads on 2 kv heads.
