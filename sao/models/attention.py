@@ -133,7 +133,7 @@ def dense_attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
 
   q [B, T, H, D] → [B, K, G·T, D]; k, v [B, S, K, D] → [B, K, S, D]; scores [B, K, G·T, S] = one batched product per
   (b, kv head) with G·T rows, instead of [B, K, G, T, S] with the head axes between the matmul's batch and row dims:
-  the toy learner's update (D = 16, G = 2, T ≤ 128) spends ≈ 7 % less CPU (docs/performance.md, Session 30).
+  the toy learner's update (D = 16, G = 2, T ≤ 128) spends 7–14 % less CPU (docs/performance.md, Session 30).
   mask: [B, T, S] bool. Same values (to rounding) and the same masked-row convention as the reference.
   """
   b, t, h, d = q.shape
