@@ -61,16 +61,6 @@ def test_dense_equals_reference_training_layout(heads, kv_heads):
   np.testing.assert_allclose(attn.attention(q, k, v, mask, "xla"), attn.dense_attention(q, k, v, mask.dense(23)))
 
 
-def test_dense_equals_reference_with_cache_slots():
-  """Decode (T = 1) and a prefill chunk (T = 5) against S = 29 slots, some invalid, some not yet written."""
-  valid = np.zeros((2, 29), bool)
-  valid[0, 3:20], valid[1, 0:9], valid[1, 12:25] = True, True, True
-  for t, index in ((1, np.array([19, 24])), (5, np.array([15, 20]))):
-    q, k, v, rng = _qkv(20 + t, 2, t, 29, 4, 2, 8)
-    mask = attn.AttentionMask(jnp.asarray(valid), jnp.asarray(index[:, None] + np.arange(t)[None, :], jnp.int32))
-    _check_equal(q, k, v, mask, lambda q, k, v: attn.dense_attention(q, k, v, mask.dense(t)), rng)
-
-
 def test_blockwise_equals_reference_causal_gqa_left_right_padding():
   # Rows left-padded, right-padded, unpadded; 37 tokens with 8-query / 16-key blocks: ragged last blocks on both
   # axes, skipped (future and all-padding) key tiles; GQA with 8 query heads on 2 kv heads.
@@ -79,17 +69,25 @@ def test_blockwise_equals_reference_causal_gqa_left_right_padding():
   _check_equal(q, k, v, mask, lambda q, k, v: attn.blockwise_attention(q, k, v, mask, block_q=8, block_k=16), rng)
 
 
-def test_blockwise_equals_reference_with_cache_slots():
+_CACHED_IMPLS = {  # name -> (kv heads, attention of (q, k, v, mask))
+    "dense": (2, lambda q, k, v, mask: attn.dense_attention(q, k, v, mask.dense(q.shape[1]))),
+    "blockwise": (1, lambda q, k, v, mask: attn.blockwise_attention(q, k, v, mask, block_q=4, block_k=8)),
+}
+
+
+@pytest.mark.parametrize("impl", sorted(_CACHED_IMPLS))
+def test_equals_reference_with_cache_slots(impl):
   """Decode (T = 1) and a prefill chunk (T = 5) against S = 29 cached slots: left-padded rows at different write
   offsets, invalid slots in the middle (a padded prompt chunk), future slots not yet written."""
   s = 29
+  kv_heads, fn = _CACHED_IMPLS[impl]
   valid = np.zeros((2, s), bool)
   valid[0, 3:20], valid[1, 0:9], valid[1, 12:25] = True, True, True
   for t, index in ((1, np.array([19, 24])), (5, np.array([15, 20]))):
-    q, k, v, rng = _qkv(t, 2, t, s, 4, 1, 8)
+    q, k, v, rng = _qkv(t, 2, t, s, 4, kv_heads, 8)
     slots = jnp.asarray(index[:, None] + np.arange(t)[None, :], jnp.int32)
     mask = attn.AttentionMask(jnp.asarray(valid), slots)
-    _check_equal(q, k, v, mask, lambda q, k, v: attn.blockwise_attention(q, k, v, mask, block_q=4, block_k=8), rng)
+    _check_equal(q, k, v, mask, lambda q, k, v: fn(q, k, v, mask), rng)
 
 
 def test_blockwise_query_without_visible_key_is_zero_and_finite():
