@@ -137,9 +137,9 @@ def record_update(learner: Learner, batch: dict[str, jax.ShapeDtypeStruct]) -> d
     learner.num_updates = learner.config.sao.critic_warmup_steps
     if learner.config.algorithm == "sao":
       # As the trainer's `update` runs it: V⁰ only where the critic's targets or loss read it.
-      learner._update_sao(batch, None, want_values_before=False)  # pylint: disable=protected-access
+      learner._update_sao(batch, want_values_before=False)  # pylint: disable=protected-access
     else:
-      learner._update_group(batch, None)  # pylint: disable=protected-access
+      learner._update_group(batch)  # pylint: disable=protected-access
     for name in FORWARD_PROGRAMS:
       getattr(learner, name)(saved_state["actor"].params, {k: batch[k] for k in ("input_ids", "attention_mask")})
       recorder.calls[name][2] = 0

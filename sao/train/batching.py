@@ -157,6 +157,12 @@ def length_groups(attention_mask: np.ndarray, num_groups: int, rows_multiple: in
   return groups
 
 
+def group_count(rows: int, num_groups: int, rows_multiple: int) -> int:
+  """How many groups `length_groups` cuts a batch of `rows` rows into (`num_groups` or fewer)."""
+  size = -(-rows // (num_groups * rows_multiple)) * rows_multiple
+  return -(-rows // size)
+
+
 def group_shapes(rows: int, num_groups: int, rows_multiple: int, buckets: Sequence[int],
                  max_tokens: int) -> list[tuple[int, int]]:
   """Every group shape `[b, T_g]` that `length_groups` can cut from a batch of `rows` rows whose trajectories hold at

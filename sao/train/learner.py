@@ -11,9 +11,10 @@ SAO (`_update_sao`, docs/algorithm.md's stabilized recipe):
   forward, which runs the same params (`sao.train.critic_stats`).
 GSPO / GRPO (`_update_group`): Â_i = group-normalised rewards, one actor step with the GSPO / PPO-clip loss.
 The actor loss is `config.actor_loss` (a name in `sao.train.actor_losses`), by default the algorithm's own.
-With `batching.length_groups` every critic forward and step runs over the batch's rows sorted by length in groups,
-each padded only to its own bucket (`batching.length_groups`, `grouped_steps.GroupedStep`): the same update on fewer
-padded tokens; GAE, whitening and group advantages still see the whole `[B, T]` batch.
+With `batching.length_groups` the batch's rows, sorted by length, are cut once into groups each padded only to its own
+bucket, and the whole update runs group by group (`sao.train.grouped_update`: the steps are `grouped_steps.
+GroupedStep`s, GAE runs per group, whitening and the metrics merge the groups' moments): the same update on fewer
+padded tokens, queued by the host without waiting for any of its programs.
 
 Multi-process (one process per host, `sao.train.distributed`): every process calls the same methods in the same order
 with the same host batch; each feeds only its addressable shards (`_device`), and whatever comes back to the host
@@ -31,7 +32,7 @@ is raised after `nan_guard_limit` in a row.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import ml_collections
@@ -44,6 +45,7 @@ from sao.models.transformer import abstract_params, init_critic_from_policy
 from sao.train import actor_losses, batching, grouped_steps, roles, state as state_lib, steps
 from sao.train import checkpoint as ckpt_lib
 from sao.train import critic_stats
+from sao.train import grouped_update
 from sao.train import distributed
 from sao.train import precompile as precompile_lib
 from sao.train import targets
@@ -128,6 +130,8 @@ class Learner:
             model_config, self.critic.tx, self.critic.trainable, self.critic.shardings, self.mesh,
             micro_batch_size=mbs, value_clip=c.critic.value_clip)
     self._batch_sharding = mesh_lib.batch_sharding(self.mesh)
+    # `x[rows]` of a per-row device array, sharded as a batch: a length group's rows of the whole batch's `Â_i`.
+    self._take_rows = jax.jit(lambda x, rows: x[rows], out_shardings=self._batch_sharding)
 
   # ---------------------------------------------------------------------------------------------- public API
   @property
@@ -173,17 +177,22 @@ class Learner:
     batching.check_batch(batch)
     self._check_rows(batch)
     batch_metrics = self._batch_metrics(batch)  # staleness against the version that is about to be trained
-    groups = None
+    rows = np.asarray(rows, np.int64)
     if self.config.batching.length_groups:
       groups = batching.length_groups(batch["attention_mask"], self.config.batching.length_groups,
                                       self.batcher.batch_multiple, self.batcher.bucket_lengths)
       batch_metrics["batch/grouped_padded_tokens"] = float(sum(len(g.rows) * g.length for g in groups))
-    if self.config.algorithm == "sao":
-      metrics, per_token = self._update_sao(self._device(batch, batching.FIELDS), groups,
-                                            want_values_before=bool(len(rows)))
+      parts = grouped_update.cut(self, batch, groups)  # once, on the host: the update stays in this layout
+      mask = np.asarray(batch["action_mask"], bool)
+      if self.config.algorithm == "sao":
+        metrics, per_token = grouped_update.sao_update(self, parts, mask, want_values_before=bool(rows.size))
+      else:
+        metrics, per_token = grouped_update.group_update(self, batch, parts, groups, mask), {}
+      per_token = grouped_update.uncut(per_token, groups, mask.shape) if rows.size else {}
+    elif self.config.algorithm == "sao":
+      metrics, per_token = self._update_sao(self._device(batch, batching.FIELDS), want_values_before=bool(rows.size))
     else:
-      metrics, per_token = self._update_group(self._device(batch, batching.FIELDS), groups), {}
-    rows = np.asarray(rows, np.int64)
+      metrics, per_token = self._update_group(self._device(batch, batching.FIELDS)), {}
     # `fetch`: per-token arrays are sharded over the batch (across processes on a pod); metrics are replicated.
     traces = {k: np.asarray(v, np.float32)[rows] for k, v in distributed.fetch(per_token).items()} if rows.size else {}
     metrics = critic_stats.diagnostics({k: float(v) for k, v in distributed.fetch(metrics).items()})
@@ -277,9 +286,9 @@ class Learner:
     return meta["extra"]
 
   # ---------------------------------------------------------------------------------------------- the algorithms
-  def _update_sao(self, batch: dict, groups: list[batching.LengthGroup] | None, want_values_before: bool = True
+  def _update_sao(self, batch: dict, want_values_before: bool = True
                   ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
-    """Returns (metrics, per-token `[B, T]` arrays: pre-update values (only with `want_values_before`), returns,
+    """The one-call update on the device batch `[B, T]`. Returns (metrics, per-token `[B, T]` arrays: pre-update values (only with `want_values_before`), returns,
     advantages). With Monte-Carlo critic targets and no value clip the pre-update values are needed only for the
     diagnostics, which the first critic epoch's forward then provides (`sao.train.critic_stats`)."""
     c = self.config.sao
@@ -289,73 +298,52 @@ class Learner:
       values_before = None
       returns, returns_var, critic_diag = targets.monte_carlo_returns(batch, c.gamma)
     else:
-      values_before = self._values(batch, groups)
+      values_before = self._critic_values(self.critic.state.params, batch)
       returns, critic_diag = targets.critic_targets(batch, values_before, c.gamma, c.lambda_critic)
     metrics.update(critic_diag)
     critic_batch = dict(steps.select(batch, ("input_ids", "attention_mask", "action_mask"), "critic"),
                         returns=returns, old_values=returns if fused else values_before)  # unread without a clip
-    for epoch in range(c.critic_epochs):
-      self.critic.state, m = self._train(self._critic_step, self._grouped_critic_step, self.critic.state,
-                                         critic_batch, groups)
-      m, first_values = critic_stats.split(m)
-      if fused and epoch == 0:  # `update_traced` turns them into the diagnostics after its fetch
-        metrics.update({f"critic/{k}": v for k, v in first_values.items()})
-        metrics[critic_stats.RETURNS_VAR] = returns_var
-      metrics.update({f"critic/{k}": v for k, v in m.items()})
-      metrics[f"critic/loss_epoch{epoch}"] = m["loss"]
-      metrics[f"critic/skipped_epoch{epoch}"] = m["skipped"]
-    values = self._values(batch, groups)
+    self._critic_epochs(lambda: self._critic_step(self.critic.state, critic_batch, self._next_rng()), metrics,
+                        returns_var if fused else None)
+    values = self._critic_values(self.critic.state.params, batch)
     advantages, adv_diag = targets.policy_advantages(batch, values, returns, c.gamma, c.lambda_policy_alpha,
                                               c.whiten_advantages, c.lambda_policy)
     metrics.update(adv_diag)
     if self.num_updates >= c.critic_warmup_steps:
-      metrics.update(self._actor_update(dict(batch, advantages=advantages), groups))
+      metrics.update(self._actor_update(dict(batch, advantages=advantages)))
     metrics["actor/warmup"] = np.float32(self.num_updates < c.critic_warmup_steps)
     per_token = {"returns": returns, "advantages": advantages}
     if values_before is not None:
       per_token["values"] = values_before
     return metrics, per_token
 
-  def _update_group(self, batch: dict, groups: list[batching.LengthGroup] | None) -> dict[str, jax.Array]:
+  def _critic_epochs(self, step: Callable[[], tuple[steps.TrainState, dict]], metrics: dict,
+                     returns_var: jax.Array | None) -> None:
+    """The K critic epochs (`step()` runs one on the critic's state), their metrics into `metrics`; with
+    `returns_var` (the targets' variance, when the pre-update forward was skipped) epoch 0's forward also gives the
+    pre-update diagnostics (`sao.train.critic_stats`; `update_traced` computes them after its fetch)."""
+    for epoch in range(self.config.sao.critic_epochs):
+      self.critic.state, m = step()
+      m, first_values = critic_stats.split(m)
+      if returns_var is not None and epoch == 0:
+        metrics.update({f"critic/{k}": v for k, v in first_values.items()})
+        metrics[critic_stats.RETURNS_VAR] = returns_var
+      metrics.update({f"critic/{k}": v for k, v in m.items()})
+      metrics[f"critic/loss_epoch{epoch}"] = m["loss"]
+      metrics[f"critic/skipped_epoch{epoch}"] = m["skipped"]
+
+  def _update_group(self, batch: dict) -> dict[str, jax.Array]:
+    """GSPO / GRPO's one-call update on the device batch `[B, T]`."""
     seq_advantages, metrics = targets.group_advantages(batch, self.config.group.normalize_std)
-    metrics.update(self._actor_update(dict(batch, seq_advantages=seq_advantages), groups))
+    metrics.update(self._actor_update(dict(batch, seq_advantages=seq_advantages)))
     return metrics
 
-  def _actor_update(self, batch: dict, groups: list[batching.LengthGroup] | None) -> dict[str, jax.Array]:
+  def _actor_update(self, batch: dict) -> dict[str, jax.Array]:
     """One step of the configured actor loss on the batch fields it reads."""
     loss = self.actor_loss
     actor_batch = steps.select(batch, loss.batch_keys, f"actor loss {loss.name!r}")
-    self.actor.state, m = self._train(self._actor_steps[loss.name], self._grouped_actor_step, self.actor.state,
-                                      actor_batch, groups)
+    self.actor.state, m = self._actor_steps[loss.name](self.actor.state, actor_batch, self._next_rng())
     return {f"actor/{k}": v for k, v in m.items()}
-
-  # ---------------------------------------------------------------------------------------------- length groups
-  def _values(self, batch: dict, groups: list[batching.LengthGroup] | None) -> jax.Array:
-    """Critic values `[B, T]` of the device batch; with `groups`, computed group by group at each group's length
-    (0 beyond it: padding, which no GAE, loss or statistic reads)."""
-    params = self.critic.state.params
-    if groups is None:
-      return self._critic_values(params, batch)
-    parts = [self._critic_values(params, part) for part in self._split(batch, ("input_ids", "attention_mask"),
-                                                                       groups)]
-    values = np.zeros(np.shape(batch["input_ids"]), np.float32)
-    for group, part in zip(groups, distributed.fetch(parts)):
-      values[group.rows, :group.length] = part
-    return self._device({"values": values}, ("values",))["values"]
-
-  def _train(self, step, grouped_step: grouped_steps.GroupedStep | None, state: steps.TrainState, batch: dict,
-             groups: list[batching.LengthGroup] | None) -> tuple[steps.TrainState, dict]:
-    """One step of `step` on the device batch, or of `grouped_step` on its length groups (the same update)."""
-    if groups is None:
-      return step(state, batch, self._next_rng())
-    mask = np.asarray(distributed.fetch(batch["action_mask"]))
-    return grouped_step(state, self._split(batch, tuple(batch), groups), self._next_rng(), mask)
-
-  def _split(self, batch: dict, keys: Sequence[str], groups: list[batching.LengthGroup]) -> list[dict]:
-    """The device batch's `keys` cut into the groups' device batches `[b_g, T_g]` (`[b_g]` for per-row fields)."""
-    host = distributed.fetch({k: batch[k] for k in keys})
-    return [self._device({k: np.asarray(v)[g.rows, :g.length] if np.ndim(v) == 2 else np.asarray(v)[g.rows]
-                          for k, v in host.items()}, keys) for g in groups]
 
   # ---------------------------------------------------------------------------------------------- helpers
   def _next_rng(self) -> jax.Array:
@@ -393,3 +381,4 @@ class Learner:
         "batch/padded_rows": float(len(valid)),
         "batch/padded_length": float(np.shape(batch["input_ids"])[1]),
     }
+

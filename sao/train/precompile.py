@@ -21,7 +21,7 @@ import numpy as np
 from absl import logging
 
 from sao.train import batching, steps
-from sao.train import targets
+from sao.train import grouped_targets, targets
 from sao.transport.trajectory import Trajectory
 
 ROLES = ("actor", "critic")
@@ -85,13 +85,9 @@ def _programs(learner: Any, batch_size: int, max_tokens: int, roles: tuple[str, 
 
 
 def _compiled_output(lowered: Any, index: int | None = None) -> jax.ShapeDtypeStruct:
-  """Compiles `lowered` and returns its output (output `index` of a tuple) as the abstract argument of the next
-  program, with the sharding the compiled program gives it: a call passes the real output on, and jit's cache keys
-  on an argument's sharding."""
-  info, sharding = lowered.out_info, lowered.compile().output_shardings
-  if index is not None:
-    info, sharding = info[index], sharding[index]
-  return jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=sharding)
+  """`_compiled_outputs`, or its output `index` of a tuple."""
+  outputs = _compiled_outputs(lowered)
+  return outputs if index is None else outputs[index]
 
 
 def _batch_programs(learner: Any, rows: int, lengths: Sequence[int], roles: tuple[str, ...],
@@ -137,7 +133,9 @@ def _ids(batch: dict[str, Any]) -> dict[str, Any]:
 
 def _group_programs(learner: Any, rows: int, max_tokens: int, roles: tuple[str, ...],
                     batch: AbstractBatches) -> Iterator[str]:
-  """The grouped update's programs (`batching.length_groups`): per group shape, then per batch length."""
+  """The grouped update's programs (`batching.length_groups`, `sao.train.grouped_update`): per group shape the
+  steps of `roles` and the per-group targets; then the merges of the groups' statistics; per batch length the steps'
+  denominators."""
   # pylint: disable=protected-access
   c = learner.config
   batcher = learner.batcher
@@ -155,20 +153,77 @@ def _group_programs(learner: Any, rows: int, max_tokens: int, roles: tuple[str, 
         learner._critic_values.lower(state.params, _ids(batch(batching.FIELDS, b, length))).compile()
         learner._grouped_critic_step.precompile(state, batch(steps.CRITIC_KEYS, b, length))
         yield f"critic values and step [{b}, {length}]"
+  if learner.critic is None:
+    yield from _sequence_advantage_programs(learner, rows, sorted({b for b, _ in shapes}), batch)
+  else:
+    stats = {}
+    for b, length in shapes:
+      stats = _group_target_programs(learner, batch(batching.FIELDS, b, length))
+      yield f"targets [{b}, {length}]"
+    groups = batching.group_count(rows, c.batching.length_groups, batcher.batch_multiple)
+    _merge_programs(learner, stats, groups)
+    yield f"merges of {groups} groups"
   for length in sorted({length for _, length in shapes}):
     for role in roles:
       grouped = learner._grouped_actor_step if role == "actor" else learner._grouped_critic_step
       grouped.precompile_denominator((rows, length))
-    whole = batch(batching.FIELDS, rows, length)
-    if learner.critic is None:
-      targets.group_advantages.lower(whole, c.group.normalize_std).compile()
-    else:
-      s = c.sao
-      values = batch(("values",), rows, length)["values"]
-      returns = _target_programs(c, whole, values)
-      targets.policy_advantages.lower(whole, values, returns, s.gamma, s.lambda_policy_alpha, s.whiten_advantages,
-                                      s.lambda_policy).compile()
-    yield f"targets [{rows}, {length}]"
+    yield f"denominators [{rows}, {length}]"
+
+
+def _sequence_advantage_programs(learner: Any, rows: int, group_rows: Sequence[int],
+                                 batch: AbstractBatches) -> Iterator[str]:
+  """GSPO / GRPO grouped: `Â_i` over the batch's per-row fields, and each group's rows of it (`grouped_update`)."""
+  # pylint: disable=protected-access
+  per_row = batch(("rewards", "group_ids", "valid"), rows, 1)
+  seq_advantages = _compiled_outputs(targets.group_advantages.lower(per_row, learner.config.group.normalize_std))[0]
+  for b in group_rows:
+    learner._take_rows.lower(seq_advantages, np.zeros(b, np.int64)).compile()
+  yield f"sequence advantages [{rows}] and their groups' rows"
+
+
+def _group_target_programs(learner: Any, part: dict[str, Any]) -> dict[str, Any]:
+  """Compiles one group's SAO target programs (`sao.train.grouped_update`) for the abstract group batch `part`;
+  returns the abstract statistics they give, what the merges take."""
+  # pylint: disable=protected-access
+  s = learner.config.sao
+  critic = learner.critic.abstract_state()
+  values = _compiled_outputs(learner._critic_values.lower(critic.params, _ids(part)))
+  # The targets that read V⁰ run when the config needs them and whenever `update_traced` asks for V⁰ (its traces).
+  returns, traced = _compiled_outputs(grouped_targets.critic_targets.lower(part, values, s.gamma, s.lambda_critic))
+  stats = traced
+  if not targets.critic_reads_values_before(learner.config):
+    returns, stats = _compiled_outputs(grouped_targets.monte_carlo_returns.lower(part, s.gamma))
+  advantages, advantage_stats = _compiled_outputs(grouped_targets.policy_advantages.lower(
+      part, values, returns, s.gamma, s.lambda_policy_alpha, s.lambda_policy))
+  final = advantage_stats["advantages"]
+  if s.whiten_advantages:
+    final = _compiled_outputs(grouped_targets.whiten.lower(advantages, part["action_mask"], final))[1]
+  return {"returns": stats, "traced": traced, "advantages": advantage_stats, "final": final}
+
+
+def _merge_programs(learner: Any, stats: dict[str, Any], groups: int) -> None:
+  """Compiles the merges of `groups` groups' statistics (`stats`: one group's, abstract; every group's have the
+  same replicated scalars)."""
+  fused = not targets.critic_reads_values_before(learner.config)
+  if fused:
+    returns = _compiled_outputs(grouped_targets.merge_returns.lower([stats["returns"]] * groups))[0]
+  else:
+    returns = _compiled_outputs(grouped_targets.merge_critic_targets.lower([stats["returns"]] * groups))[0]
+  grouped_targets.merge_critic_targets.lower([stats["traced"]] * groups).compile()
+  grouped_targets.merge_advantages.lower([stats["advantages"]] * groups, returns).compile()
+  merged = _compiled_outputs(grouped_targets.merge_advantages.lower([stats["advantages"]] * groups, returns))[0]
+  if learner.config.sao.whiten_advantages:
+    grouped_targets.merge_final.lower([stats["final"]] * groups).compile()
+  else:
+    grouped_targets.merge_final.lower([merged]).compile()
+
+
+def _compiled_outputs(lowered: Any) -> Any:
+  """Compiles `lowered` and returns its whole output pytree as abstract arguments of the next programs (shapes,
+  dtypes and the shardings the compiled program gives them: jit's cache keys on an argument's sharding)."""
+  shardings = lowered.compile().output_shardings
+  return jax.tree.map(lambda info, sharding: jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=sharding),
+                      lowered.out_info, shardings)
 
 
 class Precompiler:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from sao.train import batching
+from sao.train import grouped_update
 from sao.train import mesh as mesh_lib
 from sao.train import steps
 from tests.train import helpers
@@ -108,7 +109,15 @@ def test_grouped_update_on_a_sharded_mesh_equals_one_batch_on_one_device():
   _assert_states_close(c0, c1)
 
 
-def test_first_critic_epoch_gives_the_pre_update_diagnostics():
+def _count_forwards(monkeypatch) -> list:
+  """Counts the grouped update's critic forwards (one per call of `grouped_update.values`, over every group)."""
+  forwards = []
+  values = grouped_update.values
+  monkeypatch.setattr(grouped_update, "values", lambda *a, **k: forwards.append(1) or values(*a, **k))
+  return forwards
+
+
+def test_first_critic_epoch_gives_the_pre_update_diagnostics(monkeypatch):
   """λ_critic = 1, no value clip: `update` skips the pre-update critic forward (its diagnostics come from critic
   epoch 0's forward, `sao.train.critic_stats`) and is the same update, with the same metrics, as `update_traced`,
   which runs that forward for the traces."""
@@ -117,9 +126,8 @@ def test_first_critic_epoch_gives_the_pre_update_diagnostics():
   results = []
   for traced in (True, False):
     learner = helpers.make_learner(config)
-    forwards = []
-    values = learner._values  # pylint: disable=protected-access
-    learner._values = lambda *a, **k: forwards.append(1) or values(*a, **k)  # pylint: disable=protected-access
+    monkeypatch.undo()
+    forwards = _count_forwards(monkeypatch)
     batch, _ = learner.make_batch(trajs)
     metrics = learner.update_traced(batch, rows=[0])[0] if traced else learner.update(batch)
     results.append((metrics, jax.device_get(learner.critic.state), jax.device_get(learner.actor.state), forwards))
@@ -133,10 +141,29 @@ def test_first_critic_epoch_gives_the_pre_update_diagnostics():
   _assert_states_close(a0, a1)
 
 
-def test_critic_targets_that_read_the_values_keep_the_pre_update_forward():
-  learner = helpers.make_learner(_config(**{"sao.lambda_critic": 0.95}))  # (a value clip reads them too)
-  forwards = []
-  values = learner._values  # pylint: disable=protected-access
-  learner._values = lambda *a, **k: forwards.append(1) or values(*a, **k)  # pylint: disable=protected-access
-  metrics = learner.update(helpers.trajectories(seed=12, n=8, min_len=3, max_len=32))
-  assert len(forwards) == 2 and np.isfinite(metrics["critic/explained_variance"])
+@pytest.mark.parametrize("overrides", [{"sao.lambda_critic": 0.95}, {"critic.value_clip": 0.2}])
+def test_critic_targets_that_read_the_values_keep_the_pre_update_forward(monkeypatch, overrides):
+  """λ_critic < 1 or a value clip read V⁰: the grouped update runs the pre-update forward, and is the same update
+  as the one-call one (targets, diagnostics and states)."""
+  trajs = helpers.trajectories(seed=12, n=8, min_len=3, max_len=32)
+  results = []
+  for groups in (0, 4):
+    learner = helpers.make_learner(_config(**{"batching.length_groups": groups, **overrides}))
+    monkeypatch.undo()
+    forwards = _count_forwards(monkeypatch)
+    batch, _ = learner.make_batch(trajs)
+    metrics, traces = learner.update_traced(batch, rows=list(range(len(batch["valid"]))))
+    results.append((metrics, traces, jax.device_get(learner.critic.state), jax.device_get(learner.actor.state),
+                    forwards))
+  (m0, t0, c0, a0, _), (m1, t1, c1, a1, f1) = results
+  assert len(f1) == 2 and np.isfinite(m1["critic/explained_variance"]) and m1["critic/explained_variance"] != 0.0
+  assert set(m1) - set(m0) == {"batch/grouped_padded_tokens"}
+  mask = batch["action_mask"]
+  for key in m0:  # a clipped fraction may count one token more or less: a value at the clip's edge, rounded
+    atol = 1.01 / mask.sum() if key.endswith("clip_fraction") else 1e-5
+    np.testing.assert_allclose(m1[key], m0[key], rtol=1e-5, atol=atol, err_msg=key)
+  for key in ("values", "returns", "advantages"):
+    np.testing.assert_allclose(np.where(mask, t1[key], 0), np.where(mask, t0[key], 0), rtol=1e-5, atol=1e-5,
+                               err_msg=key)
+  _assert_states_close(c0, c1)
+  _assert_states_close(a0, a1)

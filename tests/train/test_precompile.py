@@ -83,7 +83,7 @@ def test_group_shapes_rejects_bad_sizes():
 
 
 # The grouped path with a critic, the one-call path without (the one-call SAO path: the critic-only and trainer tests).
-@pytest.mark.parametrize("algorithm,length_groups", [("sao", 2), ("gspo", 0)])
+@pytest.mark.parametrize("algorithm,length_groups", [("sao", 2), ("gspo", 0), ("gspo", 2)])
 def test_precompiled_updates_compile_nothing_and_equal_updates_without_it(algorithm, length_groups):
   rows = 8
   config = _config(algorithm, **{"batching.length_groups": length_groups})
