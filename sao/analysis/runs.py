@@ -237,3 +237,41 @@ def final_evaluation(workdir: str) -> tuple[str, dict[str, dict]] | None:
   version, name = max(found)
   with open(os.path.join(root, name), encoding="utf-8") as f:
     return f"v{version}", json.load(f)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSpeed:
+  """A run's RL-step wall time beside the size of what its steps trained (`job_speed`)."""
+  name: str
+  steps: int  # RL step intervals measured
+  median_step_s: float
+  mean_step_s: float
+  response_length: float  # median over the measured steps of the batch's mean action tokens per trajectory
+  trained_tokens: float  # median over them of the tokens the learner trained: grouped, else the padded [B, T]
+  validation_base: float  # the base policy's validation, the mean of the last 3 evaluations, the best (fractions)
+  validation_last3: float
+  validation_best: float
+
+
+def job_speed(run: RunLog, last: int = 239) -> JobSpeed:
+  """The last `last` intervals between consecutive RL steps' progress rows (the README job's 240 RL steps give
+  239), with the response length and the trained tokens of those steps. The step time of the toy job scales with
+  how long the policy's responses are, and that moves run to run (the same tree and seed: ≈ 20 or ≈ 54 action
+  tokens per trajectory; docs/performance.md, session 32), so a speed ratio compares runs of like lengths."""
+  rows = sorted((r["step"] - run.step_offset, r) for r in run.records
+                if r.get("phase/rl") and "reward" in r and r.get("time") is not None)
+  if len(rows) < 2:
+    raise ValueError(f"run {run.name!r}: fewer than two RL steps with a progress row")
+  rows = rows[-(last + 1):]
+  times = np.asarray([float(r["time"]) for _, r in rows])
+  intervals = np.diff(times)
+  later = [r for _, r in rows[1:]]
+  lengths = [float(r["response_length"]) for r in later if r.get("response_length") is not None]
+  tokens = [float(r["batch/grouped_padded_tokens"]) if "batch/grouped_padded_tokens" in r else
+            float(r["batch/padded_rows"]) * float(r["batch/padded_length"]) for r in later
+            if "batch/grouped_padded_tokens" in r or "batch/padded_rows" in r]
+  _, evals = run.evaluations()
+  base, last3, best = (float(evals[0]), float(evals[-3:].mean()), float(evals.max())) if evals.size else (math.nan,) * 3
+  return JobSpeed(run.name, int(intervals.size), float(np.median(intervals)), float(np.mean(intervals)),
+                  float(np.median(lengths)) if lengths else math.nan, float(np.median(tokens)) if tokens else math.nan,
+                  base, last3, best)
