@@ -1,13 +1,14 @@
 r"""The README main job's speed: each run's RL step time beside what its steps trained, and the ratio of two trees'.
 
-    python experiments/job_speed.py --before=/tmp/job_before_0,/tmp/job_before_1 --after=/tmp/job_after_0,/tmp/job_after_1
+    python experiments/job_speed.py --before=/tmp/job_before_0,/tmp/job_before_1 \
+        --after=/tmp/job_after_0,/tmp/job_after_1
 
 Per run (a workdir of `experiments/train.py`): the median and mean of the last 239 intervals between RL steps (the
 job's 240 RL steps), the median response length (action tokens per trajectory) and trained tokens per update over
 those steps, and validation (base policy → mean of the last 3 evaluations, best). Then the pooled medians' ratio,
-before / after, over all runs and over the like runs: those whose response length is within `--like` (relative) of
-a run's on the other side. The step time scales with the response length, which moves run to run (the same tree and seed gave
-≈ 20 and ≈ 54 tokens; docs/performance.md, session 32), so only runs of like lengths compare. The runs to compare
+before / after, over all runs and over the like runs: those whose response length is within `--like` (relative) of a
+run's on the other side. The step time scales with the response length, which moves run to run (the same tree and seed
+gave ≈ 20 and ≈ 54 tokens; docs/performance.md, session 32), so only runs of like lengths compare. The runs to compare
 are the README command on each tree, back to back on the same idle machine (docs/performance.md has the loop).
 """
 from __future__ import annotations

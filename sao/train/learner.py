@@ -45,8 +45,8 @@ from sao.models.transformer import abstract_params, init_critic_from_policy
 from sao.train import actor_losses, batching, grouped_steps, roles, state as state_lib, steps
 from sao.train import checkpoint as ckpt_lib
 from sao.train import critic_stats
-from sao.train import grouped_update
 from sao.train import distributed
+from sao.train import grouped_update
 from sao.train import precompile as precompile_lib
 from sao.train import targets
 from sao.train import mesh as mesh_lib
@@ -288,9 +288,10 @@ class Learner:
   # ---------------------------------------------------------------------------------------------- the algorithms
   def _update_sao(self, batch: dict, want_values_before: bool = True
                   ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
-    """The one-call update on the device batch `[B, T]`. Returns (metrics, per-token `[B, T]` arrays: pre-update values (only with `want_values_before`), returns,
-    advantages). With Monte-Carlo critic targets and no value clip the pre-update values are needed only for the
-    diagnostics, which the first critic epoch's forward then provides (`sao.train.critic_stats`)."""
+    """The one-call update on the device batch `[B, T]`. Returns (metrics, per-token `[B, T]` arrays: pre-update
+    values (only with `want_values_before`), returns, advantages). With Monte-Carlo critic targets and no value clip
+    the pre-update values are needed only for the diagnostics, which the first critic epoch's forward then provides
+    (`sao.train.critic_stats`)."""
     c = self.config.sao
     metrics: dict[str, jax.Array] = {}
     fused = not (want_values_before or targets.critic_reads_values_before(self.config))
