@@ -75,9 +75,11 @@ def base_config() -> ml_collections.ConfigDict:
       checkpoint_every=50,
       critic_trace_every=10,  # SAO: dump one success + one failure with per-token critic values (0 = off)
       keep_policy_exports=3,
-      # Each new policy version reaches the engines in the background while the next step trains (the trainer
-      # otherwise waits for every engine to load and swap it; sao.train.publication); False: wait, as before.
-      async_publish=True,
+      # True: each new policy version reaches the engines in the background while the next step trains
+      # (sao.train.publication; `full_scale` sets it, where a publish takes tens of seconds). The toy waits for
+      # every engine to serve it: in the background its validation after 240 steps fell 0.78 → 0.75 over 6 / 10
+      # runs and 3 of 5 seed-0 runs drifted into padding every turn (docs/performance.md, session 32).
+      async_publish=False,
       # Threads of XLA:CPU's pools in the trainer process and in each local engine (0: one per core). The toy's
       # trainer, engine and worker share a few cores: one-thread pools spend less CPU per step
       # (sao.engines.xla_cpu_threads).
@@ -253,6 +255,7 @@ def full_scale(config: ml_collections.ConfigDict) -> None:
   config.total_steps = 300
   config.recipe.sft_steps = 0
   config.xla_cpu_threads = 0  # the trainer owns its host; the engines are SGLang's
+  config.async_publish = True  # the next step trains while the fleet loads a 70 GB policy (docs/fleet.md)
   c.actor.optimizer.learning_rate = 1e-6
   c.actor.optimizer.schedule = "constant"  # 10 warmup steps (the base's), then constant (the toy decays)
   c.batching.bucket_lengths = (32768, 65536, 131072)

@@ -106,7 +106,8 @@ def build_app(engine: LocalEngine, api_key: str | None = None) -> web.Applicatio
     return web.json_response(engine.model_info())
 
   async def flush_cache(request: web.Request) -> web.Response:
-    return web.Response(text="Cache flushed (the local engine keeps no prefix cache).\n")
+    dropped = await engine.flush_cache()
+    return web.Response(text=f"Cache flushed ({dropped} prefix-cache entries dropped).\n")
 
   async def on_startup(app: web.Application) -> None:
     await engine.start()

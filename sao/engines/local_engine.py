@@ -345,6 +345,16 @@ class LocalEngine:
       self.stats["last_update_swap_s"] = time.monotonic() - loaded
     return self.weight_version
 
+  async def flush_cache(self) -> int:
+    """Drops every prefix-cache entry (SGLang's `/flush_cache`) between batches; returns how many were dropped (0
+    without a cache). Later requests prefill from scratch until the cache fills again; the weights are unchanged."""
+    if self.prefix_cache is None:
+      return 0
+    async with self._lock:  # not under a running batch, which may still insert what it computed
+      dropped = len(self.prefix_cache)
+      self.prefix_cache.clear(self._weights_key())
+    return dropped
+
   def model_info(self) -> dict[str, Any]:
     stats = dict(self.stats)
     stats["rows_per_batch_mean"] = stats["rows"] / stats["batches"] if stats["batches"] else 0.0

@@ -7,8 +7,8 @@
 Every step takes the first `batch_size` finished trajectories (SAO) or `batch_size / G` complete groups (GSPO/GRPO)
 from the service — it never waits for a particular slow rollout — updates the learner, and, when the actor changed,
 exports the policy in HF layout to `<workdir>/policy/v<version>` and tells every engine to load it
-(`/update_weights_from_disk`), in the background while the next step runs (`sao.train.publication`; `async_publish`
-in the config). Validation runs on the held-out split through the same workers (the dispenser leases
+(`/update_weights_from_disk`), waiting until they serve it or, with `async_publish` (the full-scale configs'), in
+the background while the next step runs (`sao.train.publication`). Validation runs on the held-out split through the same workers (the dispenser leases
 it as evaluation work every `eval_every` versions) and is reported as `validation`.
 
 A trainer job may span P processes (one per TPU host, `sao.train.distributed`): every process runs the learner and

@@ -36,10 +36,11 @@ FINAL_VERSION = STEPS - 1  # the first RL step is critic warmup; each later one 
 # COMMON's 6 s lease TTL is for its worker-kill test; here nothing kills a worker, and on a busy machine short
 # leases only expire and redo work.
 # No periodic checkpoint (COMMON saves every step, and a checkpoint waits for its step's publish): the versions are
-# published in the background while the next step trains (`sao.train.publication`), as in the README's job.
+# published in the background while the next step trains (`sao.train.publication`), as at full scale (the toy's
+# default waits for each publish).
 ARG = (f"sao_openswe.py:toy,num_engines=2,total_steps={STEPS},recipe.value_pretrain_steps=1,"
        f"learner.sao.critic_warmup_steps=1,critic_trace_every=0,{COMMON},rollout.lease_ttl_s=60,"
-       "checkpoint_every=1000")
+       "checkpoint_every=1000,async_publish=True")
 
 
 def _engine_urls(output: str) -> list[str]:

@@ -228,6 +228,24 @@ def test_a_new_weight_version_never_reuses_the_old_state(model):
   assert [c.cached_tokens for _, c, _ in with_cache] == [0, 28] and with_cache[0][2] == "1"
 
 
+def test_flush_cache_drops_the_entries_and_the_next_turn_prefills_again(model):
+  _, model_dir, _ = model
+
+  async def fn(cached, uncached):
+    await conversation(cached, 0, GREEDY, turns=1)
+    entries = cached.model_info()["stats"]["prefix_cache"]["entries"]
+    dropped = await cached.flush_cache(), await uncached.flush_cache()
+    after = cached.model_info()["stats"]["prefix_cache"]["entries"]
+    return entries, dropped, after, await conversation(cached, 0, GREEDY, turns=2), await conversation(
+        uncached, 0, GREEDY, turns=2)
+
+  entries, dropped, after, with_cache, without = run_engines(model_dir, fn)
+  assert (entries, dropped, after) == (1, (1, 0), 0)
+  assert_same(with_cache, without)
+  # The flushed conversation's first turn is prefilled in full; its second continues from that turn's entry.
+  assert [c.cached_tokens for _, c, _ in with_cache] == [0, 28]
+
+
 def test_concurrent_conversations_are_batched_and_equal_uncached(model):
   _, model_dir, _ = model
 

@@ -265,3 +265,13 @@ def test_toy_variants_stay_float32(name):
   config = _load(name).get_config("toy")
   assert (config.model.param_dtype, config.model.compute_dtype, config.model.remat) == ("float32", "float32", "none")
   assert not config.learner.actor.optimizer.master_weights
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_toy_variants_wait_for_each_publish_and_full_ones_publish_in_the_background(name):
+  """docs/performance.md, session 32: publishing in the background changed the toy's learning; at full scale it
+  overlaps a publish of tens of seconds with the next step."""
+  module = _load(name)
+  assert module.get_config("toy").async_publish is False
+  if "full" in module.VARIANTS:
+    assert module.get_config("full").async_publish is True
