@@ -210,7 +210,6 @@ def _merge_programs(learner: Any, stats: dict[str, Any], groups: int) -> None:
   else:
     returns = _compiled_outputs(grouped_targets.merge_critic_targets.lower([stats["returns"]] * groups))[0]
   grouped_targets.merge_critic_targets.lower([stats["traced"]] * groups).compile()
-  grouped_targets.merge_advantages.lower([stats["advantages"]] * groups, returns).compile()
   merged = _compiled_outputs(grouped_targets.merge_advantages.lower([stats["advantages"]] * groups, returns))[0]
   if learner.config.sao.whiten_advantages:
     grouped_targets.merge_final.lower([stats["final"]] * groups).compile()
