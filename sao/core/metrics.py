@@ -5,7 +5,7 @@ import jax.numpy as jnp
 from sao.core import checks
 from sao.core.masked import masked_count, masked_max, masked_mean, masked_min, masked_var
 
-__all__ = ["explained_variance", "masked_summary", "sequence_lengths"]
+__all__ = ["explained_variance", "explained_variance_of", "masked_summary", "sequence_lengths"]
 
 
 def explained_variance(values: jax.Array, returns: jax.Array, mask: jax.Array, eps: float = 1e-8) -> jax.Array:
@@ -24,9 +24,14 @@ def explained_variance(values: jax.Array, returns: jax.Array, mask: jax.Array, e
   checks.same_shape(["values", "returns", "mask"], [values, returns, mask])
   dtype = checks.compute_dtype(values, returns)
   values, returns = values.astype(dtype), returns.astype(dtype)
-  var_returns = masked_var(returns, mask)
-  var_residual = masked_var(returns - values, mask)
-  return jnp.where(var_returns > eps, 1.0 - var_residual / jnp.where(var_returns > eps, var_returns, 1.0), 0.0)
+  return explained_variance_of(masked_var(returns, mask), masked_var(returns - values, mask), eps)
+
+
+def explained_variance_of(var_returns: jax.Array, var_residual: jax.Array, eps: float = 1e-8) -> jax.Array:
+  """`1 − var_residual / var_returns`, 0 when `var_returns ≤ eps`: `explained_variance` from the two variances
+  (e.g. merged over the length groups of a batch, `sao.train.grouped_targets`)."""
+  some = var_returns > eps
+  return jnp.where(some, 1.0 - var_residual / jnp.where(some, var_returns, 1.0), 0.0)
 
 
 def masked_summary(prefix: str, x: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:

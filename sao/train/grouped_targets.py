@@ -28,17 +28,16 @@ import jax
 import jax.numpy as jnp
 
 from sao.core import advantages as adv_lib
+from sao.core import metrics as metrics_lib
 from sao.core.masked import Moments, masked_moments, merge_moments
+from sao.train import targets
 
 WHITEN_EPS = 1e-8  # as `sao.core.advantages.masked_whiten`'s default
-EV_EPS = 1e-8  # as `sao.core.metrics.explained_variance`: below this return variance the ratio reads 0
 
 
 def explained_variance(returns: Moments, residual: Moments) -> jax.Array:
-  """`1 − Var_m(R − V) / Var_m(R)` from merged moments; 0 when `Var_m(R) <= EV_EPS`."""
-  var_returns = returns.var
-  safe = jnp.where(var_returns > EV_EPS, var_returns, 1.0)
-  return jnp.where(var_returns > EV_EPS, 1.0 - residual.var / safe, 0.0)
+  """`sao.core.metrics.explained_variance` from merged moments of R and R − V."""
+  return metrics_lib.explained_variance_of(returns.var, residual.var)
 
 
 @functools.partial(jax.jit, static_argnums=(1,))
@@ -65,10 +64,7 @@ def policy_advantages(part: dict, values: jax.Array, returns: jax.Array, gamma: 
   the batch's metrics merge: the moments of A and of R − V¹, the sum of λ over rows with an action token and their
   count."""
   mask = part["action_mask"]
-  if fixed_lambda > 0.0:
-    lam = jnp.full(mask.shape[:1], fixed_lambda, jnp.float32)
-  else:
-    lam = adv_lib.length_adaptive_lambda(mask, alpha)
+  lam = targets.policy_lambda(mask, alpha, fixed_lambda)
   advantages, _ = adv_lib.gae(part["token_rewards"], values, mask, gamma, lam)
   acting = jnp.any(mask, -1)
   return advantages, {"advantages": masked_moments(advantages, mask),

@@ -23,9 +23,9 @@ from sao.train import batching, distributed, grouped_targets, steps, targets
 
 def cut(learner: Any, batch: dict[str, np.ndarray], groups: Sequence[batching.LengthGroup]) -> list[dict]:
   """The host batch's `batching.FIELDS` as one device batch per group: `batch[k][rows, :T_g]` (`[b_g]` per row)."""
-  return [learner._device({k: np.asarray(batch[k])[g.rows, :g.length] if np.ndim(batch[k]) == 2
-                           else np.asarray(batch[k])[g.rows] for k in batching.FIELDS}, batching.FIELDS)
-          for g in groups]
+  host = {k: np.asarray(batch[k]) for k in batching.FIELDS}
+  return [learner._device({k: v[g.rows, :g.length] if v.ndim == 2 else v[g.rows] for k, v in host.items()},
+                          batching.FIELDS) for g in groups]
 
 
 def uncut(per_group: dict[str, list[jax.Array]], groups: Sequence[batching.LengthGroup],
@@ -111,8 +111,5 @@ def values(learner: Any, parts: list[dict]) -> list[jax.Array]:
 
 def _unzip(pairs: Iterable[tuple[Any, Any]]) -> tuple[list[Any], list[Any]]:
   """`[(a, b), ...]` → `([a, ...], [b, ...])`: what a per-group program returns, over the groups."""
-  firsts, seconds = [], []
-  for a, b in pairs:
-    firsts.append(a)
-    seconds.append(b)
-  return firsts, seconds
+  firsts, seconds = zip(*pairs)
+  return list(firsts), list(seconds)

@@ -62,10 +62,7 @@ def policy_advantages(batch, values, returns, gamma: float, alpha: float, whiten
   """`A = GAE(r, V, γ, λ_b = 1 − 1/(α·l_b))` (or λ_b = `fixed_lambda` when > 0), whitened over the batch's action
   tokens when `whiten`."""
   mask = batch["action_mask"]
-  if fixed_lambda > 0.0:
-    lam = jnp.full(mask.shape[:1], fixed_lambda, jnp.float32)  # [B]: the ablation of the length-adaptive λ
-  else:
-    lam = adv_lib.length_adaptive_lambda(mask, alpha)
+  lam = policy_lambda(mask, alpha, fixed_lambda)
   advantages, _ = adv_lib.gae(batch["token_rewards"], values, mask, gamma, lam)
   diag = {"critic/explained_variance_after": metrics_lib.explained_variance(values, returns, mask),
           "advantages/mean_before_whiten": adv_lib.masked_mean(advantages, mask),
@@ -77,6 +74,14 @@ def policy_advantages(batch, values, returns, gamma: float, alpha: float, whiten
   diag["advantages/mean"] = adv_lib.masked_mean(advantages, mask)
   diag["advantages/std"] = jnp.sqrt(adv_lib.masked_var(advantages, mask))
   return advantages, diag
+
+
+def policy_lambda(mask: jax.Array, alpha: float, fixed_lambda: float = 0.0) -> jax.Array:
+  """The policy's per-row λ_b `[B]`: `1 − 1/(α·l_b)` (`length_adaptive_lambda`), or `fixed_lambda` when > 0 (the
+  ablation of the length-adaptive λ)."""
+  if fixed_lambda > 0.0:
+    return jnp.full(mask.shape[:1], fixed_lambda, jnp.float32)
+  return adv_lib.length_adaptive_lambda(mask, alpha)
 
 
 @functools.partial(jax.jit, static_argnums=(1,))
