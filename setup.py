@@ -54,6 +54,7 @@ setuptools.setup(
     version="0.1.0",
     description="Single-Rollout Asynchronous Optimization (SAO) and GSPO/GRPO for LLM coding agents in JAX",
     packages=setuptools.find_packages(include=["sao", "sao.*"]),
+    package_data={"sao.kernels": ["*.cc"]},  # C++ sources the kernels are built from on the host (sao.kernels.build)
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from sao.core import checks
 from sao.core import gae_chunked
+from sao.kernels import gae_cpu
 from sao.core.masked import masked_mean, masked_var, masked_whiten  # re-exported: part of this module's API
 
 __all__ = [
@@ -126,13 +127,59 @@ def _checked_gae_inputs(rewards, values, action_mask, gamma, lam):
   lam = checks.per_sequence("lam", lam, values.shape[0], dtype)
   return rewards.astype(dtype), values.astype(dtype), mask, gamma, lam
 
+Method = Literal["auto", "native", "chunked", "scan", "associative"]
+METHODS = ("auto", "native", "chunked", "scan", "associative")
+
+
+def _xla_gae_and_row_moments(rewards, values, mask, gamma, gamma_lam):
+  """`sao.kernels.gae_cpu.advantages_returns_and_moments` in XLA (the chunked kernel, the scan outside its range):
+  `(A, R, [B, 3] per-row (n, mean, M2) of A)`. Differentiated in the native kernel's place."""
+  lam = (gamma_lam / jnp.where(gamma == 0, 1.0, gamma))[:, None]  # the scan's λ; any λ when γ = 0 (then g = 0)
+  advantages, returns = jax.lax.cond(
+      gae_chunked.fits(gamma_lam, mask),
+      lambda: gae_chunked.advantages_and_returns(rewards, values, mask, gamma, gamma_lam),
+      lambda: (lambda a: (a, jnp.where(mask, a + values, 0.0)))(_gae_scan(rewards, values, mask, gamma, lam)))
+  count = jnp.sum(mask, axis=-1, dtype=advantages.dtype)
+  mean = jnp.sum(advantages, axis=-1) / jnp.maximum(count, 1.0)
+  m2 = jnp.sum(jnp.where(mask, jnp.square(advantages - mean[:, None]), 0.0), axis=-1)
+  return advantages, returns, jnp.stack([count, mean, m2], axis=-1)
+
+
+@jax.custom_vjp
+def _native_gae(rewards, values, mask, gamma, gamma_lam):
+  """The native kernel's `(A, R, per-row moments)`; its derivative is the XLA formulation's (the same linear
+  function of rewards and values), since the kernel has none of its own."""
+  return gae_cpu.advantages_returns_and_moments(rewards, values, mask, gamma, gamma_lam)
+
+
+def _native_gae_fwd(rewards, values, mask, gamma, gamma_lam):
+  return _native_gae(rewards, values, mask, gamma, gamma_lam), (rewards, values, mask, gamma, gamma_lam)
+
+
+def _native_gae_bwd(primals, cotangents):
+  return jax.vjp(_xla_gae_and_row_moments, *primals)[1](cotangents)
+
+
+_native_gae.defvjp(_native_gae_fwd, _native_gae_bwd)
+
+
+def _native_or(xla_branch, dtype, native_branch):
+  """`native_branch()` where the program runs on XLA:CPU and the native kernel is built (float32), else
+  `xla_branch()`. The choice is `jax.lax.platform_dependent`'s, made when the program is lowered, so a program
+  traced here and compiled for a TPU (ahead of time, `experiments/compile_tpu.py`) runs the XLA formulation there.
+  Hosts whose default backend is not the CPU never build the kernel."""
+  if dtype == jnp.float32 and jax.default_backend() == "cpu" and gae_cpu.available():
+    return jax.lax.platform_dependent(cpu=native_branch, default=xla_branch)
+  return xla_branch()
+
+
 def gae(
     rewards: jax.Array,
     values: jax.Array,
     action_mask: jax.Array,
     gamma: float | jax.Array,
     lam: float | jax.Array,
-    method: Literal["chunked", "scan", "associative"] = "chunked",
+    method: Method = "auto",
 ) -> tuple[jax.Array, jax.Array]:
   """Skip-observation generalized advantage estimation.
 
@@ -152,28 +199,43 @@ def gae(
     action_mask: `[B, T]` bool/int, 1 on model-action tokens.
     gamma: scalar discount γ.
     lam: scalar λ or per-sequence `[B]` (e.g. from `length_adaptive_lambda`).
-    method: "chunked" (chunk-local triangular matmuls plus a scan over chunk boundaries, `sao.core.gae_chunked`;
-      the fastest, and it falls back to "scan" for a batch with a sequence whose γλ is outside
-      `[gae_chunked.G_MIN, 1/G_MIN]`, e.g. λ = 0), "scan" (two-level reverse `lax.scan`, the reference) or
-      "associative" (parallel scan). They agree to float rounding.
+    method: "auto" (the default: "native" for float32 on XLA:CPU where the kernel builds, "chunked" elsewhere,
+      chosen per platform when the program is lowered), "native" (`sao.kernels.gae_cpu`: one pass over the tokens
+      in a C++ kernel, XLA:CPU and float32 only, exact for every γλ), "chunked" (chunk-local triangular matmuls plus
+      a scan over chunk boundaries, `sao.core.gae_chunked`; the fastest XLA formulation, and it falls back to
+      "scan" for a batch with a sequence whose γλ is outside `[gae_chunked.G_MIN, 1/G_MIN]`, e.g. λ = 0), "scan"
+      (two-level reverse `lax.scan`, the reference) or "associative" (parallel scan). They agree to float
+      rounding.
 
   Returns:
     `(advantages, returns)`, both `[B, T]` in the compute dtype (float32 for float32/bfloat16 inputs), 0 where `m == 0`.
   """
+  if method not in METHODS:
+    raise ValueError(f"method must be one of {METHODS}, got {method!r}")
   rewards, values, mask, gamma, lam = _checked_gae_inputs(rewards, values, action_mask, gamma, lam)
   def with_returns(advantages):
     return advantages, jnp.where(mask, advantages + values, 0.0)
+
+  gamma_lam = (gamma * lam)[:, 0]  # [B]
+
+  def native():
+    advantages, returns, _ = _native_gae(rewards, values, mask, gamma, gamma_lam)
+    return advantages, returns
+
+  def chunked():
+    return jax.lax.cond(gae_chunked.fits(gamma_lam, mask),
+                        lambda: gae_chunked.advantages_and_returns(rewards, values, mask, gamma, gamma_lam),
+                        lambda: with_returns(_gae_scan(rewards, values, mask, gamma, lam)))
 
   if method == "scan":
     return with_returns(_gae_scan(rewards, values, mask, gamma, lam))
   if method == "associative":
     return with_returns(_gae_associative(rewards, values, mask, gamma, lam))
+  if method == "native":
+    return native()
   if method == "chunked":
-    gamma_lam = (gamma * lam)[:, 0]  # [B]
-    return jax.lax.cond(gae_chunked.fits(gamma_lam, mask),
-                        lambda: gae_chunked.advantages_and_returns(rewards, values, mask, gamma, gamma_lam),
-                        lambda: with_returns(_gae_scan(rewards, values, mask, gamma, lam)))
-  raise ValueError(f"method must be 'chunked', 'scan' or 'associative', got {method!r}")
+    return chunked()
+  return _native_or(chunked, rewards.dtype, native)
 
 
 def whitened_gae(
@@ -182,14 +244,15 @@ def whitened_gae(
     action_mask: jax.Array,
     gamma: float | jax.Array,
     lam: float | jax.Array,
-    method: Literal["chunked", "scan", "associative"] = "chunked",
+    method: Method = "auto",
     eps: float = 1e-8,
 ) -> tuple[jax.Array, jax.Array]:
   """`(masked_whiten(A, m, eps), R)` with `(A, R) = gae(...)`: GAE and batch whitening of its advantages.
 
-  Equal to the two calls to float rounding; with `method="chunked"` (when the batch fits, see `gae`) the masked
-  mean and variance of `A` come out of GAE's own pass over the time axis (`gae_chunked.
-  advantages_returns_and_moments`), so whitening reads the advantages once instead of three times.
+  Equal to the two calls to float rounding; with the "native" and "chunked" methods (the latter when the batch
+  fits, see `gae`) the masked mean and variance of `A` come out of GAE's own pass over the time axis (per row from
+  `sao.kernels.gae_cpu`, per row group from `gae_chunked.advantages_returns_and_moments`), so whitening reads the
+  advantages once instead of three times.
 
   Args: as `gae`, plus `eps`, added to the variance as in `masked_whiten`.
 
@@ -197,23 +260,39 @@ def whitened_gae(
     `(whitened_advantages, returns)`, both `[B, T]` in the compute dtype, 0 where `m == 0`. The returns are not
     whitened (they are the critic's targets).
   """
-  if method != "chunked":
+  if method in ("scan", "associative"):
     advantages, returns = gae(rewards, values, action_mask, gamma, lam, method=method)
     return masked_whiten(advantages, action_mask, eps), returns
+  if method not in METHODS:
+    raise ValueError(f"method must be one of {METHODS}, got {method!r}")
   rewards, values, mask, gamma, lam = _checked_gae_inputs(rewards, values, action_mask, gamma, lam)
   gamma_lam = (gamma * lam)[:, 0]  # [B]
 
-  def fused():
-    advantages, returns, (count, mean, sum_sq) = gae_chunked.advantages_returns_and_moments(
-        rewards, values, mask, gamma, gamma_lam)
+  def whiten(advantages, returns, count, mean, sum_sq):
     var = jnp.where(count > 0, sum_sq / jnp.maximum(count, 1.0), 0.0)  # population variance, as masked_var
     return jnp.where(mask, (advantages - mean) * jax.lax.rsqrt(var + eps), 0.0), returns
+
+  def native():
+    advantages, returns, row_moments = _native_gae(rewards, values, mask, gamma, gamma_lam)
+    return whiten(advantages, returns, *gae_cpu.merge_row_moments(row_moments))
+
+  def fused():
+    advantages, returns, moments = gae_chunked.advantages_returns_and_moments(rewards, values, mask, gamma,
+                                                                               gamma_lam)
+    return whiten(advantages, returns, *moments)
 
   def fallback():
     advantages = _gae_scan(rewards, values, mask, gamma, lam)
     return masked_whiten(advantages, mask, eps), jnp.where(mask, advantages + values, 0.0)
 
-  return jax.lax.cond(gae_chunked.fits(gamma_lam, mask), fused, fallback)
+  def chunked():
+    return jax.lax.cond(gae_chunked.fits(gamma_lam, mask), fused, fallback)
+
+  if method == "native":
+    return native()
+  if method == "chunked":
+    return chunked()
+  return _native_or(chunked, rewards.dtype, native)
 
 
 def length_adaptive_lambda(action_mask: jax.Array, alpha: float = 1.5) -> jax.Array:
