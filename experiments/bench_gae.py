@@ -1,4 +1,4 @@
-r"""Benchmark: skip-observation GAE + masked whitening, jitted (fused, chunked, scan, associative), NumPy loop, copy.
+r"""Benchmark: skip-observation GAE + masked whitening, jitted (native, chunked, scan, associative), NumPy loop, copy.
 
     python experiments/bench_gae.py                      # both sizes, median of 5 timed runs each
     python experiments/bench_gae.py --sizes=64x4096 --repeats=3
@@ -7,10 +7,13 @@ r"""Benchmark: skip-observation GAE + masked whitening, jitted (fused, chunked, 
 
 Prints one table of tokens/s per implementation with its ratio to the NumPy loop (the way verl's reference
 `compute_gae_advantage_return` loops over t) and to the copy bound (a jitted pass that reads the same inputs and
-writes the same outputs, i.e. the memory floor of any GAE). "fused" is `whitened_gae` (whitening's moments come out
-of the chunked GAE pass); the chunked / scan / associative rows call `gae` then `masked_whiten`. Two more rows split
-the unfused pipeline: GAE alone (`method="chunked"`) and `masked_whiten` alone on precomputed advantages. All
-numbers come from this one run. `ms` is the median wall time; `cpu ms` the median process CPU time of the same runs
+writes the same outputs, i.e. the memory floor of any GAE). The "fused" rows are `whitened_gae` (whitening's moments
+come out of the GAE pass): with its default method (on the CPU the native kernel, `sao.kernels.gae_cpu`, where it
+builds) and with `method="chunked"` (the XLA formulation TPUs run); the native / chunked / scan / associative rows
+call `gae` then `masked_whiten`. Three more rows split the pipeline: GAE alone (native, chunked) and `masked_whiten`
+alone on precomputed advantages. All numbers come from this one run. `--malloc=keep` (the default) gives the process
+the allocator settings the trainer runs with on a CPU host (`sao.engines.host_malloc`: freed memory is reused, so an
+output buffer is not page-faulted in again on every call); `--malloc=system` leaves glibc's defaults. `ms` is the median wall time; `cpu ms` the median process CPU time of the same runs
 (all threads), which moves less than wall time when other jobs share the cores; "cpu/copy" is the ratio of CPU
 times to the copy's. `cpu min` is the least CPU time of the runs, and the last two columns compare those minima
 with the loop's and the copy's: on a machine loaded by other jobs the medians of both the kernel and the copy swing
@@ -34,6 +37,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from sao.core import advantages as adv_lib
 from sao.core import gae_chunked
+from sao.engines import host_malloc
+from sao.kernels import gae_cpu
 
 
 def define_flags() -> None:
@@ -44,6 +49,9 @@ def define_flags() -> None:
   _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repetitions per implementation (median reported).")
   _GAMMA = flags.DEFINE_float("gamma", 1.0, "Discount γ.")
   _BASELINE = flags.DEFINE_string("baseline", None, "A gae_chunked.py to compare with the current one, interleaved.")
+  global _MALLOC  # pylint: disable=global-statement
+  _MALLOC = flags.DEFINE_enum("malloc", "keep", ["keep", "system"],
+                              "keep: the trainer's allocator settings (sao.engines.host_malloc); system: glibc's")
 
 
 def numpy_loop(rewards, values, mask, gamma, lam):
@@ -75,16 +83,24 @@ def make_jitted(method):
   return fn
 
 
-@jax.jit
-def fused(rewards, values, mask):
-  lam = adv_lib.length_adaptive_lambda(mask)
-  return adv_lib.whitened_gae(rewards, values, mask, _GAMMA.value, lam)
+def make_fused(method):
+  @jax.jit
+  def fn(rewards, values, mask):
+    lam = adv_lib.length_adaptive_lambda(mask)
+    return adv_lib.whitened_gae(rewards, values, mask, _GAMMA.value, lam, method=method)
+  return fn
 
 
-@jax.jit
-def gae_only(rewards, values, mask):
-  lam = adv_lib.length_adaptive_lambda(mask)
-  return adv_lib.gae(rewards, values, mask, _GAMMA.value, lam, method="chunked")
+def make_gae_only(method):
+  @jax.jit
+  def fn(rewards, values, mask):
+    lam = adv_lib.length_adaptive_lambda(mask)
+    return adv_lib.gae(rewards, values, mask, _GAMMA.value, lam, method=method)
+  return fn
+
+
+fused = make_fused("auto")
+gae_only = make_gae_only("chunked")
 
 
 whiten_only = jax.jit(adv_lib.masked_whiten)
@@ -171,12 +187,15 @@ def compare_with_baseline(path):
 
 def main(argv):
   del argv
+  if _MALLOC.value == "keep":  # before the first computation starts XLA's threads
+    host_malloc.keep_freed_memory({host_malloc.ENV: host_malloc.KEEP})
   if _BASELINE.value:
     compare_with_baseline(_BASELINE.value)
     return
   print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} device(s)); median of "
-        f"{_REPEATS.value} runs after warm-up; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-  header = (f"{'B x T':>12} {'implementation':>26} {'ms':>9} {'cpu ms':>9} {'Mtok/s':>9} {'vs loop':>9} "
+        f"{_REPEATS.value} runs after warm-up; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
+        f"malloc {_MALLOC.value}")
+  header = (f"{'B x T':>12} {'implementation':>30} {'ms':>9} {'cpu ms':>9} {'Mtok/s':>9} {'vs loop':>9} "
             f"{'vs copy':>9} {'cpu/copy':>9} {'cpu min':>9} {'min:loop':>9} {'min:copy':>9}")
   print(header)
   print("-" * len(header))
@@ -189,10 +208,17 @@ def main(argv):
         "numpy loop over t": median_seconds(lambda: numpy_loop(rewards, values, mask, _GAMMA.value, lam),
                                             max(1, _REPEATS.value // 2)),
     }
-    timings["jax gae+whiten fused"] = median_seconds(lambda: fused(*device_args), _REPEATS.value)
-    for method in ("chunked", "scan", "associative"):
+    native = gae_cpu.available()
+    timings[f"jax gae+whiten fused ({'native' if native else 'auto'})"] = median_seconds(
+        lambda: fused(*device_args), _REPEATS.value)
+    fused_chunked = make_fused("chunked")
+    timings["jax gae+whiten fused chunked"] = median_seconds(lambda: fused_chunked(*device_args), _REPEATS.value)
+    for method in ("native", "chunked", "scan", "associative")[0 if native else 1:]:
       fn = make_jitted(method)
       timings[f"jax gae+whiten {method}"] = median_seconds(lambda: fn(*device_args), _REPEATS.value)
+    if native:
+      native_only = make_gae_only("native")
+      timings["  gae alone (native)"] = median_seconds(lambda: native_only(*device_args), _REPEATS.value)
     timings["  gae alone (chunked)"] = median_seconds(lambda: gae_only(*device_args), _REPEATS.value)
     advantages = gae_only(*device_args)[0]
     timings["  masked_whiten alone"] = median_seconds(lambda: whiten_only(advantages, device_args[2]),
@@ -202,7 +228,7 @@ def main(argv):
     loop, _, loop_min = timings["numpy loop over t"]
     copy, copy_cpu, copy_min = timings["copy (memory bound)"]
     for name, (seconds, cpu_seconds, cpu_min) in timings.items():
-      print(f"{size:>12} {name:>26} {seconds * 1e3:>9.2f} {cpu_seconds * 1e3:>9.2f} {tokens / seconds / 1e6:>9.1f} "
+      print(f"{size:>12} {name:>30} {seconds * 1e3:>9.2f} {cpu_seconds * 1e3:>9.2f} {tokens / seconds / 1e6:>9.1f} "
             f"{loop / seconds:>8.1f}x {seconds / copy:>8.2f}x {cpu_seconds / copy_cpu:>8.2f}x {cpu_min * 1e3:>9.2f} "
             f"{loop_min / cpu_min:>8.1f}x {cpu_min / copy_min:>8.2f}x")
 

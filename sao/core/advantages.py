@@ -295,6 +295,30 @@ def whitened_gae(
   return _native_or(chunked, rewards.dtype, native)
 
 
+def _action_counts(mask: jax.Array) -> jax.Array:
+  """`[B]` float32 `Σ_t m_t`, exact below 2^24 tokens per row.
+
+  On XLA:CPU, with T a multiple of 4, four mask bytes (0 or 1 each) are read as one uint32 and counted with a
+  popcount: one pass over the mask at a quarter of the elements, 1.5-2x faster than the float32 sum at 256x16384
+  (docs/performance.md). The float32 sum runs elsewhere: XLA:CPU fuses it into the reduction, while an integer sum
+  first writes the mask out as int32."""
+  batch, num_tokens = mask.shape
+  if num_tokens >= 2 ** 24:
+    return jnp.sum(mask, axis=-1).astype(jnp.float32)
+
+  def float_sum():
+    return jnp.sum(mask, axis=-1, dtype=jnp.float32)
+
+  if num_tokens % 4:
+    return float_sum()
+
+  def popcount():
+    words = jax.lax.bitcast_convert_type(mask.astype(jnp.uint8).reshape(batch, num_tokens // 4, 4), jnp.uint32)
+    return jnp.sum(jax.lax.population_count(words), axis=-1, dtype=jnp.int32).astype(jnp.float32)
+
+  return jax.lax.platform_dependent(cpu=popcount, default=float_sum)
+
+
 def length_adaptive_lambda(action_mask: jax.Array, alpha: float = 1.5) -> jax.Array:
   """VAPO's length-adaptive policy λ: `λ_b = 1 − 1/(α·l_b)`, `l_b` = number of action tokens in sequence `b`.
 
@@ -311,10 +335,7 @@ def length_adaptive_lambda(action_mask: jax.Array, alpha: float = 1.5) -> jax.Ar
   mask = checks.mask_array("action_mask", action_mask, ndim=2)
   if not alpha > 0:
     raise ValueError(f"alpha must be positive, got {alpha}")
-  if mask.shape[-1] < 2 ** 24:  # a float32 count is exact; XLA:CPU fuses it into the reduction, while an integer sum
-    length = jnp.sum(mask, axis=-1, dtype=jnp.float32)  # first writes the mask out as int32 (docs/performance.md)
-  else:
-    length = jnp.sum(mask, axis=-1).astype(jnp.float32)
+  length = _action_counts(mask)
   lam = 1.0 - 1.0 / (alpha * jnp.maximum(length, 1.0))
   return jnp.where(length > 0, jnp.clip(lam, 0.0, 1.0), 0.0)
 

@@ -235,3 +235,17 @@ def test_bad_inputs_name_the_argument():
   # Raised at trace time under jit, too.
   with pytest.raises(ValueError, match="action_mask"):
     jax.jit(adv_lib.gae)(r, r, m.astype(np.float32), 1.0, 1.0)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 3, 4, 8, 203, 4096])
+def test_length_adaptive_lambda_counts_exactly_on_both_count_paths(num_tokens):
+  # T a multiple of 4 counts 4 mask bytes per popcount on the CPU; the other lengths take the float32 sum. Rows of
+  # every density, empty and full ones included.
+  rng = np.random.default_rng(num_tokens)
+  mask = rng.random((9, num_tokens)) < np.linspace(0.0, 1.0, 9)[:, None]
+  np.testing.assert_array_equal(jax.jit(adv_lib._action_counts)(mask), mask.sum(-1))  # pylint: disable=protected-access
+  got = jax.jit(adv_lib.length_adaptive_lambda)(mask)
+  np.testing.assert_allclose(got, ref.length_adaptive_lambda(mask, 1.5), rtol=1e-6)
+  for_tpu = jax.jit(adv_lib.length_adaptive_lambda).trace(mask).lower(lowering_platforms=("tpu",)).as_text()
+  assert "popcnt" not in for_tpu
+  assert ("popcnt" in jax.jit(adv_lib.length_adaptive_lambda).lower(mask).as_text()) == (num_tokens % 4 == 0)
