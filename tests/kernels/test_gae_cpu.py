@@ -185,3 +185,15 @@ def test_sharded_batch_on_eight_devices_equals_one_device():
   fn = jax.jit(lambda r, v, m: adv_lib.whitened_gae(r, v, m, 0.95, lam))
   for got, want in zip(fn(*args), fn(rewards, values, mask)):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_observation_tokens_never_leak_their_inputs():
+  # Rewards and values on observation tokens are ignored: NaN and inf there must not reach any output.
+  rewards, values, mask = edge_rows(12, num_tokens=37)
+  dirty_r, dirty_v = rewards.copy(), values.copy()
+  dirty_r[~mask], dirty_v[~mask] = np.nan, np.inf
+  gamma_lam = jnp.full((len(mask),), 0.9)
+  clean = _native(rewards * mask, values * mask, mask, jnp.float32(0.95), gamma_lam)
+  dirty = _native(dirty_r, dirty_v, mask, jnp.float32(0.95), gamma_lam)
+  for got, want in zip(dirty, clean):
+    np.testing.assert_array_equal(got, want)
