@@ -32,7 +32,7 @@ AUTO, ON, OFF = "auto", "on", "off"
 FLAGS = ("-std=c++17", "-O3", "-march=native", "-fPIC", "-shared", "-w")
 _SOURCE_DIR = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.Lock()
-_loaded: dict[str, object] = {}  # kernel name -> the loaded library, or the BuildError it raised
+_loaded: dict[str, object] = {}  # kernel name and extra flags -> the loaded library, or its BuildError
 
 
 class BuildError(RuntimeError):
@@ -82,16 +82,16 @@ def _compiler_version(compiler: list[str]) -> str:
   return result.stdout
 
 
-def library_path(name: str) -> str:
-  """Compiles `sao/kernels/<name>.cc` unless a build of it for this host is cached; returns the shared library's
-  path. Raises BuildError with the compiler's output when the build fails."""
+def library_path(name: str, extra_flags: tuple[str, ...] = ()) -> str:
+  """Compiles `sao/kernels/<name>.cc` (with `FLAGS` and `extra_flags`) unless a build of it for this host is cached;
+  returns the shared library's path. Raises BuildError with the compiler's output when the build fails."""
   source = os.path.join(_SOURCE_DIR, f"{name}.cc")
   with open(source, "rb") as f:
     code = f.read()
   compiler = _compiler()
   include = jax.ffi.include_dir()
   key = hashlib.sha256(b"\0".join([
-      code, " ".join(FLAGS).encode(), " ".join(compiler).encode(), _compiler_version(compiler).encode(),
+      code, " ".join(FLAGS + tuple(extra_flags)).encode(), " ".join(compiler).encode(), _compiler_version(compiler).encode(),
       jax.__version__.encode(), jaxlib.__version__.encode(),
       include.encode(), _cpu_identity().encode()])).hexdigest()[:20]
   directory = cache_dir()
@@ -101,7 +101,7 @@ def library_path(name: str) -> str:
   os.makedirs(directory, exist_ok=True)
   fd, partial = tempfile.mkstemp(prefix=f".{name}-", suffix=".so", dir=directory)
   os.close(fd)
-  command = [*compiler, *FLAGS, f"-I{include}", source, "-o", partial]
+  command = [*compiler, *FLAGS, *extra_flags, f"-I{include}", source, "-o", partial]
   try:
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
@@ -114,22 +114,23 @@ def library_path(name: str) -> str:
   return path
 
 
-def load(name: str, targets: dict[str, str]) -> None:
+def load(name: str, targets: dict[str, str], extra_flags: tuple[str, ...] = ()) -> None:
   """Builds `name` (`library_path`) and registers each `{XLA target name: exported symbol}` of it as a CPU FFI
-  target, once per process; raises BuildError (the same one on every later call) when that failed."""
+  target, once per process and build; raises BuildError (the same one on every later call) when that failed."""
   import ctypes  # pylint: disable=import-outside-toplevel
 
+  key = " ".join((name, *extra_flags))
   with _lock:
-    loaded = _loaded.get(name)
+    loaded = _loaded.get(key)
     if loaded is None:
       try:
-        library = ctypes.CDLL(library_path(name))
+        library = ctypes.CDLL(library_path(name, tuple(extra_flags)))
         for target, symbol in targets.items():
           jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
         loaded = library
       except (BuildError, OSError, AttributeError) as error:
         loaded = error if isinstance(error, BuildError) else BuildError(f"loading the native kernel {name!r}: {error}")
-      _loaded[name] = loaded
+      _loaded[key] = loaded
   if isinstance(loaded, BuildError):
     raise loaded
 

@@ -1,11 +1,13 @@
 """GAE's native CPU kernel (sao.kernels.gae_cpu) against the float64 loop of tests/core/reference.py."""
+import platform
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from sao.core import advantages as adv_lib
-from sao.kernels import gae_cpu
+from sao.kernels import build, gae_cpu
 from tests.core import reference as ref
 from tests.core.test_gae_chunked import edge_rows, random_rows, reference_moments
 
@@ -197,3 +199,20 @@ def test_observation_tokens_never_leak_their_inputs():
   dirty = _native(dirty_r, dirty_v, mask, jnp.float32(0.95), gamma_lam)
   for got, want in zip(dirty, clean):
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 compiler flags")
+def test_the_portable_mask_load_equals_the_avx2_one():
+  # Without AVX2 the kernel converts the mask bytes with portable vector code; built that way (-mno-avx2) and
+  # registered under a target of its own, it must give the same bits as the default build.
+  target = "sao_gae_f32_portable"
+  build.load(gae_cpu.NAME, {target: "SaoGaeF32"}, extra_flags=("-mno-avx2",))
+  rng = np.random.default_rng(13)
+  rewards, values, mask = random_rows(rng, 203)
+  gamma, gamma_lam = np.full(len(mask), 0.95, np.float32), np.linspace(0.0, 0.95, len(mask)).astype(np.float32)
+  shapes = (jax.ShapeDtypeStruct(mask.shape, jnp.float32),) * 2 + (jax.ShapeDtypeStruct((len(mask), 3), jnp.float32),)
+  portable = jax.ffi.ffi_call(target, shapes)(rewards, values, mask, gamma, gamma_lam)
+  default = jax.ffi.ffi_call(gae_cpu.TARGET, shapes)(rewards, values, mask, gamma, gamma_lam)
+  for got, want in zip(portable, default):
+    np.testing.assert_array_equal(got, want)
+  check(rewards, values, mask, 0.95, gamma_lam)
