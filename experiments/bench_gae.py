@@ -74,33 +74,21 @@ def numpy_loop(rewards, values, mask, gamma, lam):
   return np.where(mask, (advantages - mean) / np.sqrt(var + 1e-8), 0.0), returns
 
 
-def make_jitted(method):
+def make_program(method, pipeline="whiten"):
+  """Jitted `fn(rewards, values, mask)`: length-adaptive λ, then `gae` with `method` followed by `masked_whiten`
+  (`pipeline="whiten"`), `whitened_gae` (`"fused"`) or `gae` alone (`"gae"`)."""
   @jax.jit
   def fn(rewards, values, mask):
     lam = adv_lib.length_adaptive_lambda(mask)
+    if pipeline == "fused":
+      return adv_lib.whitened_gae(rewards, values, mask, _GAMMA.value, lam, method=method)
     advantages, returns = adv_lib.gae(rewards, values, mask, _GAMMA.value, lam, method=method)
-    return adv_lib.masked_whiten(advantages, mask), returns
+    return (advantages, returns) if pipeline == "gae" else (adv_lib.masked_whiten(advantages, mask), returns)
   return fn
 
 
-def make_fused(method):
-  @jax.jit
-  def fn(rewards, values, mask):
-    lam = adv_lib.length_adaptive_lambda(mask)
-    return adv_lib.whitened_gae(rewards, values, mask, _GAMMA.value, lam, method=method)
-  return fn
-
-
-def make_gae_only(method):
-  @jax.jit
-  def fn(rewards, values, mask):
-    lam = adv_lib.length_adaptive_lambda(mask)
-    return adv_lib.gae(rewards, values, mask, _GAMMA.value, lam, method=method)
-  return fn
-
-
-fused = make_fused("auto")
-gae_only = make_gae_only("chunked")
+fused = make_program("auto", "fused")
+gae_only = make_program("chunked", "gae")
 
 
 whiten_only = jax.jit(adv_lib.masked_whiten)
@@ -211,13 +199,13 @@ def main(argv):
     native = gae_cpu.available()
     timings[f"jax gae+whiten fused ({'native' if native else 'auto'})"] = median_seconds(
         lambda: fused(*device_args), _REPEATS.value)
-    fused_chunked = make_fused("chunked")
+    fused_chunked = make_program("chunked", "fused")
     timings["jax gae+whiten fused chunked"] = median_seconds(lambda: fused_chunked(*device_args), _REPEATS.value)
     for method in ("native", "chunked", "scan", "associative")[0 if native else 1:]:
-      fn = make_jitted(method)
+      fn = make_program(method)
       timings[f"jax gae+whiten {method}"] = median_seconds(lambda: fn(*device_args), _REPEATS.value)
     if native:
-      native_only = make_gae_only("native")
+      native_only = make_program("native", "gae")
       timings["  gae alone (native)"] = median_seconds(lambda: native_only(*device_args), _REPEATS.value)
     timings["  gae alone (chunked)"] = median_seconds(lambda: gae_only(*device_args), _REPEATS.value)
     advantages = gae_only(*device_args)[0]
