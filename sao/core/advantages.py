@@ -131,33 +131,32 @@ Method = Literal["auto", "native", "chunked", "scan", "associative"]
 METHODS = ("auto", "native", "chunked", "scan", "associative")
 
 
-def _xla_gae_and_row_moments(rewards, values, mask, gamma, gamma_lam):
-  """`sao.kernels.gae_cpu.advantages_returns_and_moments` in XLA (the chunked kernel, the scan outside its range):
-  `(A, R, [B, 3] per-row (n, mean, M2) of A)`. Differentiated in the native kernel's place."""
-  lam = (gamma_lam / jnp.where(gamma == 0, 1.0, gamma))[:, None]  # the scan's λ; any λ when γ = 0 (then g = 0)
-  advantages, returns = jax.lax.cond(
-      gae_chunked.fits(gamma_lam, mask),
-      lambda: gae_chunked.advantages_and_returns(rewards, values, mask, gamma, gamma_lam),
-      lambda: (lambda a: (a, jnp.where(mask, a + values, 0.0)))(_gae_scan(rewards, values, mask, gamma, lam)))
+def _row_moments(advantages, mask):
+  """`[B, 3]` per-row `(n, mean, M2)` of `advantages` over `mask`, as the native kernel returns them."""
   count = jnp.sum(mask, axis=-1, dtype=advantages.dtype)
-  mean = jnp.sum(advantages, axis=-1) / jnp.maximum(count, 1.0)
+  mean = jnp.sum(jnp.where(mask, advantages, 0.0), axis=-1) / jnp.maximum(count, 1.0)
   m2 = jnp.sum(jnp.where(mask, jnp.square(advantages - mean[:, None]), 0.0), axis=-1)
-  return advantages, returns, jnp.stack([count, mean, m2], axis=-1)
+  return jnp.stack([count, mean, m2], axis=-1)
 
 
 @jax.custom_vjp
-def _native_gae(rewards, values, mask, gamma, gamma_lam):
-  """The native kernel's `(A, R, per-row moments)`; its derivative is the XLA formulation's (the same linear
-  function of rewards and values), since the kernel has none of its own."""
-  return gae_cpu.advantages_returns_and_moments(rewards, values, mask, gamma, gamma_lam)
+def _native_gae(rewards, values, mask, gamma, lam):
+  """The native kernel's `(A, R, per-row moments)` for checked inputs (`lam` `[B, 1]`). The kernel has no
+  derivative of its own: the chunked formulation's, the same linear function of rewards and values, stands in."""
+  return gae_cpu.advantages_returns_and_moments(rewards, values, mask, gamma, (gamma * lam)[:, 0])
 
 
-def _native_gae_fwd(rewards, values, mask, gamma, gamma_lam):
-  return _native_gae(rewards, values, mask, gamma, gamma_lam), (rewards, values, mask, gamma, gamma_lam)
+def _chunked_gae_and_row_moments(rewards, values, mask, gamma, lam):
+  advantages, returns = gae(rewards, values, mask, gamma, lam[:, 0], method="chunked")
+  return advantages, returns, _row_moments(advantages, mask)
+
+
+def _native_gae_fwd(*primals):
+  return _native_gae(*primals), primals
 
 
 def _native_gae_bwd(primals, cotangents):
-  return jax.vjp(_xla_gae_and_row_moments, *primals)[1](cotangents)
+  return jax.vjp(_chunked_gae_and_row_moments, *primals)[1](cotangents)
 
 
 _native_gae.defvjp(_native_gae_fwd, _native_gae_bwd)
@@ -216,13 +215,12 @@ def gae(
   def with_returns(advantages):
     return advantages, jnp.where(mask, advantages + values, 0.0)
 
-  gamma_lam = (gamma * lam)[:, 0]  # [B]
-
   def native():
-    advantages, returns, _ = _native_gae(rewards, values, mask, gamma, gamma_lam)
+    advantages, returns, _ = _native_gae(rewards, values, mask, gamma, lam)
     return advantages, returns
 
   def chunked():
+    gamma_lam = (gamma * lam)[:, 0]  # [B]
     return jax.lax.cond(gae_chunked.fits(gamma_lam, mask),
                         lambda: gae_chunked.advantages_and_returns(rewards, values, mask, gamma, gamma_lam),
                         lambda: with_returns(_gae_scan(rewards, values, mask, gamma, lam)))
@@ -273,7 +271,7 @@ def whitened_gae(
     return jnp.where(mask, (advantages - mean) * jax.lax.rsqrt(var + eps), 0.0), returns
 
   def native():
-    advantages, returns, row_moments = _native_gae(rewards, values, mask, gamma, gamma_lam)
+    advantages, returns, row_moments = _native_gae(rewards, values, mask, gamma, lam)
     return whiten(advantages, returns, *gae_cpu.merge_row_moments(row_moments))
 
   def fused():
