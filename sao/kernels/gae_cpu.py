@@ -44,7 +44,9 @@ def advantages_returns_and_moments(rewards: jax.Array, values: jax.Array, mask: 
     n = 0), for `merge_row_moments`.
   """
   load()
-  lead, num_tokens = rewards.shape[:-1], rewards.shape[-1]
+  if rewards.ndim < 1:
+    raise ValueError("gae_cpu: rewards must be [..., T], got a scalar")
+  lead = rewards.shape[:-1]
   for name, x, dtype in (("rewards", rewards, jnp.float32), ("values", values, jnp.float32),
                          ("mask", mask, jnp.bool_)):
     if x.dtype != dtype or x.shape != rewards.shape:
@@ -53,13 +55,12 @@ def advantages_returns_and_moments(rewards: jax.Array, values: jax.Array, mask: 
   gamma_lam = jnp.asarray(gamma_lam, jnp.float32)
   if gamma_lam.shape != lead:
     raise ValueError(f"gae_cpu: gamma_lam must be {lead}, got {gamma_lam.shape}")
+  if 0 in rewards.shape:  # nothing to compute
+    zeros = jnp.zeros(rewards.shape, jnp.float32)
+    return zeros, zeros if with_returns else None, jnp.zeros((*lead, 3), jnp.float32)
   tokens = jax.ShapeDtypeStruct(rewards.shape, jnp.float32)
   outputs = (tokens, tokens if with_returns else jax.ShapeDtypeStruct((0,), jnp.float32),
              jax.ShapeDtypeStruct((*lead, 3), jnp.float32))
-  if 0 in rewards.shape:  # nothing to compute; XLA would still hand the kernel empty buffers
-    zeros = jnp.zeros(rewards.shape, jnp.float32)
-    return zeros, zeros if with_returns else None, jnp.zeros((*lead, 3), jnp.float32)
-  del num_tokens
   # Leading dims are rows to the kernel, so a vmapped call is one call over the stacked rows.
   advantages, returns, moments = jax.ffi.ffi_call(TARGET, outputs, vmap_method="broadcast_all")(
       rewards, values, mask, gamma, gamma_lam)
