@@ -15,6 +15,7 @@ run instead). `CXX` names the compiler (default `c++`).
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
 import os
@@ -117,8 +118,6 @@ def library_path(name: str, extra_flags: tuple[str, ...] = ()) -> str:
 def load(name: str, targets: dict[str, str], extra_flags: tuple[str, ...] = ()) -> None:
   """Builds `name` (`library_path`) and registers each `{XLA target name: exported symbol}` of it as a CPU FFI
   target, once per process and build; raises BuildError (the same one on every later call) when that failed."""
-  import ctypes  # pylint: disable=import-outside-toplevel
-
   key = " ".join((name, *extra_flags))
   with _lock:
     loaded = _loaded.get(key)
