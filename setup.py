@@ -30,8 +30,11 @@ EXTRAS_REQUIRE = {
     # README's test command: its own dependency llama-cpp-python compiles llama.cpp, which the tests never use.
     # torch is pinned: a CPU wheel of exactly this version lies on the CI machines' disk.
     "test": [
+        # Checked with pytest 9.0.3 and 9.2.0 beside pytest-xdist 3.8.0. The README's test command runs 2 workers; the
+        # multi-process tests are grouped by tests/conftest.py's own scheduler, a subclass of pytest-xdist 3's
+        # LoadScopeScheduling (tests/test_suite_groups.py runs the suite's command and checks the grouping).
         "pytest>=8,<10",
-        "pytest-xdist>=3.6,<4",  # the README's test command runs 2 workers (docs/performance.md, "The test suite")
+        "pytest-xdist>=3.6,<4",
         "hypothesis>=6.100,<7",
         "chex>=0.1.90,<0.2",
         "torch==2.13.0",

@@ -24,20 +24,37 @@ jax.config.update("jax_threefry_partitionable", True)
 
 
 # Tests that start several busy processes at once (a trainer job, engines, workers, JAX process groups): under
-# pytest-xdist they run one at a time on one worker (`--dist loadgroup`), beside the rest of the suite on the others.
+# pytest-xdist they run one at a time, each once, on one worker (`--dist loadgroup`), beside the rest of the suite on
+# the others. The grouping is this file's own scheduler (below), decided from the node id's path: pytest-xdist's
+# `xdist_group` marker works by rewriting node ids, which pytest 9.2 no longer lets it do (pytest-xdist issue 1386):
+# the marked tests were silently spread over both workers.
 MULTIPROCESS_TESTS = ("tests/e2e/", "tests/train/test_multihost_learner.py", "tests/train/test_coordination.py",
                       "tests/train/test_multihost_export.py")
+MULTIPROCESS_GROUP = "multiprocess"
 
 
 def pytest_configure(config):
   config.addinivalue_line("markers", "slow: a test that takes more than ~30 s on 2 CPU cores (still run in CI)")
 
 
-# First among the plugins' hooks: pytest-xdist's own (`--dist loadgroup`) turns the `xdist_group` marker into the
-# node-id suffix that groups the tests, and it only sees markers added before it runs.
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-  del config
-  for item in items:
-    if item.nodeid.startswith(MULTIPROCESS_TESTS):  # node ids are relative to the repository root (pytest.ini)
-      item.add_marker(pytest.mark.xdist_group("multiprocess"))
+def scheduling_unit(nodeid):
+  """The scheduling unit of a node id under `--dist loadgroup`: `MULTIPROCESS_GROUP` for every multi-process test
+  (node ids are relative to the repository root, pytest.ini; a `@group` suffix older pytest-xdist adds is ignored),
+  the node id itself (a unit of one test) for every other."""
+  return MULTIPROCESS_GROUP if nodeid.startswith(MULTIPROCESS_TESTS) else nodeid
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+  """`--dist loadgroup` with the units of `scheduling_unit` (pytest-xdist's load-scope scheduler: a unit never splits
+  across workers and runs once)."""
+  if config.getvalue("dist") != "loadgroup":
+    return None
+  from xdist.scheduler import LoadScopeScheduling  # pylint: disable=import-outside-toplevel
+
+  class MultiprocessGroupScheduling(LoadScopeScheduling):
+
+    def _split_scope(self, nodeid):
+      return scheduling_unit(nodeid)
+
+  return MultiprocessGroupScheduling(config, log)
