@@ -14,6 +14,7 @@ Batch fields (numpy):
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Sequence
 
 import numpy as np
@@ -182,6 +183,18 @@ def lengths_upto(max_tokens: int, buckets: Sequence[int]) -> list[int]:
   `max_tokens`'s bucket."""
   top = bucket_length(max_tokens, buckets)
   return sorted({min(int(b), top) for b in buckets} | {top})
+
+
+def digest(batch: dict[str, np.ndarray]) -> str:
+  """A short hash of a host batch's `FIELDS` present in it (names, dtypes, shapes and bytes): two processes that
+  hold the same batch get the same digest."""
+  h = hashlib.blake2b(digest_size=12)
+  for key in FIELDS:
+    if key in batch:
+      value = np.ascontiguousarray(batch[key])
+      h.update(f"{key}:{value.dtype}:{value.shape};".encode())
+      h.update(value.tobytes())
+  return h.hexdigest()
 
 
 def check_batch(batch: dict[str, np.ndarray]) -> None:

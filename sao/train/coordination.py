@@ -33,6 +33,7 @@ behaves as before).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -60,7 +61,34 @@ class ProcessLost(RuntimeError):
 
 
 class Diverged(RuntimeError):
-  """This process's program is not where process 0's is (a message of another kind came than the one asked for)."""
+  """This process's program is not where process 0's is (a message of another kind came than the one asked for), or
+  the processes' plans for the same update differ (`agree`)."""
+
+
+class Stalled(ProcessLost):
+  """No progress: a process has been inside one collective phase (an update, an export, a checkpoint) longer than
+  its bound (`KeyValueChannel`'s progress watchdog); the message names every process's phase."""
+
+
+def check_plans(tag: str, plans: Sequence[Any]) -> None:
+  """Raises `Diverged` unless every process's plan for `tag` equals process 0's, naming both plans and the keys
+  that differ."""
+  for i, plan in enumerate(plans[1:], 1):
+    if plan != plans[0]:
+      keys = sorted(k for k in set(plans[0]) | set(plan) if plans[0].get(k) != plan.get(k)) if (
+          isinstance(plan, dict) and isinstance(plans[0], dict)) else []
+      raise Diverged(f"the processes disagree about the plan of {tag!r} (differing: {', '.join(keys) or 'all'}): "
+                     f"process 0 plans {json.dumps(plans[0], sort_keys=True)[:1500]} but process {i} plans "
+                     f"{json.dumps(plan, sort_keys=True)[:1500]}")
+
+
+def combine_flags(flags: Sequence[dict[str, bool]]) -> dict[str, bool]:
+  """Every flag set by any process."""
+  out: dict[str, bool] = {}
+  for f in flags:
+    for k, v in f.items():
+      out[k] = out.get(k, False) or bool(v)
+  return out
 
 
 @dataclasses.dataclass
@@ -103,6 +131,17 @@ class LocalChannel:
   def share(self, tag: str, data: Any = None, trajectories: Sequence[Trajectory] = ()) -> Message:
     return Message(tag, data, list(trajectories))
 
+  def agree(self, tag: str, plan: Any, flags: dict[str, bool] | None = None) -> dict[str, bool]:
+    del tag, plan
+    return dict(flags or {})
+
+  def busy(self, phase: str) -> "contextlib.AbstractContextManager":
+    del phase
+    return contextlib.nullcontext()
+
+  def phase(self) -> str:
+    return ""
+
   def check(self) -> None:
     pass
 
@@ -126,10 +165,14 @@ class KeyValueChannel:
     heartbeat_interval_s: how often the watchdog beats and looks.
     exit_grace_s: after a loss, how long the main thread has to stop by itself before the watchdog ends the process.
     namespace: the keys' prefix.
+    stall_compile_budget_s, stall_step_factor: the progress watchdog's bound on one `busy` phase, `compile budget +
+      factor × the longest phase this process has finished` (the first phases of each shape compile). A process
+      longer than its bound in one phase stalls the job: every process exits naming each one's phase (`Stalled`).
   """
 
   def __init__(self, client: Any, process_id: int, num_processes: int, heartbeat_timeout_s: float = 30.0,
-               heartbeat_interval_s: float = 1.0, exit_grace_s: float = 15.0, namespace: str = "sao/coordination"):
+               heartbeat_interval_s: float = 1.0, exit_grace_s: float = 15.0, namespace: str = "sao/coordination",
+               stall_compile_budget_s: float = 1800.0, stall_step_factor: float = 5.0):
     if not 0 <= process_id < num_processes:
       raise ValueError(f"coordination: process_id {process_id} is outside [0, {num_processes})")
     if heartbeat_timeout_s <= 2 * heartbeat_interval_s:
@@ -144,6 +187,9 @@ class KeyValueChannel:
     self._sent = 0  # process 0: messages sent; others: messages read
     self._deleted = 0  # process 0: messages below this are deleted
     self._lost: ProcessLost | None = None
+    self._exchanged = 0  # `agree` rounds so far
+    self.stall_compile_budget_s, self.stall_step_factor = stall_compile_budget_s, stall_step_factor
+    self._phase, self._busy_since, self._longest_s = "starting", None, 0.0
     self._stop = threading.Event()
     self._watchdog = threading.Thread(target=self._watch, name="coordination-watchdog", daemon=True)
     self._beat(0)
@@ -174,6 +220,47 @@ class KeyValueChannel:
       raise Diverged(f"process {self.process_id} expected a {tag!r} message from process 0 but the next one (number "
                      f"{self._sent - 1}) is {message.tag!r} (data {str(message.data)[:200]})")
     return message
+
+  # ------------------------------------------------------------------------------------------------ agreement
+  def agree(self, tag: str, plan: Any, flags: dict[str, bool] | None = None) -> dict[str, bool]:
+    """Every process publishes its `plan` for `tag` (JSON) and its `flags`, then reads every other's: plans that
+    differ raise `Diverged` naming both (`check_plans`) before anything runs; returns the flags any process set (a
+    stop one process was asked for becomes every process's). All processes call it the same number of times."""
+    n = self._exchanged
+    self._exchanged += 1
+    key = f"{self.ns}/agree/{n:012d}"
+    mine = {"tag": tag, "plan": plan, "flags": dict(flags or {})}
+    self.client.key_value_set_bytes(f"{key}/{self.process_id}", json.dumps(mine).encode())
+    entries = [mine if i == self.process_id else json.loads(self._wait_for(f"{key}/{i}"))
+               for i in range(self.num_processes)]
+    if n >= 2:  # every process finished round n − 2 before it wrote round n − 1, which this one has read
+      self.client.key_value_delete(f"{self.ns}/agree/{n - 2:012d}/{self.process_id}")
+    tags = [e["tag"] for e in entries]
+    if len(set(tags)) > 1:
+      raise Diverged(f"agreement round {n}: the processes are at different points: {tags} (process i's tag at i)")
+    check_plans(tag, [e["plan"] for e in entries])
+    return combine_flags([e["flags"] for e in entries])
+
+  # ------------------------------------------------------------------------------------------------ progress
+  @contextlib.contextmanager
+  def busy(self, phase: str):
+    """Marks this process as inside the collective phase `phase` (an update, an export, a checkpoint) for the
+    progress watchdog, which the heartbeat carries to every process."""
+    self._phase, self._busy_since = phase, time.monotonic()
+    try:
+      yield
+    finally:
+      self._longest_s = max(self._longest_s, time.monotonic() - self._busy_since)
+      self._phase, self._busy_since = f"between phases (after {phase})", None
+
+  def phase(self) -> str:
+    """What this process is doing, as the watchdog reports it."""
+    return self._phase
+
+  def _progress(self, now: float) -> dict[str, Any]:
+    busy_s = 0.0 if self._busy_since is None else now - self._busy_since
+    return {"phase": self._phase, "busy_s": round(busy_s, 1),
+            "bound_s": round(self.stall_compile_budget_s + self.stall_step_factor * self._longest_s, 1)}
 
   def _wait_for(self, key: str) -> bytes:
     """The value of `key` once process 0 has set it; `ProcessLost` if a process is lost meanwhile."""
@@ -230,7 +317,27 @@ class KeyValueChannel:
 
   # ------------------------------------------------------------------------------------------------ the watchdog
   def _beat(self, n: int) -> None:
-    self.client.key_value_set(f"{self.ns}/heartbeat/{self.process_id}", str(n), allow_overwrite=True)
+    """The heartbeat: a counter (liveness) and this process's progress (the stall check)."""
+    beat = json.dumps({"n": n, **self._progress(time.monotonic())})
+    self.client.key_value_set(f"{self.ns}/heartbeat/{self.process_id}", beat, allow_overwrite=True)
+
+  def _stall(self, beats: dict[str, str]) -> Stalled | None:
+    """`Stalled` when a process (this one included) has been in one phase longer than its bound, naming every
+    process's phase; else None."""
+    progress = {}
+    for i in range(self.num_processes):
+      try:
+        progress[i] = json.loads(beats.get(f"{self.ns}/heartbeat/{i}") or "{}")
+      except ValueError:
+        progress[i] = {}
+    stalled = [i for i, p in progress.items() if p.get("busy_s", 0.0) > p.get("bound_s", float("inf"))]
+    if not stalled:
+      return None
+    phases = "; ".join(f"process {i}: {p.get('phase', '?')} for {p.get('busy_s', 0.0):.0f} s (bound "
+                       f"{p.get('bound_s', float('nan')):.0f} s)" for i, p in sorted(progress.items()))
+    return Stalled(stalled[0], f"no progress: the job is stuck (a collective no other process joined?). {phases}. "
+                               "The bound is distributed.stall_compile_budget_s + distributed.stall_step_factor × "
+                               "the longest phase so far")
 
   def _watch(self) -> None:
     peers = [i for i in range(self.num_processes) if i != self.process_id]
@@ -254,6 +361,10 @@ class KeyValueChannel:
                                        f"{now - unreachable_since:.0f} s: {e}"))
           return
         continue
+      stalled = self._stall(beats)
+      if stalled is not None:
+        self._declare(stalled)
+        return
       for i in peers:
         reason = failed.get(f"{self.ns}/failed/{i}")
         if reason is not None:
@@ -279,8 +390,8 @@ class KeyValueChannel:
     os._exit(EXIT_PROCESS_LOST)  # pylint: disable=protected-access
 
 
-def create(heartbeat_timeout_s: float = 30.0, heartbeat_interval_s: float = 1.0,
-           exit_grace_s: float = 15.0) -> LocalChannel | KeyValueChannel:
+def create(heartbeat_timeout_s: float = 30.0, heartbeat_interval_s: float = 1.0, exit_grace_s: float = 15.0,
+           stall_compile_budget_s: float = 1800.0, stall_step_factor: float = 5.0) -> LocalChannel | KeyValueChannel:
   """The channel for this process: `LocalChannel` with one JAX process, else a `KeyValueChannel` on the
   `jax.distributed` client (`sao.train.distributed.initialize` must have run)."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -291,4 +402,5 @@ def create(heartbeat_timeout_s: float = 30.0, heartbeat_interval_s: float = 1.0,
   if client is None:
     raise RuntimeError(f"coordination: {jax.process_count()} JAX processes but no jax.distributed client")
   return KeyValueChannel(client, jax.process_index(), jax.process_count(), heartbeat_timeout_s,
-                         heartbeat_interval_s, exit_grace_s)
+                         heartbeat_interval_s, exit_grace_s, stall_compile_budget_s=stall_compile_budget_s,
+                         stall_step_factor=stall_step_factor)

@@ -22,6 +22,8 @@ from absl import logging
 from jax.experimental import multihost_utils
 from jax.sharding import Sharding
 
+from sao.train import mesh_jit
+
 _barrier_counter = itertools.count()
 
 
@@ -42,11 +44,16 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   if num_processes is not None and not 0 <= process_id < num_processes:
     raise ValueError(f"distributed: process_id {process_id} is outside [0, num_processes={num_processes})")
   platforms = str(jax.config.jax_platforms or "")
-  if coordinator_address is not None and (platforms == "" or "cpu" in platforms.split(",")):
+  cpu_job = coordinator_address is not None and (platforms == "" or "cpu" in platforms.split(","))
+  if cpu_job:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
                              process_id=process_id, initialization_timeout=initialization_timeout_s,
                              heartbeat_timeout_seconds=heartbeat_timeout_s)
+  # XLA:CPU runs in-flight multi-device programs' parts on one reserved thread pool: two programs with cross-process
+  # collectives in flight at once can deadlock the job (sao.train.mesh_jit). One program at a time per process.
+  if cpu_job and num_processes > 1:
+    mesh_jit.serialize_executions("cpu")  # decided at the first program, once the backend exists
   logging.info("distributed: process %d of %d, %d local / %d global devices", jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count())
 

@@ -48,7 +48,8 @@ class GroupedStep:
     # result stays on the device: `apply` takes it from there, so the host never waits for the groups' programs
     # before queueing `apply` and moving on (reading it back cost the toy update 7-9 ms of XLA idling;
     # docs/performance.md, session 31).
-    self._denominator = jax.jit(lambda mask: denominator_fn(mask).astype(jnp.float32), out_shardings=rep)
+    self._denominator = MeshJit(lambda mask: denominator_fn(mask).astype(jnp.float32), None,
+                                name=f"{kind}_denominator", out_shardings=rep)
     self._trainable = trainable
     self._micro_batch_size = micro_batch_size
     self._param_shardings = state_shardings.params
@@ -62,11 +63,11 @@ class GroupedStep:
       steps.TRACE_COUNTS[kind] += 1
       return steps.accumulate_grads(micro_loss, trainable, micro_batch_size, mesh, params, batch, carry)
 
-    self._accumulate = MeshJit(accumulate, mesh,
+    self._accumulate = MeshJit(accumulate, mesh, name=f"{kind}_accumulate",
                                in_shardings=(self._param_shardings, mesh_lib.batch_sharding(mesh),
                                              self._carry_shardings),
                                out_shardings=self._carry_shardings, donate_argnums=(2,))
-    self._apply = jax.jit(functools.partial(steps.apply_grads, tx, trainable),
+    self._apply = MeshJit(functools.partial(steps.apply_grads, tx, trainable), None, name=f"{kind}_apply",
                           in_shardings=(state_shardings, self._carry_shardings, rep, rep),
                           out_shardings=(state_shardings, rep), donate_argnums=(0,))
 
@@ -117,7 +118,8 @@ class GroupedStep:
       metrics_shape = steps.check_metric_names(self._micro_loss, self.kind, params, example)
       trainable = self._trainable
       zeros = lambda params: steps.zero_carry(metrics_shape, steps.partition_params(params, trainable)[0])
-      self._zeros = jax.jit(zeros, in_shardings=(self._param_shardings,), out_shardings=self._carry_shardings)
+      self._zeros = MeshJit(zeros, None, name=f"{self.kind}_zeros", in_shardings=(self._param_shardings,),
+                            out_shardings=self._carry_shardings)
 
 
 def make_grouped_actor_step(kind: str, model_config: ModelConfig, tx: optax.GradientTransformation, trainable: Any,

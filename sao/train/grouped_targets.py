@@ -21,7 +21,6 @@ The `merge_*` functions turn the groups' statistics into the whole batch's metri
 """
 from __future__ import annotations
 
-import functools
 from typing import Any, Sequence
 
 import jax
@@ -30,7 +29,7 @@ import jax.numpy as jnp
 from sao.core import advantages as adv_lib
 from sao.core import metrics as metrics_lib
 from sao.core.masked import Moments, masked_moments, merge_moments
-from sao.train import targets
+from sao.train import mesh_jit, targets
 
 WHITEN_EPS = 1e-8  # as `sao.core.advantages.masked_whiten`'s default
 
@@ -40,7 +39,7 @@ def explained_variance(returns: Moments, residual: Moments) -> jax.Array:
   return metrics_lib.explained_variance_of(returns.var, residual.var)
 
 
-@functools.partial(jax.jit, static_argnums=(1,))
+@mesh_jit.program(static_argnums=(1,))
 def monte_carlo_returns(part: dict, gamma: float) -> tuple[jax.Array, Moments]:
   """A group's Monte-Carlo returns `R_g` `[b, T_g]` (λ_critic = 1, needing no values) and their moments."""
   mask = part["action_mask"]
@@ -48,7 +47,7 @@ def monte_carlo_returns(part: dict, gamma: float) -> tuple[jax.Array, Moments]:
   return returns, masked_moments(returns, mask)
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3))
+@mesh_jit.program(static_argnums=(2, 3))
 def critic_targets(part: dict, values: jax.Array, gamma: float, lam: float) -> tuple[jax.Array, dict[str, Moments]]:
   """A group's `R_g = GAE(r, V⁰_g, γ, λ_critic) + V⁰_g` and the moments of V⁰, R and R − V⁰."""
   mask = part["action_mask"]
@@ -57,7 +56,7 @@ def critic_targets(part: dict, values: jax.Array, gamma: float, lam: float) -> t
                    "residual": masked_moments(returns - values, mask)}
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+@mesh_jit.program(static_argnums=(3, 4, 5))
 def policy_advantages(part: dict, values: jax.Array, returns: jax.Array, gamma: float, alpha: float,
                       fixed_lambda: float = 0.0) -> tuple[jax.Array, dict[str, Any]]:
   """A group's unwhitened `A_g = GAE(r, V¹_g, γ, λ_b)` (λ_b = 1 − 1/(α·l_b), or `fixed_lambda` when > 0) and what
@@ -73,7 +72,7 @@ def policy_advantages(part: dict, values: jax.Array, returns: jax.Array, gamma: 
                       "lambda_rows": jnp.sum(acting, dtype=jnp.float32)}
 
 
-@jax.jit
+@mesh_jit.program
 def whiten(advantages: jax.Array, mask: jax.Array, batch_moments: Moments) -> tuple[jax.Array, Moments]:
   """A group's `A_g` whitened with the whole batch's mean and variance (`masked_whiten`'s equation; 0 off the
   mask) and the moments of the result."""
@@ -82,14 +81,14 @@ def whiten(advantages: jax.Array, mask: jax.Array, batch_moments: Moments) -> tu
   return white, masked_moments(white, mask)
 
 
-@jax.jit
+@mesh_jit.program
 def merge_returns(parts: Sequence[Moments]) -> tuple[Moments, jax.Array, dict[str, jax.Array]]:
   """The groups' `monte_carlo_returns` moments → (R's merged moments, its masked variance, `critic/returns/*`)."""
   returns = merge_moments(parts)
   return returns, returns.var, returns.summary("critic/returns")
 
 
-@jax.jit
+@mesh_jit.program
 def merge_critic_targets(parts: Sequence[dict[str, Moments]]) -> tuple[Moments, dict[str, jax.Array]]:
   """The groups' `critic_targets` statistics → (R's merged moments, `targets.critic_targets`' diagnostics)."""
   merged = {k: merge_moments([p[k] for p in parts]) for k in parts[0]}
@@ -98,7 +97,7 @@ def merge_critic_targets(parts: Sequence[dict[str, Moments]]) -> tuple[Moments, 
                              **merged["returns"].summary("critic/returns")}
 
 
-@jax.jit
+@mesh_jit.program
 def merge_advantages(parts: Sequence[dict[str, Any]], returns: Moments) -> tuple[Moments, dict[str, jax.Array]]:
   """The groups' `policy_advantages` statistics and R's merged moments → (A's merged moments, the diagnostics
   `targets.policy_advantages` reports before whitening)."""
@@ -112,7 +111,7 @@ def merge_advantages(parts: Sequence[dict[str, Any]], returns: Moments) -> tuple
       "advantages/lambda_mean": sum(p["lambda_sum"] for p in parts) / jnp.maximum(rows, 1.0)}
 
 
-@jax.jit
+@mesh_jit.program
 def merge_final(parts: Sequence[Moments]) -> dict[str, jax.Array]:
   """The moments of the advantages the actor trains on → `advantages/mean`, `advantages/std`."""
   merged = merge_moments(parts)

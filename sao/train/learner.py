@@ -50,6 +50,8 @@ from sao.train import grouped_update
 from sao.train import precompile as precompile_lib
 from sao.train import targets
 from sao.train import mesh as mesh_lib
+from sao.train import mesh_jit
+from sao.train.mesh_jit import MeshJit
 from sao.train.config import config_to_json, validate_learner_config
 from sao.train.roles import NonFiniteError  # noqa: F401  (re-exported: callers catch it from here)
 from sao.transport.trajectory import Trajectory
@@ -87,6 +89,10 @@ class Learner:
     self.rng = rng
     self.num_updates = 0
     self.version = 0
+    # Multi-process: the trainer sets `agree` to its channel's (`sao.train.coordination`): before each update every
+    # process publishes the update's plan (`update_plan`) and a process whose plan differs stops the job, naming both.
+    self.agree: Callable[[str, Any], Any] | None = None
+    self._last_programs: dict | None = None  # the previous update's `ProgramLog.summary()`, part of the next plan
 
     self.actor = roles.Role("actor", abstract_params(model_config), c.actor, self.mesh)
     if actor_params is None:  # abstract learner (see Args)
@@ -131,7 +137,7 @@ class Learner:
             micro_batch_size=mbs, value_clip=c.critic.value_clip)
     self._batch_sharding = mesh_lib.batch_sharding(self.mesh)
     # `x[rows]` of a per-row device array, sharded as a batch: a length group's rows of the whole batch's `Â_i`.
-    self._take_rows = jax.jit(lambda x, rows: x[rows], out_shardings=self._batch_sharding)
+    self._take_rows = MeshJit(lambda x, rows: x[rows], None, name="take_rows", out_shardings=self._batch_sharding)
 
   # ---------------------------------------------------------------------------------------------- public API
   @property
@@ -178,21 +184,17 @@ class Learner:
     self._check_rows(batch)
     batch_metrics = self._batch_metrics(batch)  # staleness against the version that is about to be trained
     rows = np.asarray(rows, np.int64)
+    groups = None
     if self.config.batching.length_groups:
       groups = batching.length_groups(batch["attention_mask"], self.config.batching.length_groups,
                                       self.batcher.batch_multiple, self.batcher.bucket_lengths)
+    if self.agree is not None:
+      self.agree("update", self.update_plan(batch, groups, rows))
+    with mesh_jit.ProgramLog() as programs:
+      metrics, per_token = self._update_programs(batch, groups, rows)
+    self._last_programs = programs.summary()
+    if groups is not None:
       batch_metrics["batch/grouped_padded_tokens"] = float(sum(len(g.rows) * g.length for g in groups))
-      parts = grouped_update.cut(self, batch, groups)  # once, on the host: the update stays in this layout
-      mask = np.asarray(batch["action_mask"], bool)
-      if self.config.algorithm == "sao":
-        metrics, per_token = grouped_update.sao_update(self, parts, mask, want_values_before=bool(rows.size))
-      else:
-        metrics, per_token = grouped_update.group_update(self, batch, parts, groups, mask), {}
-      per_token = grouped_update.uncut(per_token, groups, mask.shape) if rows.size else {}
-    elif self.config.algorithm == "sao":
-      metrics, per_token = self._update_sao(self._device(batch, batching.FIELDS), want_values_before=bool(rows.size))
-    else:
-      metrics, per_token = self._update_group(self._device(batch, batching.FIELDS)), {}
     # `fetch`: per-token arrays are sharded over the batch (across processes on a pod); metrics are replicated.
     traces = {k: np.asarray(v, np.float32)[rows] for k, v in distributed.fetch(per_token).items()} if rows.size else {}
     metrics = critic_stats.diagnostics({k: float(v) for k, v in distributed.fetch(metrics).items()})
@@ -202,6 +204,41 @@ class Learner:
     metrics["learner/num_updates"] = float(self.num_updates)
     metrics["learner/version"] = float(self.version)
     return metrics, traces
+
+  def update_plan(self, batch: dict, groups: Sequence[batching.LengthGroup] | None,
+                  rows: np.ndarray) -> dict[str, Any]:
+    """What decides the programs an update on the host `batch` runs, their shapes and their count: the learner's
+    clock, the batch's shape and content digest, the length groups' shapes, the traced rows, the algorithm's
+    branches (critic epochs, whether the actor steps, whether V⁰ is computed) — and the previous update's recorded
+    program sequence (`mesh_jit.ProgramLog`). Equal plans on every process mean the same programs in the same order.
+    JSON-serialisable."""
+    c = self.config
+    plan: dict[str, Any] = {
+        "update": self.num_updates, "version": self.version, "algorithm": c.algorithm,
+        "batch": [int(d) for d in np.shape(batch["input_ids"])], "batch_digest": batching.digest(batch),
+        "groups": None if groups is None else [[len(g.rows), int(g.length)] for g in groups],
+        "traced_rows": [int(r) for r in rows], "previous_update_programs": self._last_programs}
+    if c.algorithm == "sao":
+      plan.update(critic_epochs=int(c.sao.critic_epochs), actor_step=self.num_updates >= c.sao.critic_warmup_steps,
+                  values_before=bool(rows.size) or targets.critic_reads_values_before(c),
+                  whiten=bool(c.sao.whiten_advantages))
+    return plan
+
+  def _update_programs(self, batch: dict, groups: Sequence[batching.LengthGroup] | None, rows: np.ndarray
+                       ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The update's programs on the host batch (grouped or one-call); returns (metrics, per-token host arrays of
+    the traced rows' `[B, T]` batch, or device arrays to fetch)."""
+    if groups is not None:
+      parts = grouped_update.cut(self, batch, groups)  # once, on the host: the update stays in this layout
+      mask = np.asarray(batch["action_mask"], bool)
+      if self.config.algorithm == "sao":
+        metrics, per_token = grouped_update.sao_update(self, parts, mask, want_values_before=bool(rows.size))
+      else:
+        metrics, per_token = grouped_update.group_update(self, batch, parts, groups, mask), {}
+      return metrics, (grouped_update.uncut(per_token, groups, mask.shape) if rows.size else {})
+    if self.config.algorithm == "sao":
+      return self._update_sao(self._device(batch, batching.FIELDS), want_values_before=bool(rows.size))
+    return self._update_group(self._device(batch, batching.FIELDS)), {}
 
   def precompile(self, batch_size: int, max_tokens: int, roles: Sequence[str] | None = None) -> Iterator[str]:
     """Compiles the update's programs for every shape a batch of `batch_size` trajectories of at most `max_tokens`
@@ -213,6 +250,9 @@ class Learner:
     if not isinstance(batch, dict):
       batch, _ = self.make_batch(batch)
     self._check_rows(batch)
+    if self.agree is not None:
+      self.agree("sft_update", {"batch": [int(d) for d in np.shape(batch["input_ids"])],
+                                "batch_digest": batching.digest(batch)})
     device_batch = self._device(batch, actor_losses.get("sft").batch_keys)
     self.actor.state, m = self._actor_steps["sft"](self.actor.state, device_batch, self._next_rng())
     metrics = {f"actor/{k}": float(v) for k, v in distributed.fetch(m).items()}

@@ -246,10 +246,10 @@ def _make_step(micro_loss: Callable, kind: str, denominator_fn: Callable[[jax.Ar
   return step
 
 
-def _jit_step(step, state_shardings, mesh) -> MeshJit:
+def _jit_step(step, state_shardings, mesh, name: str) -> MeshJit:
   batch_sharding = mesh_lib.batch_sharding(mesh)  # a prefix: dim 0 of every batch array
   rep = mesh_lib.replicated(mesh)
-  return MeshJit(step, mesh, in_shardings=(state_shardings, batch_sharding, rep),
+  return MeshJit(step, mesh, name=name, in_shardings=(state_shardings, batch_sharding, rep),
                  out_shardings=(state_shardings, rep), donate_argnums=(0,))
 
 
@@ -271,7 +271,7 @@ def make_actor_step(kind: str, model_config: ModelConfig, tx: optax.GradientTran
     hparams = loss.hparams(config_lib.default_learner_config())
   micro_loss = actor_micro_loss(loss, dict(hparams), model_config, temperature, logprob_chunk_size)
   step = _make_step(micro_loss, kind, loss.denominator, tx, trainable, micro_batch_size, mesh)
-  return _jit_step(step, state_shardings, mesh)
+  return _jit_step(step, state_shardings, mesh, f"actor_step[{kind}]")
 
 
 def make_critic_step(model_config: ModelConfig, tx: optax.GradientTransformation, trainable: Any,
@@ -285,7 +285,7 @@ def make_critic_step(model_config: ModelConfig, tx: optax.GradientTransformation
   """
   step = _make_step(critic_micro_loss(model_config, value_clip), "value", actor_losses.token_count, tx, trainable,
                     micro_batch_size, mesh)
-  return _jit_step(step, state_shardings, mesh)
+  return _jit_step(step, state_shardings, mesh, "critic_step")
 
 
 def _micro_map(fn, params, batch, micro_batch_size: int, mesh: Mesh):
@@ -301,7 +301,7 @@ def make_critic_values(model_config: ModelConfig, param_shardings: Any, mesh: Me
   fn = functools.partial(critic_values_fn, model_config=model_config)
   sharding = mesh_lib.batch_sharding(mesh)
   return MeshJit(lambda params, batch: _micro_map(lambda p, b: fn(p, batch=b), params, batch, micro_batch_size, mesh),
-                 mesh, in_shardings=(param_shardings, sharding), out_shardings=sharding)
+                 mesh, name="critic_values", in_shardings=(param_shardings, sharding), out_shardings=sharding)
 
 
 def make_actor_logprobs(model_config: ModelConfig, param_shardings: Any, mesh: Mesh, micro_batch_size: int = 0,
@@ -310,4 +310,4 @@ def make_actor_logprobs(model_config: ModelConfig, param_shardings: Any, mesh: M
   sharding = mesh_lib.batch_sharding(mesh)
   fn = lambda p, b: policy_logprobs(p, model_config, b, temperature, logprob_chunk_size)
   return MeshJit(lambda params, batch: _micro_map(fn, params, batch, micro_batch_size, mesh), mesh,
-                 in_shardings=(param_shardings, sharding), out_shardings=sharding)
+                 name="actor_logprobs", in_shardings=(param_shardings, sharding), out_shardings=sharding)

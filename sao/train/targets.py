@@ -9,14 +9,13 @@ the `[B, T]` batch, `sao.train.learner` calls them by module attribute so `sao.t
 """
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
 
 from sao.core import advantages as adv_lib
 from sao.core import metrics as metrics_lib
-from sao.train import actor_losses, batching
+from sao.train import actor_losses, batching, mesh_jit
 
 # What each algorithm's update hands the actor loss besides `batching.FIELDS`.
 ADVANTAGES_FOR_ALGORITHM = {"sao": "advantages", "gspo": "seq_advantages", "grpo": "seq_advantages"}
@@ -30,7 +29,7 @@ def check_loss_fits_algorithm(loss: actor_losses.ActorLoss, algorithm: str) -> N
                      f"not provide (it provides {sorted(available)})")
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3))
+@mesh_jit.program(static_argnums=(2, 3))
 def critic_targets(batch, values, gamma: float, lam: float):
   """Returns `R = A + V` with γ, λ_critic (before any whitening) and critic diagnostics on the pre-update values."""
   mask = batch["action_mask"]
@@ -47,7 +46,7 @@ def critic_reads_values_before(learner_config) -> bool:
   return learner_config.sao.lambda_critic != 1.0 or learner_config.critic.value_clip > 0
 
 
-@functools.partial(jax.jit, static_argnums=(1,))
+@mesh_jit.program(static_argnums=(1,))
 def monte_carlo_returns(batch, gamma: float):
   """`critic_targets` at λ_critic = 1, where `R = GAE(r, V, γ, 1) + V = Σ_k γ^k r_{t+k}` (over the action tokens)
   whatever V: computed with V = 0, so no pre-update critic forward is needed. Returns (R `[B, T]`, the masked
@@ -57,7 +56,7 @@ def monte_carlo_returns(batch, gamma: float):
   return returns, adv_lib.masked_var(returns, mask), metrics_lib.masked_summary("critic/returns", returns, mask)
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6))
+@mesh_jit.program(static_argnums=(3, 4, 5, 6))
 def policy_advantages(batch, values, returns, gamma: float, alpha: float, whiten: bool, fixed_lambda: float = 0.0):
   """`A = GAE(r, V, γ, λ_b = 1 − 1/(α·l_b))` (or λ_b = `fixed_lambda` when > 0), whitened over the batch's action
   tokens when `whiten`."""
@@ -84,7 +83,7 @@ def policy_lambda(mask: jax.Array, alpha: float, fixed_lambda: float = 0.0) -> j
   return adv_lib.length_adaptive_lambda(mask, alpha)
 
 
-@functools.partial(jax.jit, static_argnums=(1,))
+@mesh_jit.program(static_argnums=(1,))
 def group_advantages(batch, normalize_std: bool):
   """`Â_i = (r_i − mean_g r)/(std_g r + 1e-6)` per group (padding rows are groups of one: Â = 0)."""
   seq_adv = adv_lib.group_advantages(batch["rewards"], batch["group_ids"], normalize_std)

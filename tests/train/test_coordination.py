@@ -129,6 +129,91 @@ def test_a_silent_process_is_named_by_the_others():
     p1.close()
 
 
+def _in_threads(channels, fn):
+  """`fn(channel)` on every channel at once (each a process); returns the results or the exceptions, in order."""
+  results = [None] * len(channels)
+
+  def run(i):
+    try:
+      results[i] = fn(channels[i])
+    except Exception as e:  # noqa: BLE001 — returned to the test
+      results[i] = e
+
+  threads = [threading.Thread(target=run, args=(i,)) for i in range(len(channels))]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(timeout=30)
+  return results
+
+
+def test_equal_plans_agree_and_any_process_flag_reaches_all():
+  client, channels = _channels(3)
+  try:
+    for round_ in range(4):  # rounds two behind are deleted
+      out = _in_threads(channels, lambda c, r=round_: c.agree("update", {"groups": [[8, 64]], "n": r},
+                                                               {"stop": c.process_id == 2 and r == 3}))
+      assert out == [{"stop": round_ == 3}] * 3
+    assert sorted(k.split("/agree/")[1] for k in client.store if "/agree/" in k) == [
+        f"{n:012d}/{i}" for n in (2, 3) for i in range(3)]
+  finally:
+    for c in channels:
+      c.close()
+
+
+def test_different_plans_stop_every_process_with_both_plans_named():
+  _, channels = _channels(2)
+  try:
+    plans = [{"update": 3, "groups": [[8, 64], [8, 128]]}, {"update": 3, "groups": [[8, 64]]}]
+    out = _in_threads(channels, lambda c: c.agree("update", plans[c.process_id]))
+    for e in out:
+      assert isinstance(e, coordination.Diverged), e
+      assert "differing: groups" in str(e) and "[[8, 64], [8, 128]]" in str(e) and "process 1 plans" in str(e)
+    # Two processes at different points (another tag) are a divergence too.
+    out = _in_threads(channels, lambda c: c.agree("update" if c.process_id == 0 else "checkpoint", {}))
+    assert all(isinstance(e, coordination.Diverged) and "different points" in str(e) for e in out)
+  finally:
+    for c in channels:
+      c.close()
+
+
+def test_a_process_stuck_in_a_phase_past_its_bound_stalls_the_job_naming_every_phase():
+  _, (p0, p1) = _channels(2, heartbeat_timeout_s=60.0, stall_compile_budget_s=0.4, stall_step_factor=2.0)
+  try:
+    with p0.busy("rl step 0: update"):  # a finished phase sets the bound: 0.4 + 2 × its length
+      time.sleep(0.05)
+    assert "after rl step 0" in p0.phase()
+    with p1.busy("rl step 1: update"):  # process 1 stuck in a collective
+      deadline = time.monotonic() + 30
+      while time.monotonic() < deadline:
+        try:
+          p0.check()
+        except coordination.Stalled as e:
+          assert e.process_id == 1
+          assert "process 1: rl step 1: update for" in str(e) and "process 0: between phases" in str(e)
+          break
+        time.sleep(0.05)
+      else:
+        pytest.fail("the stall was never declared")
+      with pytest.raises(coordination.Stalled):
+        p1.check()  # the stuck process's own watchdog says so too
+  finally:
+    p0.close()
+    p1.close()
+
+
+def test_a_long_phase_within_its_bound_is_no_stall():
+  _, (p0, p1) = _channels(2, heartbeat_timeout_s=60.0, stall_compile_budget_s=2.0)
+  try:
+    with p1.busy("value_pretrain step 0: update (compiling)"):
+      time.sleep(0.8)
+    p0.check()
+    p1.check()
+  finally:
+    p0.close()
+    p1.close()
+
+
 def test_a_reported_failure_reaches_process_0_with_its_reason():
   _, (p0, p1) = _channels(heartbeat_timeout_s=60.0)
   try:
@@ -172,3 +257,14 @@ def test_two_jax_processes_share_messages_and_name_a_frozen_process():
   assert results[0].returncode == coordination.EXIT_PROCESS_LOST, results[0].output[-3000:]
   assert "LOST after" in results[0].output and "process 1 of the trainer job is lost: no heartbeat" in \
       results[0].output
+
+
+def test_two_jax_processes_with_different_plans_stop_with_both_named():
+  """The real transport: the processes agree on one plan (a stop flag of process 1's reaches process 0), then each
+  plans a different update: both raise `Diverged` naming both plans instead of running different programs."""
+  results = multihost.run_processes("tests/train/multihost_coordination_worker.py", num_processes=2,
+                                    devices_per_process=1, args=["--diverge"], timeout_s=240)
+  for r in results:
+    assert 'AGREED {"stop": true}' in r.output, r.output[-3000:]
+    line = next(x for x in r.output.splitlines() if x.startswith("DIVERGED "))
+    assert "differing: groups" in line and '"groups": [[8, 64]]' in line and '"groups": [[8, 64], [8, 64]]' in line
