@@ -129,12 +129,22 @@ def join_job(config: ml_collections.ConfigDict) -> bool:
 def train(config: ml_collections.ConfigDict, workdir: str, config_args: Sequence[str]) -> None:
   """The trainer role (embedded or alone): the recipe's phases, then the curves and a one-line summary."""
   train_tasks, validation_tasks = check_startable(config)
-  from sao.train import coordination  # pylint: disable=g-import-not-at-top
+  from sao.train import coordination, stop_signal  # pylint: disable=g-import-not-at-top
   multi = join_job(config)
   xla_cpu_threads.limit(config.xla_cpu_threads)  # after jax.distributed joins, before the first computation
-  channel = coordination.create(config.distributed.heartbeat_timeout_s) if multi else coordination.LocalChannel()
+  d = config.distributed
+  channel = coordination.create(d.heartbeat_timeout_s, stall_compile_budget_s=d.stall_compile_budget_s,
+                                stall_step_factor=d.stall_step_factor) if multi else coordination.LocalChannel()
+  stop = stop_signal.StopSignal.install(d.stop_grace_s, channel.phase)  # SIGTERM: stop at a step boundary
   try:
-    _train(config, workdir, config_args, channel, train_tasks, validation_tasks)
+    _train(config, workdir, config_args, channel, train_tasks, validation_tasks, stop)
+  except stop_signal.StopRequested as e:
+    stop.exited()
+    print(f"[trainer] process {channel.process_id}: {e}", file=sys.stderr, flush=True)
+    channel.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(stop_signal.EXIT_SIGTERM)  # pylint: disable=protected-access  (as below: no wait for the others)
   except BaseException as e:  # noqa: BLE001 — re-raised, or the process ends here
     if channel.num_processes == 1:
       raise
@@ -147,11 +157,12 @@ def train(config: ml_collections.ConfigDict, workdir: str, config_args: Sequence
     sys.stderr.flush()
     os._exit(coordination.EXIT_PROCESS_LOST if isinstance(e, coordination.ProcessLost) else 1)
   finally:
+    stop.exited()
     channel.close()
 
 
 def _train(config: ml_collections.ConfigDict, workdir: str, config_args: Sequence[str], channel,
-           train_tasks: list[dict], validation_tasks: list[dict]) -> None:
+           train_tasks: list[dict], validation_tasks: list[dict], stop=None) -> None:
   from sao.analysis import curves  # pylint: disable=g-import-not-at-top
   from sao.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   _persistent_compilation_cache(config, workdir)
@@ -165,7 +176,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, config_args: Sequenc
                                     children.check_alive)
   else:  # the trainer alone: engines and workers are someone else's
     launcher = trainer_lib.Launcher(lambda _: list(config.engine_urls), lambda address: None)
-  trainer = trainer_lib.Trainer(config, workdir, tok, train_tasks, validation_tasks, channel)
+  trainer = trainer_lib.Trainer(config, workdir, tok, train_tasks, validation_tasks, channel, stop)
   summary = trainer.run(launcher, _demonstrations(config, tok) if config.recipe.sft_steps else None)
   if not channel.is_coordinator:
     return

@@ -69,7 +69,14 @@ def base_config() -> ml_collections.ConfigDict:
       # A trainer job of several processes with explicit coordinates (CPU hosts, `python -m launch.local
       # --trainer_processes=P`): process 0's "host:port", the job's size and this process's id (docs/tpu.md).
       distributed=dict(coordinator_address="", num_processes=1, process_id=0,
-                       heartbeat_timeout_s=30.0),  # a process silent this long stops the job, naming it
+                       heartbeat_timeout_s=30.0,  # a process silent this long stops the job, naming it
+                       # The progress watchdog (sao.train.coordination): a process longer than this budget plus
+                       # `stall_step_factor` × its longest finished phase in one update, export or checkpoint stalls
+                       # the job, which exits naming every process's phase. The budget covers a first compile.
+                       stall_compile_budget_s=1800.0, stall_step_factor=5.0,
+                       # SIGTERM stops a trainer at its next step boundary (with a checkpoint in the RL phase); one
+                       # still running this long after it exits (sao.train.stop_signal).
+                       stop_grace_s=120.0),
       total_steps=160,  # RL steps (after value pretraining)
       log_every=1,  # a progress line per step
       checkpoint_every=50,

@@ -48,6 +48,7 @@ from sao.train import phases
 from sao.train import precompile as precompile_lib
 from sao.train import progress
 from sao.train import publication as publication_lib
+from sao.train import stop_signal
 from sao.train import writers as writers_lib
 from sao.train.export import export_policy
 from sao.train.learner import Learner
@@ -81,7 +82,8 @@ class Trainer:
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str, tokenizer: Tokenizer,
                train_tasks: Sequence[dict], validation_tasks: Sequence[dict],
-               channel: coordination.LocalChannel | coordination.KeyValueChannel | None = None):
+               channel: coordination.LocalChannel | coordination.KeyValueChannel | None = None,
+               stop: stop_signal.StopSignal | None = None):
     self.config = config
     self.workdir = os.path.abspath(workdir)
     self.tokenizer = tokenizer
@@ -89,6 +91,7 @@ class Trainer:
     self.validation_tasks = list(validation_tasks)
     self.channel = channel or coordination.LocalChannel()
     self.is_coordinator = self.channel.is_coordinator
+    self.stop = stop or stop_signal.StopSignal()  # SIGTERM: stop at the next step boundary (`_stop_point`)
     os.makedirs(self.workdir, exist_ok=True)
     self.writer = writers_lib.create_default_writer(self.workdir) if self.is_coordinator else progress.NoWriter()
     self.trace_writer = critic_traces.TraceWriter(self.workdir) if self.is_coordinator else None
@@ -103,6 +106,13 @@ class Trainer:
     if self.is_coordinator:
       return self.channel.share(tag, decide()).data
     return self.channel.share(tag).data
+
+  def _learner(self, learner_config: ml_collections.ConfigDict, model_config: ModelConfig, params: Any) -> Learner:
+    """A learner whose updates the processes agree on before running them (`Learner.agree`)."""
+    learner = Learner(learner_config, model_config, params)
+    if self.channel.num_processes > 1:
+      learner.agree = self.channel.agree
+    return learner
 
   def _print(self, line: str) -> None:
     if self.is_coordinator:
@@ -146,12 +156,13 @@ class Trainer:
 
   def _supervised_warm_start(self, model_config: ModelConfig, params: Any, demos: list[Trajectory]) -> Any:
     r = self.config.recipe
-    learner = Learner(phases.sft_config(self.config), model_config, params)
+    learner = self._learner(phases.sft_config(self.config), model_config, params)
     rng = np.random.default_rng(self.config.seed)
     start = time.time()
     for step in range(r.sft_steps):
       batch = [demos[i] for i in rng.integers(0, len(demos), r.sft_batch_size)]
-      metrics = learner.sft_update(batch)
+      with self.channel.busy(f"sft step {step}: update"):
+        metrics = learner.sft_update(batch)
       if step % 50 == 0 or step == r.sft_steps - 1:
         self._print(f"[sft] step {step:4d}  nll {metrics['actor/loss']:.4f}  ({time.time() - start:.0f}s)")
     return distributed.fetch(learner.actor_params)  # the toy model: small enough to hold whole on every host
@@ -181,6 +192,8 @@ class Trainer:
     `coordination.ProcessLost` naming it; any other error is reported to the other processes before it is raised."""
     try:
       return self._run(launcher, demonstrations)
+    except stop_signal.StopRequested:
+      raise  # every process stops at the same step: nobody failed
     except Exception as e:
       # A collective fails (gloo) or hangs (the watchdog) when a peer is lost: wait for the verdict that names it.
       error = self.channel.explain(e) if isinstance(e, jax.errors.JaxRuntimeError) else e
@@ -271,7 +284,7 @@ class Trainer:
     return c.recipe.value_pretrain_steps * (c.learner.algorithm == "sao") + c.total_steps
 
   def _rl_learner(self, model_config, params, value_init: str, has_value_init: bool) -> Learner:
-    learner = Learner(phases.rl_config(self.config, value_init, has_value_init), model_config, params)
+    learner = self._learner(phases.rl_config(self.config, value_init, has_value_init), model_config, params)
     self._precompile(learner)
     return learner
 
@@ -297,11 +310,12 @@ class Trainer:
   def _value_pretraining(self, model_config, params, server, value_init: str) -> int:
     """Critic-only updates (actor frozen) on the base policy's rollouts; saves the critic for the RL phase."""
     steps = self.config.recipe.value_pretrain_steps
-    learner = Learner(phases.value_pretrain_config(self.config), model_config, params)
+    learner = self._learner(phases.value_pretrain_config(self.config), model_config, params)
     self._precompile(learner, ("critic",))  # the actor does not train here
     self._print(f"[value pretraining] {steps} critic-only steps on base-policy rollouts")
     self._train(learner, model_config, server, None, 0, steps, phase="value_pretrain")
-    learner.save_critic(value_init)
+    with self.channel.busy("value pretraining: saving the critic"):
+      learner.save_critic(value_init)
     self._print(f"[value pretraining] critic saved to {value_init}; the RL phase loads it")
     return steps
 
@@ -312,7 +326,8 @@ class Trainer:
     `wait` this one's)."""
     version = learner.version
     path = os.path.join(self.workdir, "policy", f"v{version}")
-    export_policy(model_config, learner.actor_params, self.tokenizer, path)  # every process takes part
+    with self.channel.busy(f"exporting policy v{version}"):
+      export_policy(model_config, learner.actor_params, self.tokenizer, path)  # every process takes part
     if not self.is_coordinator:
       return []
     reports = [self.publication.start(path, version)]
@@ -320,11 +335,14 @@ class Trainer:
       reports.append(self.publication.wait())
     return [r for r in reports if r]
 
-  def _take(self, server, n: int) -> list[Trajectory]:
+  def _take(self, server, n: int) -> list[Trajectory] | None:
+    """Process 0: the next `n` finished trajectories; None once a stop is requested while it waits."""
     while True:
       batch = server.take_batch(n, timeout_s=5.0)
       if batch:
         return batch
+      if self.stop.requested:
+        return None
       self.launcher.check_alive()
       self.channel.check()  # a lost learner process stops the job here, not at the next collective
 
@@ -349,13 +367,17 @@ class Trainer:
       self.trace_writer.write(traces)
     return metrics
 
-  def _next_batch(self, learner: Learner, server, step: int) -> tuple[list[Trajectory], list[Trajectory], int, list]:
-    """(the step's trajectories, the trainable ones, the stale count, the unusable ones). Process 0 takes them from
-    the service and shares the trainable ones with its learner clock; the other processes receive those (and check
-    their clock against process 0's: a mismatch is a `Diverged` error, not a silently different update)."""
+  def _next_batch(self, learner: Learner, server, step: int
+                  ) -> tuple[list[Trajectory], list[Trajectory], int, list] | None:
+    """(the step's trajectories, the trainable ones, the stale count, the unusable ones), or None when the run stops
+    (SIGTERM while process 0 waited for rollouts). Process 0 takes them from the service and shares the trainable
+    ones with its learner clock; the other processes receive those (and check their clock against process 0's: a
+    mismatch is a `Diverged` error, not a silently different update)."""
     clock = {"step": step, "num_updates": learner.num_updates, "version": learner.version}
     if not self.is_coordinator:
       message = self.channel.share("batch")
+      if message.data.get("stop"):
+        return None
       if {k: message.data[k] for k in clock} != clock:
         raise coordination.Diverged(f"process {self.channel.process_id} is at {clock} but process 0 sent the batch "
                                     f"of {message.data}")
@@ -363,6 +385,9 @@ class Trainer:
     c = self.config
     waited_from = time.time()
     trajectories = self._take(server, c.rollout.batch_size)
+    if trajectories is None:
+      self.channel.share("batch", {**clock, "stop": True})
+      return None
     self._wait_s = time.time() - waited_from  # the trainer idle, waiting for rollouts (busy fraction's input)
     # Timeouts / env errors are not trained on; nor is anything more than `max_staleness` versions behind the
     # policy about to be updated (accepted when fresh, it aged in the buffer). Both are counted.
@@ -379,11 +404,18 @@ class Trainer:
     self._validation = self.validations[-1][1] if self.validations else float("nan")
     self._last_time = time.time()
     for step in range(start_step, end_step):
-      trajectories, trainable, stale, unusable = self._next_batch(learner, server, step)
+      # Every process at the same step of the same phase, and a stop any of them was asked for (SIGTERM) is all's.
+      flags = self.channel.agree("step", {"phase": phase, "step": step, "num_updates": learner.num_updates,
+                                          "version": learner.version}, {"stop": self.stop.requested})
+      batch = None if flags.get("stop") else self._next_batch(learner, server, step)
+      if batch is None:
+        self._stop_point(learner, checkpointer, step, phase, server)
+      trajectories, trainable, stale, unusable = batch
       if server is not None:
         server.quarantine(unusable, step)
       version_before = learner.version
-      metrics = self._update(learner, trainable, step, phase) if trainable else {}
+      with self.channel.busy(f"{phase} step {step}: update"):
+        metrics = self._update(learner, trainable, step, phase) if trainable else {}
       if server is not None:
         server.mark_consumed(trajectories, step)
       # A checkpoint saves the dispenser state of the version just published: that publish finishes first (as does
@@ -398,9 +430,25 @@ class Trainer:
         self._log_step(step, end_step, phase, learner, server, trajectories, trainable, stale, unusable, metrics)
       if checkpoint_due:
         # Only after an update: a batch with nothing trainable leaves `num_updates` (the checkpoint step) as is.
-        learner.save_checkpoint(checkpointer, extra=self._checkpoint_extra(step + 1, phase, server))
+        with self.channel.busy(f"{phase} step {step}: checkpoint"):
+          learner.save_checkpoint(checkpointer, extra=self._checkpoint_extra(step + 1, phase, server))
       self.writer.flush()
     return self.history[-1] if self.history else {}
+
+  def _stop_point(self, learner: Learner, checkpointer, step: int, phase: str, server) -> None:
+    """Stops the run before `step` (SIGTERM): a checkpoint of the learner as it is, where the phase keeps them and
+    the latest one is older, then `StopRequested` (every process gets here at the same step)."""
+    saved = ""
+    if checkpointer is not None and learner.num_updates and learner.num_updates not in checkpointer.all_steps():
+      checkpointer.wait()
+      with self.channel.busy(f"{phase} step {step}: checkpoint before stopping"):
+        learner.save_checkpoint(checkpointer, extra=self._checkpoint_extra(step, phase, server))
+      checkpointer.wait()
+      saved = f"; checkpoint at learner update {learner.num_updates} (re-running the command resumes there)"
+    elif checkpointer is not None and learner.num_updates:
+      saved = f"; the latest checkpoint (learner update {learner.num_updates}) holds it"
+    self._print(f"[trainer] stopped by SIGTERM before {phase} step {step}{saved}")
+    raise stop_signal.StopRequested(f"stopped by SIGTERM before {phase} step {step}{saved}")
 
   def _log_step(self, step: int, end_step: int, phase: str, learner: Learner, server, trajectories, trainable,
                 stale: int, unusable, metrics: dict[str, float]) -> None:

@@ -42,15 +42,16 @@ class Job(e2e.Run):
   """One `launch.local --trainer_processes=2` invocation in its own session; the launcher's output (process 0's) to a
   file. Waiting, finishing, output and killing are `e2e.Run`'s."""
 
-  def __init__(self, workdir: str, cache_dir: str, name: str):
+  def __init__(self, workdir: str, cache_dir: str, name: str, config_arg: str = CONFIG_ARG,
+               devices_per_process: int = 2):
     env = dict(os.environ)
     env.update(PYTHONUNBUFFERED="1", **multihost.compilation_cache_env(cache_dir))
     self.workdir = workdir
     self.out_path = os.path.join(os.path.dirname(workdir), f"{name}.out")
     with open(self.out_path, "wb") as out:
       self.process = subprocess.Popen(
-          [sys.executable, "-m", "launch.local", "--trainer_processes=2", "--devices_per_process=2",
-           f"--workdir={workdir}", "--", f"--config=experiments/configs/{CONFIG_ARG}",
+          [sys.executable, "-m", "launch.local", "--trainer_processes=2",
+           f"--devices_per_process={devices_per_process}", f"--workdir={workdir}", "--", f"--config=experiments/configs/{config_arg}",
            f"--config.distributed.heartbeat_timeout_s={HEARTBEAT_TIMEOUT_S}"],
           cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     self.pgid = self.process.pid
