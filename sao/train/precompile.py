@@ -8,7 +8,7 @@ length the batches reach. `learner_programs` compiles every program an update ca
 no live array is read, so the live states may be donated meanwhile), into the same jit caches the update's calls
 hit: a later call on those shapes traces and compiles nothing. `Precompiler` runs it in a daemon thread (on a host's
 idle cores while the accelerators train) and stops it between two programs. Where the host has no idle core (the
-toy on 2 CPU cores, docs/performance.md) it only moves the compile work, and the toy configs turn it off.
+toy on 2 CPU cores, docs/performance_learner.md) it only moves the compile work, and the toy configs turn it off.
 """
 from __future__ import annotations
 
