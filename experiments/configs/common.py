@@ -280,7 +280,7 @@ def full_precision(config: ml_collections.ConfigDict) -> None:
   actor's lr 1e-6 an update is ~1e-6 relative, far below bf16's 2^-8 spacing, so applied to bf16 directly most would
   round away). Per-layer remat: the backward pass recomputes each decoder layer from its input instead of keeping
   its activations (one layer's [rows, T, hidden] input per layer is all that is kept). Scan over layers: the
-  ahead-of-time compile of the full depth takes about one period of layers' time (docs/tpu.md)."""
+  ahead-of-time compile of the full depth takes about one period of layers' time (docs/tpu_compile_report.md)."""
   config.model.param_dtype = "bfloat16"
   config.model.compute_dtype = "bfloat16"
   config.model.remat = "full"
@@ -297,7 +297,7 @@ def full_mesh(config: ml_collections.ConfigDict) -> None:
   micro-batch of M rows allows at most M batch shards. One row of 131,072 tokens per chip is already the most a
   chip's activations hold, so more rows per micro-batch only buys more batch shards at the cost of memory; the rest
   of the chips shard the model (heads, expert widths, vocabulary) over `tensor`. The compile report
-  (docs/tpu.md) measures this layout."""
+  (docs/tpu_compile_report.md) measures this layout."""
   c = config.learner
   c.batching.micro_batch_size = 8
   c.mesh.data, c.mesh.fsdp, c.mesh.expert, c.mesh.tensor = 1, 8, 1, -1
