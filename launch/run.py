@@ -190,7 +190,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, config_args: Sequenc
 def _persistent_compilation_cache(config: ml_collections.ConfigDict, workdir: str) -> None:
   """XLA executables cached in `<compilation_cache_dir>/trainer` (`sao.engines.compilation_cache`; every process of
   a job reads, process 0 writes): a later run of the same programs, or a resumed one, loads the learner's instead
-  of compiling them (docs/performance.md). A cache the user configured for JAX itself (`JAX_COMPILATION_CACHE_DIR`)
+  of compiling them (docs/performance_job.md). A cache the user configured for JAX itself (`JAX_COMPILATION_CACHE_DIR`)
   is left as it is."""
   import jax  # pylint: disable=g-import-not-at-top
   if jax.config.jax_compilation_cache_dir:

@@ -8,7 +8,7 @@ import pytest
 
 # LLVM at -O0 for the tests' programs: XLA's HLO passes (fusion, layout, buffer assignment: what the memory and HLO
 # tests read) are unchanged, and the suite's programs are small enough that compiling them is most of their cost
-# (docs/performance.md, "The test suite"). The subprocesses the tests start inherit both flags.
+# (docs/performance_tests.md). The subprocesses the tests start inherit both flags.
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
 ).strip()

@@ -85,7 +85,7 @@ def base_config() -> ml_collections.ConfigDict:
       # True: each new policy version reaches the engines in the background while the next step trains
       # (sao.train.publication; `full_scale` sets it, where a publish takes tens of seconds). The toy waits for
       # every engine to serve it: in the background its validation after 240 steps fell 0.78 → 0.75 over 6 / 10
-      # runs and 3 of 5 seed-0 runs drifted into padding every turn (docs/performance.md, session 32).
+      # runs and 3 of 5 seed-0 runs drifted into padding every turn (docs/performance_job.md).
       async_publish=False,
       # Threads of XLA:CPU's pools in the trainer process and in each local engine (0: one per core). The toy's
       # trainer, engine and worker share a few cores: one-thread pools spend less CPU per step
@@ -173,13 +173,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.critic.optimizer.learning_rate = 1e-3
   c.critic.optimizer.warmup_steps = 10
   c.critic.frozen_params = (".*self_attn.*", ".*linear_attn.*", ".*visual.*")  # every token mixer (hybrids too)
-  # The learner sorts each batch's rows by length into 16 groups, each padded to its own bucket (the same update on
-  # ≈ 40 % fewer tokens; docs/performance.md "Learner padding"). The buckets fit the toy's lengths (37, 57, 77,
+  # The learner sorts each batch's rows by length into 16 groups, each padded to its own bucket (the same update on ≈ 40
+  # % fewer tokens; docs/performance_learner.md "The main job's update"). The buckets fit the toy's lengths (37, 57, 77,
   # 97–103, 116–121 tokens: ≈ 20-token turns) with few shapes: each bucket a batch reaches compiles the steps once.
   c.batching.bucket_lengths = (64, 80, 104, 128, 176, 256, 512)
   c.batching.length_groups = 16  # 4 rows each: 317 CPU ms per update (8 groups: 392, 4: 646, one batch: 1288)
   # Compiling every shape's programs ahead (during the warm start) cost the 2-core machine more than the stalls it
-  # removed (docs/performance.md "Session 22"); with idle cores, `--config.learner.batching.precompile=True`.
+  # removed (docs/performance_learner.md "The main job's update"); with idle cores,
+  # `--config.learner.batching.precompile=True`.
   c.batching.precompile = False
   return config
 
@@ -286,7 +287,7 @@ def full_precision(config: ml_collections.ConfigDict) -> None:
   actor's lr 1e-6 an update is ~1e-6 relative, far below bf16's 2^-8 spacing, so applied to bf16 directly most would
   round away). Per-layer remat: the backward pass recomputes each decoder layer from its input instead of keeping
   its activations (one layer's [rows, T, hidden] input per layer is all that is kept). Scan over layers: the
-  ahead-of-time compile of the full depth takes about one period of layers' time (docs/tpu.md)."""
+  ahead-of-time compile of the full depth takes about one period of layers' time (docs/tpu_compile_report.md)."""
   config.model.param_dtype = "bfloat16"
   config.model.compute_dtype = "bfloat16"
   config.model.remat = "full"
@@ -303,7 +304,7 @@ def full_mesh(config: ml_collections.ConfigDict) -> None:
   micro-batch of M rows allows at most M batch shards. One row of 131,072 tokens per chip is already the most a
   chip's activations hold, so more rows per micro-batch only buys more batch shards at the cost of memory; the rest
   of the chips shard the model (heads, expert widths, vocabulary) over `tensor`. The compile report
-  (docs/tpu.md) measures this layout."""
+  (docs/tpu_compile_report.md) measures this layout."""
   c = config.learner
   c.batching.micro_batch_size = 8
   c.mesh.data, c.mesh.fsdp, c.mesh.expert, c.mesh.tensor = 1, 8, 1, -1

@@ -296,10 +296,10 @@ def whitened_gae(
 def _action_counts(mask: jax.Array) -> jax.Array:
   """`[B]` float32 `Σ_t m_t`, exact below 2^24 tokens per row.
 
-  On XLA:CPU, with T a multiple of 4, four mask bytes (0 or 1 each) are read as one uint32 and counted with a
-  popcount: one pass over the mask at a quarter of the elements, 1.5-2x faster than the float32 sum at 256x16384
-  (docs/performance.md). The float32 sum runs elsewhere: XLA:CPU fuses it into the reduction, while an integer sum
-  first writes the mask out as int32."""
+  On XLA:CPU, with T a multiple of 4, four mask bytes (0 or 1 each) are read as one uint32 and counted with a popcount:
+  one pass over the mask at a quarter of the elements, 1.5-2x faster than the float32 sum at 256x16384
+  (docs/performance_learner.md). The float32 sum runs elsewhere: XLA:CPU fuses it into the reduction, while an integer
+  sum first writes the mask out as int32."""
   batch, num_tokens = mask.shape
   if num_tokens >= 2 ** 24:
     return jnp.sum(mask, axis=-1).astype(jnp.float32)

@@ -23,8 +23,8 @@ nobody reads them (the learner's policy advantages); inside the loop they cost a
 pass, so that whitening (`sao.core.advantages.whitened_gae`) reads `A` once more instead of three times.
 
 `L = CHUNK = 32` by default (measured faster than 16: half the chunks, so half the per-chunk work and a shorter scan
-over chunk boundaries; docs/performance.md); `chunk=16` remains selectable, the kernel of earlier rounds, and the
-tests use it as a second oracle.
+over chunk boundaries; docs/history.md, 2026-11-30); `chunk=16` remains selectable, the kernel of earlier rounds, and
+the tests use it as a second oracle.
 """
 import jax
 import jax.numpy as jnp
@@ -129,9 +129,9 @@ def _group(r, v, mb, gamma_lam, gamma):
   position = jnp.arange(length)
   bit = jnp.left_shift(jnp.uint32(1), position.astype(jnp.uint32))  # [L]: 2^t
   # K_t within the chunk, exactly: the chunk's mask as an L-bit word, then the set bits below t. Elementwise, so it
-  # fuses into the exponential below (a [·, L] @ [L, L] matmul of the mask cost ~20 % of the kernel). The word is
-  # packed in two levels, 4 tokens to a nibble, then the nibbles: one reduction over the 32-wide minor axis was
-  # slower on XLA:CPU (~13 % of the kernel at 256×16384; docs/performance.md). Bit t is token t on every platform.
+  # fuses into the exponential below (a [·, L] @ [L, L] matmul of the mask cost ~20 % of the kernel). The word is packed
+  # in two levels, 4 tokens to a nibble, then the nibbles: one reduction over the 32-wide minor axis was slower on
+  # XLA:CPU (~13 % of the kernel at 256×16384; docs/history.md, 2026-11-30). Bit t is token t on every platform.
   quads = mb.reshape(*mb.shape[:-1], length // 4, 4).astype(jnp.uint32)
   nibbles = jnp.sum(quads << jnp.arange(4, dtype=jnp.uint32), axis=-1, dtype=jnp.uint32)  # [rows, C, L/4]
   bits = jnp.sum(nibbles << (4 * jnp.arange(length // 4, dtype=jnp.uint32)), axis=-1, dtype=jnp.uint32)  # [rows, C]
@@ -191,5 +191,5 @@ def _run(rewards, values, mask, gamma, gamma_lam, rows, chunk):
   sum_sq = jnp.sum(sums_sq) + jnp.sum(counts * jnp.square(means - mean))
   adv = adv.reshape(batch, padded)[:, :num_tokens]
   # Outside the loop: as a stacked output R was one more zero-filled [B, T] buffer written twice (measured slower,
-  # docs/performance.md), and here XLA drops the pass where R is unused.
+  # docs/history.md, 2026-11-30), and here XLA drops the pass where R is unused.
   return adv, jnp.where(mask, adv + values, 0.0), (count, mean, sum_sq)

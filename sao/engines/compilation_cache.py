@@ -3,7 +3,7 @@
 A run compiles the same XLA programs as the run before it whenever the model, the batch shapes and the code did not
 change (a sweep's seeds, a re-run, an ablation of a knob that is not compiled in): a learner update's programs and
 each engine bucket's prefill and decode. With the executables on disk a later run loads them instead of compiling
-(docs/performance.md, "A compilation cache shared by runs"). JAX keys an entry by the program's HLO fingerprint, its
+(docs/performance_job.md, "Running and timing it"). JAX keys an entry by the program's HLO fingerprint, its
 compile options and devices, and the jax/jaxlib/XLA versions, so a changed program is a new entry, never a stale hit.
 
 The run config's `compilation_cache_dir` names the directory (`default_dir()`: `$SAO_CACHE_DIR/xla`, else

@@ -5,7 +5,7 @@ XLA:CPU allocates each execution's buffers with `malloc`: one update of the toy'
 it on `free`, and a thread's arena (64 MiB heaps) does the same for anything bigger; so every update page-faults
 its whole working set in again, and the kernel zeroes each 4 KiB page first. In the README's job shortened to 40
 steps that was most of the trainer's kernel time: 10 M minor page faults in its XLA threads, a third of their CPU
-time (docs/performance.md, "System CPU and idle spinning").
+time (docs/performance_job.md, "Host memory: freed memory kept for reuse").
 
 `keep_freed_memory()` sets, with `mallopt` (Linux with glibc only; elsewhere it does nothing):
 - `M_MMAP_MAX = 0`: no chunk is `mmap`ed; requests come from the heap;

@@ -3,7 +3,7 @@
 `advantages_returns_and_moments` is `sao.core.gae_chunked.advantages_returns_and_moments` for float32 on XLA:CPU,
 exact for every `g = γλ` (λ = 0 and γλ below 1/16 included: no rescaling, so no `fits` range) and at memory speed:
 rewards, values and the mask are read once, the advantages and returns written once, and each row's masked count,
-mean and centred sum of squares of `A` come out of the same pass (docs/performance.md, "GAE + whitening"). The
+mean and centred sum of squares of `A` come out of the same pass (docs/performance_learner.md, "GAE + whitening"). The
 arithmetic is `sao.core.advantages.gae`'s recursion, regrouped eight tokens at a time (the kernel's header), so it
 agrees with the scan to float32 rounding. Only XLA:CPU runs it: `sao.core.advantages` picks it per platform
 (`jax.lax.platform_dependent`), other platforms and float64 run the XLA formulations.

@@ -99,7 +99,7 @@ def solve_unit_lower(strict: Array, rhs: Array) -> Array:
   row first) and `dL = strictly_lower(−dR Xᵀ)` (zero on and above the diagonal, where L is zero by contract).
   Autodiff of the loop itself would save the whole [..., C, D] carry at each of its C steps for the backward — C
   times the size of X ([64, N, B, H, 64, Dk + Dv] float32 in `chunked_gated_delta_rule`: 4 GiB per chip for
-  Qwen3.5-35B-A3B at 32,768 tokens on a v5p-128, docs/tpu.md); this VJP keeps only L and X.
+  Qwen3.5-35B-A3B at 32,768 tokens on a v5p-128, docs/history.md); this VJP keeps only L and X.
   """
   return _forward_substitution(strict, rhs)
 

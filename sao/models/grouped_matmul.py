@@ -10,9 +10,9 @@ Backward (`jax.custom_vjp`), with the same row grouping:
   operands swapped, so neither pass transposes a weight-sized array.)
 
 Why not `jax.lax.ragged_dot`'s own transpose: its d_rhs is a ragged dot whose *contracting* dimension is ragged, and
-XLA's TPU compiler (libtpu 0.0.42.1) lowers that as a masked convolution dense over the groups, with a
-`pred[G, M, 1]` group mask that the TPU layout pads to 128 lanes: 64 GiB per chip at G = 256 experts and M =
-2,097,152 rows (8 × 32,768 tokens × top-8), docs/tpu.md. ragged_dot stays as the test oracle (impl="ragged_dot").
+XLA's TPU compiler (libtpu 0.0.42.1) lowers that as a masked convolution dense over the groups, with a `pred[G, M, 1]`
+group mask that the TPU layout pads to 128 lanes: 64 GiB per chip at G = 256 experts and M = 2,097,152 rows (8 × 32,768
+tokens × top-8), docs/history.md, 2026-11-30. ragged_dot stays as the test oracle (impl="ragged_dot").
 
 Kernels (`impl`, "auto" picks by the platform being lowered for, `lax.platform_dependent`, so an ahead-of-time TPU
 compile from a CPU host gets the TPU choice):

@@ -70,10 +70,11 @@ def linear_matmul(x: Array, kernel: Array, n_in: int = 1) -> Array:
 
   `y[l, o] = Σ_i x[l, i] · W[o, i]` over the flattened dims (L = Π lead, I = Π in, O = Π out): the same function and
   FLOPs as one dot_general contracting x's last `n_in` dims with W's. Why flatten: in the backward pass the weight
-  gradient `dW[o, i] = Σ_l dy[l, o] · x[l, i]` contracts the leading dims of both operands. Over a single token
-  dim [L], XLA:CPU runs that product on its transposed operand directly; over [B, T] it first materialises the
-  gradient transposed (`[O, B, T]` from `[B, T, O]`), a strided elementwise fusion that on the SwiGLU gate cost as much
-  as the product itself (docs/performance.md, "Learner update"). The reshapes are free (row-major bitcasts).
+  gradient `dW[o, i] = Σ_l dy[l, o] · x[l, i]` contracts the leading dims of both operands. Over a single token dim [L],
+  XLA:CPU runs that product on its transposed operand directly; over [B, T] it first materialises the gradient
+  transposed (`[O, B, T]` from `[B, T, O]`), a strided elementwise fusion that on the SwiGLU gate cost as much as the
+  product itself (docs/performance_learner.md, "Where the update's time goes"). The reshapes are free (row-major
+  bitcasts).
   """
   lead, ins = x.shape[:x.ndim - n_in], x.shape[x.ndim - n_in:]
   outs = kernel.shape[:kernel.ndim - n_in]

@@ -11,7 +11,7 @@ length, JSON header, then the C-order tensor bytes), not through `safetensors.sa
 file, and every page a slice touches stays resident (and counted in the process's RSS) until the file is closed, so
 streaming a shard file through one open handle would still grow RSS to the file's size.
 Bytes are read straight into their destination (`preadv`), and each param's host array starts 64-byte aligned, which
-XLA's CPU client takes over as the device buffer without a copy (`docs/performance.md`, "Weight publication").
+XLA's CPU client takes over as the device buffer without a copy (`docs/performance_rollout.md`, "Weight publication").
 
 Slicing commutes with every mapping of `sao.models.hf.RULES`, so no tensor is ever loaded whole. Our linear kernels
 are stored in HF's layout, so a linear param is its HF tensor's bytes in the same order. With a param shard

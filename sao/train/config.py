@@ -82,7 +82,8 @@ def default_learner_config() -> ml_collections.ConfigDict:
           length_groups=0,
           # The trainer compiles the update's programs for every batch shape in a thread (`Learner.precompile`), so no
           # update stalls compiling a shape it meets first: during the supervised warm start into the persistent
-          # compilation cache when there is one, else beside the run as it builds a learner (docs/performance.md)
+          # compilation cache when there is one, else beside the run as it builds a learner
+          # (docs/performance_learner.md)
           precompile=True,
       ),
       mesh=dict(data=1, fsdp=-1, expert=1, tensor=1),  # sao.models.mesh_axes.MESH_AXES; −1 = the remaining devices

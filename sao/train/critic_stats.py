@@ -1,14 +1,14 @@
 """The critic's diagnostics on its pre-update values V⁰, read off the first critic epoch's own forward pass.
 
-With Monte-Carlo critic targets (λ_critic = 1: `R_t = Σ_k γ^k r_{t+k}` over the action tokens, whatever V) and no
-value clipping, an SAO update needs V⁰ only for its diagnostics: the targets do not depend on it and the loss reads no
-`old_values`. Epoch 0 of the critic computes exactly V⁰ (it runs the pre-update params), so every critic step also
-sums what the diagnostics need over the action tokens it sees (`step_metrics`, merged over micro-batches and length
-groups like every step metric), and `Learner` skips its separate pre-update critic forward — one of the update's two
-critic forwards (docs/performance.md, session 26). The learner reports epoch 0's sums as `critic/v0_*` metrics, and
-`diagnostics` turns them, on the host, into the same `critic/explained_variance` and `critic/values/{mean,std,min,
-max}` that `sao.train.targets.critic_targets` computes from V⁰ itself (to float32 rounding: the variances here are
-one-pass, `E[x²] − E[x]²`).
+With Monte-Carlo critic targets (λ_critic = 1: `R_t = Σ_k γ^k r_{t+k}` over the action tokens, whatever V) and no value
+clipping, an SAO update needs V⁰ only for its diagnostics: the targets do not depend on it and the loss reads no
+`old_values`. Epoch 0 of the critic computes exactly V⁰ (it runs the pre-update params), so every critic step also sums
+what the diagnostics need over the action tokens it sees (`step_metrics`, merged over micro-batches and length groups
+like every step metric), and `Learner` skips its separate pre-update critic forward — one of the update's two critic
+forwards (docs/performance_learner.md, "The main job's update"). The learner reports epoch 0's sums as `critic/v0_*`
+metrics, and `diagnostics` turns them, on the host, into the same `critic/explained_variance` and
+`critic/values/{mean,std,min,max}` that `sao.train.targets.critic_targets` computes from V⁰ itself (to float32
+rounding: the variances here are one-pass, `E[x²] − E[x]²`).
 """
 from __future__ import annotations
 

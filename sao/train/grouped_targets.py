@@ -7,7 +7,7 @@ rows' R and A of the whole batch; what spans the batch — whitening and the log
 group's masked `Moments` (`sao.core.masked.merge_moments`, Chan et al.'s parallel update). Nothing is fetched to the
 host and nothing is re-cut between the update's programs, so the host queues the whole update without waiting for
 any of them (the whole-batch layout fetched the values and the advantages to re-cut them: ≈ 30–40 ms a toy update
-of XLA waiting for the host, docs/performance.md).
+of XLA waiting for the host, docs/performance_learner.md).
 
 These are the grouped twins of `sao.train.targets` (same equations, same metric names, equal to float rounding;
 tests/train/test_grouped_targets.py holds them to it), one program per group shape plus one merge per group count:

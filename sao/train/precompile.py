@@ -1,14 +1,14 @@
 """Compiling a learner's programs before an update first needs them, in a thread beside the run.
 
-An update's programs are compiled per batch shape, and the update that first meets a shape waits while XLA compiles
-it: at full scale one bucket's update compiles for ≈ 15 minutes (docs/tpu.md) while the pod idles, once per bucket
-length the batches reach. `learner_programs` compiles every program an update can call ahead — per bucket length
+An update's programs are compiled per batch shape, and the update that first meets a shape waits while XLA compiles it:
+at full scale one bucket's update compiles for ≈ 15 minutes (docs/tpu_compile_report.md) while the pod idles, once per
+bucket length the batches reach. `learner_programs` compiles every program an update can call ahead — per bucket length
 `[B, T]` of the one-call update, or per group shape `[b, T_g]` with `batching.length_groups`
-(`sao.train.batching.group_shapes`) — from abstract states (`jax.ShapeDtypeStruct`s with the learner's shardings:
-no live array is read, so the live states may be donated meanwhile), into the same jit caches the update's calls
-hit: a later call on those shapes traces and compiles nothing. `Precompiler` runs it in a daemon thread (on a host's
-idle cores while the accelerators train) and stops it between two programs. Where the host has no idle core (the
-toy on 2 CPU cores, docs/performance.md) it only moves the compile work, and the toy configs turn it off.
+(`sao.train.batching.group_shapes`) — from abstract states (`jax.ShapeDtypeStruct`s with the learner's shardings: no
+live array is read, so the live states may be donated meanwhile), into the same jit caches the update's calls hit: a
+later call on those shapes traces and compiles nothing. `Precompiler` runs it in a daemon thread (on a host's idle cores
+while the accelerators train) and stops it between two programs. Where the host has no idle core (the toy on 2 CPU
+cores, docs/performance_learner.md) it only moves the compile work, and the toy configs turn it off.
 """
 from __future__ import annotations
 

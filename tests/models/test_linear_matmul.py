@@ -1,6 +1,7 @@
 """`sao.models.layers.linear_matmul` (issue 20 item 5): `y = x · Wᵀ` over flattened dims, the same function as one
 dot_general over the original dims, and a backward pass whose weight gradient contracts a single token dim (the form
-XLA:CPU runs without materialising a transposed copy of the gradient; docs/performance.md "Learner update")."""
+XLA:CPU runs without materialising a transposed copy of the gradient; docs/performance_learner.md "Where the update's
+time goes")."""
 from __future__ import annotations
 
 import jax
