@@ -51,7 +51,8 @@ def main() -> None:
   from sao.models.grouped_matmul import grouped_matmul  # pylint: disable=g-import-not-at-top
   from sao.models.layers import MoE  # pylint: disable=g-import-not-at-top
   from sao.models.sharding import param_shardings  # pylint: disable=g-import-not-at-top
-  from sao.train import compile_stats, mesh as mesh_lib, tpu_topology  # pylint: disable=g-import-not-at-top
+  from sao.aot import compile_stats, tpu_topology  # pylint: disable=g-import-not-at-top
+  from sao.train import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
 
   if args.check_megablox:
     check_megablox(args.topology)
@@ -103,7 +104,7 @@ def main() -> None:
 def check_megablox(topology: str) -> None:
   """Pallas megablox gmm / tgmm (`impl="megablox"`) compiled ahead of time for `topology` from this host."""
   from sao.models.grouped_matmul import grouped_matmul  # pylint: disable=g-import-not-at-top
-  from sao.train import tpu_topology  # pylint: disable=g-import-not-at-top
+  from sao.aot import tpu_topology  # pylint: disable=g-import-not-at-top
   _, devices = tpu_topology.topology_devices(topology)
   mesh = jax.sharding.Mesh(devices, ("rows",))
   rows, hidden, width, groups = 1024 * len(devices), 512, 256, 8
