@@ -52,7 +52,7 @@ def define_flags() -> None:
                                          "git commit / jax / libtpu (each row records its own).")
   _HLO_DIR = flags.DEFINE_string("hlo_dir", "", "Also write each compiled program's HLO text here "
                                   "(<program>_T<bucket>.hlo.txt.gz), for reading what XLA's estimate spends its time "
-                                  "on without compiling again: experiments/hlo_breakdown.py --hlo=<file>.")
+                                  "on without compiling again: experiments/bench/hlo_breakdown.py --hlo=<file>.")
   _BUCKETS = flags.DEFINE_list("buckets", [], "Bucket lengths to compile (default: the config's).")
   _PROGRAMS = flags.DEFINE_list("programs", [], "Programs to compile (default: every program of the update).")
   _MODEL_DTYPE = flags.DEFINE_enum("model_dtype", "", ["", "float32", "bfloat16"],

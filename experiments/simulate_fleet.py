@@ -11,7 +11,7 @@ utilisation, and the simulated hours to the write-up's trajectories-to-best), an
 
     python experiments/simulate_fleet.py --validate=/tmp/bench_c16.json,/tmp/bench_c64.json
 
-instead compares the simulator with `experiments/bench_pipeline.py --out=...` measurements of the real pipeline
+instead compares the simulator with `experiments/bench/bench_pipeline.py --out=...` measurements of the real pipeline
 (`sao.simulation.validation`, the engine's stalls derived from each measurement's trajectory records;
 `--novalidation_stalls`: without them; the engine's slowdown while the trainer computes, measured the same way;
 `--novalidation_contention`: without it) and exits 1 if any metric is off by more than `--tolerance`.

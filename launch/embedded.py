@@ -31,7 +31,7 @@ ROUTER_POLICY = "cache_aware"
 
 
 # XLA:CPU runs the local engine's prefill-and-decode program 1.3-1.5x slower per row from 32 rows up (the toy model:
-# 1.2-1.4 CPU ms a row at 24-31 rows, 1.5-1.8 at 32-64; `experiments/bench_engine_rows.py`, docs/performance.md,
+# 1.2-1.4 CPU ms a row at 24-31 rows, 1.5-1.8 at 32-64; `experiments/bench/bench_engine_rows.py`, docs/performance.md,
 # session 25: at 32 rows XLA:CPU stops handing several of the prefill's dots to YNNPACK): its batches stop below
 # that, and a burst of more rows is served as several batches.
 MAX_BATCH_ROWS = 31

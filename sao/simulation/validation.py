@@ -1,4 +1,5 @@
-"""The simulator against the real pipeline: predictions for an `experiments/bench_pipeline.py --out=...` measurement.
+"""The simulator against the real pipeline: predictions for an `experiments/bench/bench_pipeline.py --out=...`
+measurement.
 
 The simulator is given what the bench measured as *inputs*: the episode delay distribution (the same capped Pareto
 `slow_number_search` sleeps), the mean turns, the agent loop's mean engine and env-step seconds per turn (the
@@ -37,7 +38,7 @@ from sao.simulation.stalls import StallModel
 # staleness_steady_mean: over the trajectories leased after the first measured step began (the bench's per-trajectory
 # records), so no episode of the warm-up, whose engine calls waited for the engine's compilations, counts.
 METRICS = ("traj_per_s", "busy", "staleness_mean", "staleness_steady_mean")
-# The bench's fixed settings not in its JSON (experiments/bench_pipeline.py and the toy config): the empty-lease
+# The bench's fixed settings not in its JSON (experiments/bench/bench_pipeline.py and the toy config): the empty-lease
 # retry it sets, the toy lease TTL, and SAO's critic warm-up (its first update leaves the policy version as is).
 BENCH_NO_WORK_RETRY_S = 0.05
 BENCH_LEASE_TTL_S = 120.0
@@ -54,7 +55,7 @@ def bench_config(measured: Mapping[str, Any], seed: int = 0, stalls: bool = True
   for key in ("concurrency", "batch_size", "steps", "warmup_steps", "delay", "episode_s", "train_step_s",
               "turns_mean", "max_outstanding", "buffer_capacity", "max_staleness"):
     if key not in measured:
-      raise ValueError(f"bench measurement has no {key!r} (run experiments/bench_pipeline.py with --out)")
+      raise ValueError(f"bench measurement has no {key!r} (run experiments/bench/bench_pipeline.py with --out)")
   if measured.get("mode", "async") != "async":
     raise ValueError(f"only the bench's async mode is simulated, got mode {measured['mode']!r}")
   d = measured["delay"]

@@ -236,9 +236,10 @@ def test_a_real_tpu_compile_matches_the_jaxpr_count_and_xla():
 
 
 def test_breakdown_command_prints_shares_and_top_instructions(tmp_path):
-  """`experiments/hlo_breakdown.py`'s table for the hand-written module, with the report row it finds by file name."""
+  """`experiments/bench/hlo_breakdown.py`'s table for the hand-written module, with the report row it finds by file
+  name."""
   import json  # pylint: disable=g-import-not-at-top
-  from experiments import hlo_breakdown  # pylint: disable=g-import-not-at-top
+  from experiments.bench import hlo_breakdown  # pylint: disable=g-import-not-at-top
   hlo = tmp_path / "actor_step_dis_T64.hlo.txt"
   hlo.write_text(HLO)
   report = tmp_path / "rows.json"

@@ -1,4 +1,4 @@
-"""`experiments/compile_layer.py`: one token-mixer block's forward + backward compiled for a small TPU topology
+"""`experiments/bench/compile_layer.py`: one token-mixer block's forward + backward compiled for a small TPU topology
 (v5p:2x2x1 through libtpu; skipped without it) with the learner's sharding rules."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from experiments import compile_layer
+from experiments.bench import compile_layer
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                   reason="libtpu is not installed (pip install -e '.[test]' installs it)")

@@ -2,7 +2,7 @@ r"""Compiles the forward + backward of ONE token-mixer block (Gated DeltaNet `li
 known model for a TPU topology, sharded as the learner shards it, and reports its HBM per chip, XLA's FLOPs and
 bytes, and the largest buffers (with the jax operation that made each):
 
-    flock /tmp/tpu_compile.lock nice -n 5 python experiments/compile_layer.py --model=Qwen/Qwen3.5-35B-A3B \
+    flock /tmp/tpu_compile.lock nice -n 5 python experiments/bench/compile_layer.py --model=Qwen/Qwen3.5-35B-A3B \
         --topology=v5p:4x4x8 --block=linear_attention --lengths=32768,131072
 
 The program is `vjp` of the block at `[batch, T, hidden]`: given x, the token mask and the output's cotangent dy,
@@ -22,7 +22,7 @@ import time
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def define_flags() -> None:

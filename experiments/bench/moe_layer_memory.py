@@ -8,8 +8,8 @@ micro-batch (B over the batch rule's axes) and the params by `sao.models.shardin
 "auto" (`sao.models.grouped_matmul`'s custom VJP). Prints XLA's memory analysis and its largest buffers. Run it
 serialized with other TPU compiles (6–8 GB of RAM, minutes of CPU):
 
-  flock /tmp/tpu_compile.lock nice -n 5 python experiments/moe_layer_memory.py --impl=ragged_dot
-  flock /tmp/tpu_compile.lock nice -n 5 python experiments/moe_layer_memory.py --impl=auto
+  flock /tmp/tpu_compile.lock nice -n 5 python experiments/bench/moe_layer_memory.py --impl=ragged_dot
+  flock /tmp/tpu_compile.lock nice -n 5 python experiments/bench/moe_layer_memory.py --impl=auto
 
 `--check_megablox`: instead, compile `jax.grad` of a small grouped matmul with the Pallas megablox kernels for
 `--topology` (e.g. v5p:2x2x1), once as a plain GSPMD jit (expected to be refused: Mosaic kernels are not
@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's `sao`
+# the repository, two folders up: this checkout's `sao`
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 GIB = float(1 << 30)
 SEED_MODEL = "Qwen/Qwen3.5-35B-A3B"
