@@ -15,11 +15,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # package → the packages it may import besides itself (the layering of docs/ and the README's layout).
 ALLOWED = {
     "sao.run_config": set(),  # reading experiment configs (dotted keys, overrides): below everything that runs one
-    "sao.kernels": set(),  # native kernels and their build: below the array math that calls them
+    "sao.env_choice": set(),  # a setting chosen by an environment variable: below everything that reads one
+    "sao.kernels": {"sao.env_choice"},  # native kernels and their build: below the array math that calls them
     "sao.core": {"sao.kernels"},
     "sao.models": {"sao.core"},
     "sao.transport": {"sao.core", "sao.models"},
-    "sao.engines": {"sao.core", "sao.models", "sao.transport"},
+    "sao.engines": {"sao.core", "sao.models", "sao.transport", "sao.env_choice"},
     "sao.analysis": {"sao.core", "sao.models", "sao.transport"},
     "sao.simulation": {"sao.transport"},  # the fleet simulator drives the transport's own dispenser and buffer
     "sao.train": {"sao.core", "sao.models", "sao.transport", "sao.engines", "sao.analysis",
