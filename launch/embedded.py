@@ -32,8 +32,8 @@ ROUTER_POLICY = "cache_aware"
 
 # XLA:CPU runs the local engine's prefill-and-decode program 1.3-1.5x slower per row from 32 rows up (the toy model:
 # 1.2-1.4 CPU ms a row at 24-31 rows, 1.5-1.8 at 32-64; `experiments/bench/bench_engine_rows.py`, docs/performance.md,
-# session 25: at 32 rows XLA:CPU stops handing several of the prefill's dots to YNNPACK): its batches stop below
-# that, and a burst of more rows is served as several batches.
+# 2026-12-02, commit a183998: at 32 rows XLA:CPU stops handing several of the prefill's dots to YNNPACK): its batches
+# stop below that, and a burst of more rows is served as several batches.
 MAX_BATCH_ROWS = 31
 
 
@@ -60,7 +60,7 @@ def prompt_buckets(max_total_tokens: int) -> list[int]:
 
 # A later turn's request prefills only what its cached prefix does not cover: the toy's are 5-10 tokens (an
 # observation and the chat template's turn markers), and a 64-slot suffix made a 24-row batch cost 1.5x what a
-# 16-slot one does (docs/performance.md, session 26).
+# 16-slot one does (docs/performance.md; 2026-12-02, commit 8268932).
 SHORT_SUFFIX_BUCKETS = (16, 32)
 
 

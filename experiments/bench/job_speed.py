@@ -8,8 +8,9 @@ job's 240 RL steps), the median response length (action tokens per trajectory) a
 those steps, and validation (base policy → mean of the last 3 evaluations, best). Then the pooled medians' ratio,
 before / after, over all runs and over the like runs: those whose response length is within `--like` (relative) of a
 run's on the other side. The step time scales with the response length, which moves run to run (the same tree and seed
-gave ≈ 20 and ≈ 54 tokens; docs/performance.md, session 32), so only runs of like lengths compare. The runs to compare
-are the README command on each tree, back to back on the same idle machine (docs/performance.md has the loop).
+gave ≈ 20 and ≈ 54 tokens; docs/performance.md, 2026-12-04, commit 9fd1a0b), so only runs of like lengths compare. The
+runs to compare are the README command on each tree, back to back on the same idle machine (docs/performance.md has the
+loop).
 """
 from __future__ import annotations
 

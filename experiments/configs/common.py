@@ -78,7 +78,7 @@ def base_config() -> ml_collections.ConfigDict:
       # True: each new policy version reaches the engines in the background while the next step trains
       # (sao.train.publication; `full_scale` sets it, where a publish takes tens of seconds). The toy waits for
       # every engine to serve it: in the background its validation after 240 steps fell 0.78 → 0.75 over 6 / 10
-      # runs and 3 of 5 seed-0 runs drifted into padding every turn (docs/performance.md, session 32).
+      # runs and 3 of 5 seed-0 runs drifted into padding every turn (docs/performance.md; 2026-12-04, commit 6baa2f8).
       async_publish=False,
       # Threads of XLA:CPU's pools in the trainer process and in each local engine (0: one per core). The toy's
       # trainer, engine and worker share a few cores: one-thread pools spend less CPU per step
@@ -172,7 +172,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.batching.bucket_lengths = (64, 80, 104, 128, 176, 256, 512)
   c.batching.length_groups = 16  # 4 rows each: 317 CPU ms per update (8 groups: 392, 4: 646, one batch: 1288)
   # Compiling every shape's programs ahead (during the warm start) cost the 2-core machine more than the stalls it
-  # removed (docs/performance.md "Session 22"); with idle cores, `--config.learner.batching.precompile=True`.
+  # removed (docs/performance.md; 2026-12-02, commit 63348f5); with idle cores,
+  # `--config.learner.batching.precompile=True`.
   c.batching.precompile = False
   return config
 

@@ -257,7 +257,8 @@ def job_speed(run: RunLog, last: int = 239) -> JobSpeed:
   """The last `last` intervals between consecutive RL steps' progress rows (the README job's 240 RL steps give
   239), with the response length and the trained tokens of those steps. The step time of the toy job scales with
   how long the policy's responses are, and that moves run to run (the same tree and seed: ≈ 20 or ≈ 54 action
-  tokens per trajectory; docs/performance.md, session 32), so a speed ratio compares runs of like lengths."""
+  tokens per trajectory; docs/performance.md, 2026-12-04, commit 9fd1a0b), so a speed ratio compares runs of like
+  lengths."""
   rows = sorted((r["step"] - run.step_offset, r) for r in run.records
                 if r.get("phase/rl") and "reward" in r and r.get("time") is not None)
   if len(rows) < 2:

@@ -1,10 +1,9 @@
 """The compile report as a resumable row file (`experiments/compile_tpu.py --out --resume`).
 
-A full config's report is tens of (program, bucket) compiles of minutes each, longer than a session, so each row is
-written to the JSON file as soon as it is compiled (atomically: a temporary file renamed over the old one) and a
-later run skips the rows the file already holds. The file stays what the report always was: a JSON list of rows,
-each `dataclasses.asdict` of a `ReportRow` plus the settings it was compiled for (`SETTINGS_KEYS`, `CODE_KEYS`).
-
+A full config's report is tens of (program, bucket) compiles of minutes each, hours in all, so each row is written to
+the JSON file as soon as it is compiled (atomically: a temporary file renamed over the old one) and a later run skips
+the rows the file already holds. The file stays what the report always was: a JSON list of rows, each
+`dataclasses.asdict` of a `ReportRow` plus the settings it was compiled for (`SETTINGS_KEYS`, `CODE_KEYS`).
 A resume is refused (`ResumeMismatch`, naming the differing setting) when the file was written for another topology,
 config, overrides, dtype, layer count, mesh …; rows from another code version (git commit, jax, libtpu) are refused
 too unless the caller allows them. A row whose compile raised is recorded as `status="failed"` with the exception

@@ -4,7 +4,7 @@ XLA:CPU sizes its thread pools (Eigen's intra-op pool, the PJRT client's) from t
 its affinity mask — when JAX creates the CPU backend. Every process of the README's toy job (trainer, engine) gets
 pools as wide as the machine, and on 2 cores shared by three busy processes the extra threads mostly hand work back
 and forth: with one-thread pools the three processes spent ≈ 15 % less CPU per RL step and the step got ≈ 11 %
-shorter (docs/performance.md, "Session 21: where an RL step's CPU goes, and XLA:CPU threads per process").
+shorter (docs/performance.md; measured 2026-12-01, commit f14d4a3).
 
 `limit(n)` narrows this process's affinity to n of its CPUs, creates JAX's backends, then gives every thread of the
 process its former affinity back: the pools keep n threads, and every thread (theirs included) may still run on any

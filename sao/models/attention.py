@@ -131,9 +131,9 @@ def reference_attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
 def dense_attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
   """`reference_attention` in a layout XLA runs faster: heads-major, each KV head's G query heads stacked as rows.
 
-  q [B, T, H, D] → [B, K, G·T, D]; k, v [B, S, K, D] → [B, K, S, D]; scores [B, K, G·T, S] = one batched product per
-  (b, kv head) with G·T rows, instead of [B, K, G, T, S] with the head axes between the matmul's batch and row dims:
-  the toy learner's update (D = 16, G = 2, T ≤ 128) spends 7–14 % less CPU (docs/performance.md, Session 30).
+  q [B, T, H, D] → [B, K, G·T, D]; k, v [B, S, K, D] → [B, K, S, D]; scores [B, K, G·T, S] = one batched product per (b,
+  kv head) with G·T rows, instead of [B, K, G, T, S] with the head axes between the matmul's batch and row dims: the toy
+  learner's update (D = 16, G = 2, T ≤ 128) spends 7–14 % less CPU (docs/performance.md; 2026-12-03, commit 351264c).
   mask: [B, T, S] bool. Same values (to rounding) and the same masked-row convention as the reference.
   """
   b, t, h, d = q.shape

@@ -22,7 +22,8 @@ in one `shard_map` manual over every mesh axis (`_mesh_experts`):
   - tokens: x [N, D] and the routing [N, k] split by rows over the batch axes (`data`, `fsdp`, `expert`: the
     learner's batch rule), so each shard sorts and gathers only its own N / (data·fsdp·expert) tokens — the sorted
     copies `[M_local, D]` are 1 / (data·fsdp·expert) of the whole micro-batch's (measured: inside the learner's
-    scan over layers GSPMD had kept them whole, 32 GiB per chip at 131k tokens, docs/tpu.md session 17);
+    scan over layers GSPMD had kept them whole, 32 GiB per chip at 131k tokens; docs/tpu.md, 2026-11-30, commit
+    e646bdc);
   - expert weights: the stacked experts over `expert`, the expert width F over `tensor`, the hidden D gathered
     (what FSDP does with every layer's weights; the shard_map's in_spec inserts the all-gather, its transpose
     the reduce-scatter of the weight gradient);

@@ -16,12 +16,12 @@ The residual stream between layers (`shard_residual`): under a context mesh (`ja
 its steps) whose `tensor` axis is automatic and larger than 1, every layer's input x [B, T, E] is constrained to
 B over the batch axes (`data`, `fsdp`, `expert`, those dividing B) and E over `tensor`. These inputs are what the
 per-layer remat saves for the backward pass (stacked [N, B, T, E] per period position by the scan) and what the
-carry's cotangent is; without the constraint XLA kept them whole over `tensor` (every tensor chip holding the same
-copy: 4 × 5 GiB per chip for Qwen3.5-35B-A3B at T = 131,072, docs/tpu.md session 18). The hidden dim rather than the
-sequence: each layer opens with an RMSNorm over E (a partial sum and an all-reduce of [B, T] when E is split) and
-ends with the `tensor`-sharded output projections' partial sums (a reduce-scatter onto E), while every mixer
-(attention, Gated DeltaNet's chunked recurrence and causal conv) needs the whole sequence; the MoE's shard_map
-takes its tokens by rows over the batch axes and E whole, an all-gather over `tensor` either way. Without a mesh,
+carry's cotangent is; without the constraint XLA kept them whole over `tensor` (every tensor chip holding the same copy:
+4 × 5 GiB per chip for Qwen3.5-35B-A3B at T = 131,072; docs/tpu.md, 2026-11-30, commit b8e8f66). The hidden dim rather
+than the sequence: each layer opens with an RMSNorm over E (a partial sum and an all-reduce of [B, T] when E is split)
+and ends with the `tensor`-sharded output projections' partial sums (a reduce-scatter onto E), while every mixer
+(attention, Gated DeltaNet's chunked recurrence and causal conv) needs the whole sequence; the MoE's shard_map takes its
+tokens by rows over the batch axes and E whole, an all-gather over `tensor` either way. Without a mesh,
 on one device, or with `tensor` of size 1 / manual / not dividing E, it is the identity (CPU toy, engines).
 """
 from __future__ import annotations

@@ -5,10 +5,10 @@ value clipping, an SAO update needs V⁰ only for its diagnostics: the targets d
 `old_values`. Epoch 0 of the critic computes exactly V⁰ (it runs the pre-update params), so every critic step also
 sums what the diagnostics need over the action tokens it sees (`step_metrics`, merged over micro-batches and length
 groups like every step metric), and `Learner` skips its separate pre-update critic forward — one of the update's two
-critic forwards (docs/performance.md, session 26). The learner reports epoch 0's sums as `critic/v0_*` metrics, and
-`diagnostics` turns them, on the host, into the same `critic/explained_variance` and `critic/values/{mean,std,min,
-max}` that `sao.train.targets.critic_targets` computes from V⁰ itself (to float32 rounding: the variances here are
-one-pass, `E[x²] − E[x]²`).
+critic forwards (docs/performance.md; 2026-12-02, commit b8b33eb). The learner reports epoch 0's sums as `critic/v0_*`
+metrics, and `diagnostics` turns them, on the host, into the same `critic/explained_variance` and
+`critic/values/{mean,std,min,max}` that `sao.train.targets.critic_targets` computes from V⁰ itself (to float32
+rounding: the variances here are one-pass, `E[x²] − E[x]²`).
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 Telling the engines about a new version (`sao.engines.fleet.Fleet.publish`: each server loads the exported directory,
 waits for its running batch, swaps, and reports its version) takes the trainer nothing but waiting, with nothing queued
 for its accelerators: a fifth of the main thread's time on the README's toy job, tens of seconds per step for a
-70 GB policy published through disk (docs/performance.md, "Session 27", "Weight publication"). A `Publication` runs
+70 GB policy published through disk (docs/performance.md, "Weight publication"; 2026-12-03, commit 11178cb). A
+`Publication` runs
 it in one background thread instead, one version at a time and in order:
 
     publication.start(path, version)   # waits for the previous version's publish (re-raising its error), then

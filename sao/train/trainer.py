@@ -289,7 +289,7 @@ class Trainer:
     update programs (value pretraining's critic, the RL learner's) during the supervised warm start, in a thread, on
     abstract learners of the same configs: the same programs, so the real learners' first calls find the
     executables in the cache (they still trace and lower). Pays only where the warm start leaves cores idle: on the
-    toy's 2 cores it slowed the warm start more than it saved (docs/performance.md, session 22)."""
+    toy's 2 cores it slowed the warm start more than it saved (docs/performance.md; 2026-12-02, commit 63348f5)."""
     if self.config.learner.batching.precompile and jax.config.jax_compilation_cache_dir:
       self._precompilers.append(precompile_lib.Precompiler(phases.ahead_programs(self.config, model_config), "ahead"))
       self._precompiled_ahead = True

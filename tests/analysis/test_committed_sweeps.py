@@ -42,7 +42,7 @@ def test_toy_algorithms_tables():
 
 
 def test_toy_matched_concurrency_tables():
-  text = _report("toy_matched_concurrency")  # seeds 0 (session 17) and 1 (session 18), same code version
+  text = _report("toy_matched_concurrency")  # seeds 0 (2026-11-30) and 1 (2026-12-01), same code version
   assert "code version e4f743b5aba6447dd9608f41567be09d667be6e8" in text
   assert "8 runs started: 8 complete, 0 incomplete" in text
   assert "Not started" not in text

@@ -269,8 +269,8 @@ def test_toy_variants_stay_float32(name):
 
 @pytest.mark.parametrize("name", MODULES)
 def test_toy_variants_wait_for_each_publish_and_full_ones_publish_in_the_background(name):
-  """docs/performance.md, session 32: publishing in the background changed the toy's learning; at full scale it
-  overlaps a publish of tens of seconds with the next step."""
+  """docs/performance.md (2026-12-04, commit 6baa2f8): publishing in the background changed the toy's learning; at full
+  scale it overlaps a publish of tens of seconds with the next step."""
   module = _load(name)
   assert module.get_config("toy").async_publish is False
   if "full" in module.VARIANTS:
