@@ -4,7 +4,7 @@ reports per program and bucket length the HBM per chip, the FLOPs and XLA's cost
     python experiments/compile_tpu.py --config=experiments/configs/sao_openswe.py:full --topology=v5p:4x4x8 \
         --out=/tmp/sao_full_v5p128.json
 
-The programs are the trainer's own (`sao.train.aot`: an abstract `Learner` on the topology's mesh runs its update
+The programs are the trainer's own (`sao.aot.driver`: an abstract `Learner` on the topology's mesh runs its update
 code with every jitted program recorded, then each is lowered and compiled). No weights are read: a `full` config's
 `model.hf_path` needs only its `config.json` (a local directory, or a hub id `sao.models.known_configs` knows).
 The model is built as the trainer loads it: the config's `model.param_dtype`, `model.compute_dtype` and `model.remat`
@@ -17,7 +17,7 @@ step, 2·N_active·tokens for a forward, plus attention); `est s` and `MFU` are 
 by the loop trip counts XLA leaves out) — an estimate, not a measurement. Exits 1 when a program does not fit or
 its compile failed, naming it.
 
-`--out` writes the rows as JSON, each as soon as it is compiled (`sao.train.aot_report`); `--resume` keeps the rows
+`--out` writes the rows as JSON, each as soon as it is compiled (`sao.aot.report`); `--resume` keeps the rows
 already in that file (refusing a file compiled for other settings) and compiles only the missing ones, largest bucket
 first; a failed row counts as done unless `--retry_failed`. The table at the end covers every row of the file.
 """
@@ -52,7 +52,7 @@ def define_flags() -> None:
                                          "git commit / jax / libtpu (each row records its own).")
   _HLO_DIR = flags.DEFINE_string("hlo_dir", "", "Also write each compiled program's HLO text here "
                                   "(<program>_T<bucket>.hlo.txt.gz), for reading what XLA's estimate spends its time "
-                                  "on without compiling again: experiments/hlo_breakdown.py --hlo=<file>.")
+                                  "on without compiling again: experiments/bench/hlo_breakdown.py --hlo=<file>.")
   _BUCKETS = flags.DEFINE_list("buckets", [], "Bucket lengths to compile (default: the config's).")
   _PROGRAMS = flags.DEFINE_list("programs", [], "Programs to compile (default: every program of the update).")
   _MODEL_DTYPE = flags.DEFINE_enum("model_dtype", "", ["", "float32", "bfloat16"],
@@ -114,7 +114,7 @@ def format_table(rows, chip) -> str:
 
 
 def _failed(row) -> bool:
-  return getattr(row, "status", "") == "failed"  # an `aot_report.ReportRow` whose compile raised
+  return getattr(row, "status", "") == "failed"  # a `report.ReportRow` whose compile raised
 
 
 def row_line(r, chip) -> str:
@@ -168,7 +168,7 @@ def code_version() -> str:
 
 
 def run_settings(config, model_config, topology: str, chips: int, chip) -> dict:
-  """What each row records about how it was compiled (`aot_report.SETTINGS_KEYS`, `CODE_KEYS` and the command)."""
+  """What each row records about how it was compiled (`report.SETTINGS_KEYS`, `CODE_KEYS` and the command)."""
   import hashlib  # pylint: disable=g-import-not-at-top
   import importlib.metadata  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
@@ -188,7 +188,7 @@ def run_settings(config, model_config, topology: str, chips: int, chip) -> dict:
 
 def main(argv):
   del argv
-  from sao.train import aot_report, tpu_topology  # pylint: disable=g-import-not-at-top
+  from sao.aot import report, tpu_topology  # pylint: disable=g-import-not-at-top
   if (_RESUME.value or _RETRY_FAILED.value or _ALLOW_CODE_CHANGE.value) and not _OUT.value:
     raise app.UsageError("--resume, --retry_failed and --allow_code_change need --out")
   if (_RETRY_FAILED.value or _ALLOW_CODE_CHANGE.value) and not _RESUME.value:
@@ -207,7 +207,7 @@ def main(argv):
         f"micro_batch_size {config.learner.batching.micro_batch_size}", flush=True)
   settings = run_settings(config, model_config, _TOPOLOGY.value, len(devices), chip)
   try:
-    row_file = aot_report.RowFile(_OUT.value, settings, _RESUME.value, _ALLOW_CODE_CHANGE.value) if _OUT.value \
+    row_file = report.RowFile(_OUT.value, settings, _RESUME.value, _ALLOW_CODE_CHANGE.value) if _OUT.value \
         else None
   except (OSError, ValueError) as e:  # a file of other settings, not a report, or a path that cannot be written
     print(f"compile_tpu: {e}", file=sys.stderr)
@@ -226,7 +226,7 @@ def main(argv):
 
   buckets = [int(b) for b in _BUCKETS.value] or [int(b) for b in config.learner.batching.bucket_lengths]
   try:
-    aot_report.compile_missing(config, model_config, devices, chip, buckets, _PROGRAMS.value, done, on_row,
+    report.compile_missing(config, model_config, devices, chip, buckets, _PROGRAMS.value, done, on_row,
                                log=lambda message: print(message, flush=True), hlo_dir=_HLO_DIR.value)
   except ValueError as e:  # a config the learner rejects on this topology: say so, as the trainer would
     print(f"compile_tpu: {config.name} on {_TOPOLOGY.value}: {e}", file=sys.stderr)

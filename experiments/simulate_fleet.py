@@ -10,14 +10,17 @@ utilisation, and the simulated hours to the write-up's trajectories-to-best), an
 `fleet.png` to `--out_dir`.
 
     python experiments/simulate_fleet.py --validate=/tmp/bench_c16.json,/tmp/bench_c64.json
+    python experiments/simulate_fleet.py --validate=experiments/paper/fleet_validation   # the committed ones
 
-instead compares the simulator with `experiments/bench_pipeline.py --out=...` measurements of the real pipeline
+instead compares the simulator with `experiments/bench/bench_pipeline.py --out=...` measurements of the real pipeline
 (`sao.simulation.validation`, the engine's stalls derived from each measurement's trajectory records;
 `--novalidation_stalls`: without them; the engine's slowdown while the trainer computes, measured the same way;
-`--novalidation_contention`: without it) and exits 1 if any metric is off by more than `--tolerance`.
+`--novalidation_contention`: without it) and exits 1 if any metric is off by more than `--tolerance`. A folder in
+`--validate` stands for every `*.json` in it.
 """
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
@@ -42,7 +45,8 @@ def define_flags() -> None:
                                                                    "configs", "simulation", "fleet_sim.py:full"),
                                             "Fleet simulation config (get_config(arg)).", lock_config=True)
   _OUT_DIR = flags.DEFINE_string("out_dir", "", "Write fleet.json and fleet.png here ('' = print only).")
-  _VALIDATE = flags.DEFINE_list("validate", [], "bench_pipeline.py --out JSON files: compare instead of simulating.")
+  _VALIDATE = flags.DEFINE_list("validate", [], "bench_pipeline.py --out JSON files (or folders of them): compare "
+                                 "instead of simulating.")
   _TOLERANCE = flags.DEFINE_float("tolerance", 0.2, "Largest relative error --validate accepts.")
   _SEEDS = flags.DEFINE_integer("validation_seeds", 20, "Simulated runs averaged per bench measurement.")
   _STALLS = flags.DEFINE_boolean("validation_stalls", True, "--validate: give the simulated twin the engine stalls "
@@ -102,9 +106,17 @@ def run_grid(config) -> list[dict]:
   return rows
 
 
+def measurement_files(paths) -> list[str]:
+  """`paths` with each folder replaced by the `*.json` files in it, in name order."""
+  files = []
+  for path in paths:
+    files += sorted(glob.glob(os.path.join(path, "*.json"))) if os.path.isdir(path) else [path]
+  return files
+
+
 def run_validation(paths, tolerance: float, seeds: int, stalls: bool = True, contention: bool = True) -> bool:
   table, ok = [], True
-  for path in paths:
+  for path in measurement_files(paths):
     with open(path, encoding="utf-8") as f:
       measurements = json.load(f)
     for measured in measurements:

@@ -181,9 +181,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, config_args: Sequenc
   if not channel.is_coordinator:
     return
   png = curves.plot_training_curves(os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, "curves.png"))
-  base, final, best = trainer.validation_summary()
-  print(f"[done] {config.name}: validation {base:.3f} (base policy) → {final:.3f} (mean of the last 3 evaluations; "
-        f"best {best:.3f}); last step {summary}; "
+  from sao.train import progress  # pylint: disable=g-import-not-at-top
+  print(f"[done] {config.name}: {progress.validation_line(trainer.validations)}; last step {summary}; "
         f"curves: {png}", flush=True)
 
 

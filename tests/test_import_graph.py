@@ -1,6 +1,7 @@
 """The import graph of `sao` (every import statement, also those inside functions): no cycles between modules, and
 packages import only downward (`sao.train` and `sao.rollout` never import each other; they meet through
-`sao.transport` and `sao.engines`)."""
+`sao.transport` and `sao.engines`; the compile analysis `sao.aot` sits above the learner it compiles, and nothing in
+`sao` imports it)."""
 from __future__ import annotations
 
 import ast
@@ -14,16 +15,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # package → the packages it may import besides itself (the layering of docs/ and the README's layout).
 ALLOWED = {
     "sao.run_config": set(),  # reading experiment configs (dotted keys, overrides): below everything that runs one
-    "sao.kernels": set(),  # native kernels and their build: below the array math that calls them
+    "sao.env_choice": set(),  # a setting chosen by an environment variable: below everything that reads one
+    "sao.kernels": {"sao.env_choice"},  # native kernels and their build: below the array math that calls them
     "sao.core": {"sao.kernels"},
     "sao.models": {"sao.core"},
     "sao.transport": {"sao.core", "sao.models"},
-    "sao.engines": {"sao.core", "sao.models", "sao.transport"},
+    "sao.engines": {"sao.core", "sao.models", "sao.transport", "sao.env_choice"},
     "sao.analysis": {"sao.core", "sao.models", "sao.transport"},
     "sao.simulation": {"sao.transport"},  # the fleet simulator drives the transport's own dispenser and buffer
     "sao.train": {"sao.core", "sao.models", "sao.transport", "sao.engines", "sao.analysis",
                   "sao.run_config"},
     "sao.rollout": {"sao.core", "sao.models", "sao.transport", "sao.engines", "sao.analysis", "sao.run_config"},
+    # ahead-of-time compile analysis: compiles the learner's own programs (`sao.train`) and prices their HLO
+    "sao.aot": {"sao.core", "sao.models", "sao.train", "sao.run_config"},
 }
 
 
@@ -115,6 +119,15 @@ def test_packages_import_only_downward():
   wrong = sorted(f"{a} imports {b}" for a, targets in _edges(_modules()).items() for b in targets
                  if _package(a) in ALLOWED and _package(b) != _package(a) and _package(b) not in ALLOWED[_package(a)])
   assert wrong == []
+
+
+def test_nothing_in_sao_imports_the_compile_analysis():
+  """The learner runs without the HLO reader, the cost model and the chip table: only the compile commands
+  (experiments/compile_tpu.py and the bench scripts) and the tests import `sao.aot`."""
+  edges = _edges(_modules())
+  assert "sao.aot.driver" in edges["sao.aot.report"]  # the package's own modules are read
+  assert sorted(a for a, targets in edges.items() for b in targets
+                if _package(b) == "sao.aot" and _package(a) != "sao.aot") == []
 
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))

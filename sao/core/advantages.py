@@ -7,7 +7,7 @@ the model sees, never tokens it is trained on, so GAE *bridges* them: the recurs
 All functions are pure, jit-compatible, accept float32/bfloat16 inputs and compute in float32 (float64 when an input
 already is float64 under x64). Argument errors are `ValueError`s raised at trace time that name the argument.
 """
-from typing import Literal
+from typing import Callable, Literal, Mapping, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -129,6 +129,7 @@ def _checked_gae_inputs(rewards, values, action_mask, gamma, lam):
 
 Method = Literal["auto", "native", "chunked", "scan", "associative"]
 METHODS = ("auto", "native", "chunked", "scan", "associative")
+_Out = TypeVar("_Out")
 
 
 def _row_moments(advantages, mask):
@@ -172,6 +173,19 @@ def _native_or(xla_branch, dtype, native_branch):
   return xla_branch()
 
 
+def _check_method(method: str) -> None:
+  if method not in METHODS:
+    raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+
+
+def _by_method(method: Method, dtype, branches: Mapping[str, Callable[[], _Out]]) -> _Out:
+  """`branches[method]()`, one branch per method but "auto": that is the native branch where the program runs on
+  XLA:CPU and the kernel builds, the chunked one elsewhere (`_native_or`)."""
+  if method == "auto":
+    return _native_or(branches["chunked"], dtype, branches["native"])
+  return branches[method]()
+
+
 def gae(
     rewards: jax.Array,
     values: jax.Array,
@@ -209,9 +223,9 @@ def gae(
   Returns:
     `(advantages, returns)`, both `[B, T]` in the compute dtype (float32 for float32/bfloat16 inputs), 0 where `m == 0`.
   """
-  if method not in METHODS:
-    raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+  _check_method(method)
   rewards, values, mask, gamma, lam = _checked_gae_inputs(rewards, values, action_mask, gamma, lam)
+
   def with_returns(advantages):
     return advantages, jnp.where(mask, advantages + values, 0.0)
 
@@ -225,15 +239,10 @@ def gae(
                         lambda: gae_chunked.advantages_and_returns(rewards, values, mask, gamma, gamma_lam),
                         lambda: with_returns(_gae_scan(rewards, values, mask, gamma, lam)))
 
-  if method == "scan":
-    return with_returns(_gae_scan(rewards, values, mask, gamma, lam))
-  if method == "associative":
-    return with_returns(_gae_associative(rewards, values, mask, gamma, lam))
-  if method == "native":
-    return native()
-  if method == "chunked":
-    return chunked()
-  return _native_or(chunked, rewards.dtype, native)
+  return _by_method(method, rewards.dtype, {
+      "native": native, "chunked": chunked,
+      "scan": lambda: with_returns(_gae_scan(rewards, values, mask, gamma, lam)),
+      "associative": lambda: with_returns(_gae_associative(rewards, values, mask, gamma, lam))})
 
 
 def whitened_gae(
@@ -258,11 +267,7 @@ def whitened_gae(
     `(whitened_advantages, returns)`, both `[B, T]` in the compute dtype, 0 where `m == 0`. The returns are not
     whitened (they are the critic's targets).
   """
-  if method in ("scan", "associative"):
-    advantages, returns = gae(rewards, values, action_mask, gamma, lam, method=method)
-    return masked_whiten(advantages, action_mask, eps), returns
-  if method not in METHODS:
-    raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+  _check_method(method)
   rewards, values, mask, gamma, lam = _checked_gae_inputs(rewards, values, action_mask, gamma, lam)
   gamma_lam = (gamma * lam)[:, 0]  # [B]
 
@@ -279,18 +284,16 @@ def whitened_gae(
                                                                                gamma_lam)
     return whiten(advantages, returns, *moments)
 
-  def fallback():
-    advantages = _gae_scan(rewards, values, mask, gamma, lam)
+  def unfused(advantages_of):  # GAE, then whitening's own passes over the advantages
+    advantages = advantages_of(rewards, values, mask, gamma, lam)
     return masked_whiten(advantages, mask, eps), jnp.where(mask, advantages + values, 0.0)
 
   def chunked():
-    return jax.lax.cond(gae_chunked.fits(gamma_lam, mask), fused, fallback)
+    return jax.lax.cond(gae_chunked.fits(gamma_lam, mask), fused, lambda: unfused(_gae_scan))
 
-  if method == "native":
-    return native()
-  if method == "chunked":
-    return chunked()
-  return _native_or(chunked, rewards.dtype, native)
+  return _by_method(method, rewards.dtype, {"native": native, "chunked": chunked,
+                                            "scan": lambda: unfused(_gae_scan),
+                                            "associative": lambda: unfused(_gae_associative)})
 
 
 def _action_counts(mask: jax.Array) -> jax.Array:

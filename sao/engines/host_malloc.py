@@ -24,10 +24,10 @@ trajectory batches) should go back to the system; `keep` forces the settings, `s
 from __future__ import annotations
 
 import ctypes
-import os
 import platform
 import sys
 
+from sao import env_choice
 from sao.engines import host_platform
 
 ENV = "SAO_HOST_MALLOC"
@@ -40,13 +40,13 @@ M_ARENA_MAX = -8
 TRIM_THRESHOLD_BYTES = 2**31 - 1  # mallopt's value is an int: 2 GiB, far above any one free here
 
 
+_MEANINGS = {AUTO: "keep freed memory for reuse unless the host has an accelerator", KEEP: "always",
+             SYSTEM: "glibc's own malloc settings"}
+
+
 def mode(env: dict[str, str] | None = None) -> str:
   """`auto` (the default), `keep` or `system`, from `SAO_HOST_MALLOC`; ValueError naming the variable otherwise."""
-  value = (os.environ if env is None else env).get(ENV, AUTO).strip().lower() or AUTO
-  if value not in (AUTO, KEEP, SYSTEM):
-    raise ValueError(f"{ENV}={value!r}: expected {AUTO!r} (keep freed memory for reuse unless the host has an "
-                     f"accelerator; the default), {KEEP!r} (always) or {SYSTEM!r} (glibc's own malloc settings)")
-  return value
+  return env_choice.read(ENV, _MEANINGS, AUTO, env)
 
 
 def supported() -> bool:

@@ -28,8 +28,12 @@ import threading
 import jax
 import jaxlib
 
+from sao import env_choice
+
 ENV = "SAO_NATIVE_KERNELS"
 AUTO, ON, OFF = "auto", "on", "off"
+_MEANINGS = {AUTO: "use the native kernels where they build", ON: "a failed build is an error",
+             OFF: "never build them"}
 FLAGS = ("-std=c++17", "-O3", "-march=native", "-fPIC", "-shared", "-w")
 _SOURCE_DIR = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.Lock()
@@ -42,11 +46,7 @@ class BuildError(RuntimeError):
 
 def mode(env: dict[str, str] | None = None) -> str:
   """`auto`, `on` or `off` from `SAO_NATIVE_KERNELS`; ValueError naming the variable otherwise."""
-  value = (os.environ if env is None else env).get(ENV, AUTO).strip().lower() or AUTO
-  if value not in (AUTO, ON, OFF):
-    raise ValueError(f"{ENV}={value!r}: expected {AUTO!r} (use the native kernels where they build; the default), "
-                     f"{ON!r} (a failed build is an error) or {OFF!r} (never build them)")
-  return value
+  return env_choice.read(ENV, _MEANINGS, AUTO, env)
 
 
 def cache_dir() -> str:

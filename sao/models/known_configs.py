@@ -2,7 +2,7 @@
 
 `hf_config(path)` returns the HF `config.json` dict of `path`: read from `path/config.json` when that directory
 exists (a local copy always wins), else from `KNOWN_HF_CONFIGS` for the hub ids below. Ahead-of-time compilation
-(`sao.train.aot`) builds the model from it without downloading tens of gigabytes of weights.
+(`sao.aot.driver`) builds the model from it without downloading tens of gigabytes of weights.
 
 Sources: the models' HF `config.json` files; the same values are the defaults of transformers'
 `Qwen3_5MoeTextConfig` (checkpoint Qwen/Qwen3.5-35B-A3B) and, for Qwen3-30B-A3B, its model card (48 layers, 32 q /

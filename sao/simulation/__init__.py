@@ -7,7 +7,7 @@ simulated clock, driving the project's own dispenser, buffer, flow control and a
   contention     the engines' speed over time: stalled, slowed while the trainer computes, or full (`EngineClock`)
   fleet          the event loop (`simulate`)
   report         what a run measured (`FleetReport`): throughput, busy fraction, staleness, discarded work
-  validation     predictions against `experiments/bench_pipeline.py` measurements of the real pipeline
+  validation     predictions against `experiments/bench/bench_pipeline.py` measurements of the real pipeline
   bench_stalls   the engine's stalls in such a measurement, from its trajectory records
   bench_contention  the engine's per-turn time outside and inside the trainer's steps in such a measurement
 

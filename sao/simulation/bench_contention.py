@@ -1,4 +1,4 @@
-"""The engine's speed while the trainer computes, from an `experiments/bench_pipeline.py --out` measurement.
+"""The engine's speed while the trainer computes, from an `experiments/bench/bench_pipeline.py --out` measurement.
 
 The bench runs the trainer, one local JAX engine and the rollout worker on one machine's processors. Its records
 give the trainer's steps (`timeline.waits`: each step trains from the end of its wait for a batch to the start of
@@ -51,7 +51,7 @@ def training_steps(measured: Mapping[str, Any]) -> list[tuple[float, float]]:
   of the next wait (the last: to `timeline.end`)."""
   timeline = measured.get("timeline", {})
   if "waits" not in timeline or "end" not in timeline:
-    raise ValueError("bench measurement has no timeline.waits / timeline.end (run experiments/bench_pipeline.py "
+    raise ValueError("bench measurement has no timeline.waits / timeline.end (run experiments/bench/bench_pipeline.py "
                      "with --out)")
   waits = timeline["waits"]
   ends = [float(begin) for begin, _ in waits[1:]] + [float(timeline["end"])]

@@ -1,4 +1,5 @@
-"""The engine's stalls in an `experiments/bench_pipeline.py --out` measurement, derived from its trajectory records.
+"""The engine's stalls in an `experiments/bench/bench_pipeline.py --out` measurement, derived from its trajectory
+records.
 
 The local JAX engine runs its batches one at a time in one worker thread, and compiles (or loads from the
 persistent cache) every new batch shape the first time it meets it: meanwhile it serves nobody. The bench does not

@@ -1,9 +1,9 @@
 """The engines' speed over time: stalled (`sao.simulation.stalls`), slowed while the trainer computes, or full.
 
 On one machine the local JAX engine and the trainer share the processors: while the trainer runs a step the engine
-serves each turn more slowly (`experiments/bench_pipeline.py` measured 1.3-2 × the engine seconds per turn for turns
-served inside a training step; `sao.simulation.bench_contention`). A GPU fleet's engines do not share the trainer's
-processors, so the generative grid runs without it (`FleetConfig.trainer_contention` = 1).
+serves each turn more slowly (`experiments/bench/bench_pipeline.py` measured 1.3-2 × the engine seconds per turn for
+turns served inside a training step; `sao.simulation.bench_contention`). A GPU fleet's engines do not share the
+trainer's processors, so the generative grid runs without it (`FleetConfig.trainer_contention` = 1).
 
 The engines do engine-seconds of work at a rate
 

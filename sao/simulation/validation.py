@@ -1,4 +1,5 @@
-"""The simulator against the real pipeline: predictions for an `experiments/bench_pipeline.py --out=...` measurement.
+"""The simulator against the real pipeline: predictions for an `experiments/bench/bench_pipeline.py --out=...`
+measurement.
 
 The simulator is given what the bench measured as *inputs*: the episode delay distribution (the same capped Pareto
 `slow_number_search` sleeps), the mean turns, the agent loop's mean engine and env-step seconds per turn (the
@@ -37,11 +38,40 @@ from sao.simulation.stalls import StallModel
 # staleness_steady_mean: over the trajectories leased after the first measured step began (the bench's per-trajectory
 # records), so no episode of the warm-up, whose engine calls waited for the engine's compilations, counts.
 METRICS = ("traj_per_s", "busy", "staleness_mean", "staleness_steady_mean")
-# The bench's fixed settings not in its JSON (experiments/bench_pipeline.py and the toy config): the empty-lease
+# The bench's fixed settings not in its JSON (experiments/bench/bench_pipeline.py and the toy config): the empty-lease
 # retry it sets, the toy lease TTL, and SAO's critic warm-up (its first update leaves the policy version as is).
 BENCH_NO_WORK_RETRY_S = 0.05
 BENCH_LEASE_TTL_S = 120.0
 BENCH_ACTOR_WARMUP_STEPS = 1
+
+
+# What the validation reads of a measurement (`bench_config`, `measured_metrics`, the command's table): `trimmed`
+# keeps these and drops the rest (the per-trajectory staleness list, publish times, each record's step and take time).
+READ_KEYS = ("mode", "concurrency", "batch_size", "steps", "warmup_steps", "delay", "episode_s", "train_step_s",
+             "warmup_train_step_s", "turns_mean", "generate_s_mean", "tool_s_mean", "total_s_mean", "max_outstanding",
+             "buffer_capacity", "max_staleness", "publish_fraction_mean", "engine_publish_fraction_mean", "timeline",
+             "taken", "loadavg_before", "loadavg_after") + METRICS
+READ_RECORD_KEYS = ("leased_at", "accepted_at", "policy_version", "server_version", "turns", "generate_s", "tool_s",
+                    "total_s")
+
+
+def trimmed(measured: Mapping[str, Any], decimals: int = 6) -> dict[str, Any]:
+  """`measured` with only `READ_KEYS` (and of each `taken` record `READ_RECORD_KEYS`), every float rounded to `decimals`
+  places (seconds: to the microsecond by default, far below the bench's own noise): what the repository keeps of a bench
+  measurement so that `simulate_fleet.py --validate` re-runs from it."""
+  def rounded(value):
+    if isinstance(value, float):
+      return round(value, decimals)
+    if isinstance(value, (list, tuple)):
+      return [rounded(v) for v in value]
+    if isinstance(value, Mapping):
+      return {k: rounded(v) for k, v in value.items()}
+    return value
+
+  out = {k: rounded(measured[k]) for k in READ_KEYS if k in measured}
+  if "taken" in out:
+    out["taken"] = [{k: t[k] for k in READ_RECORD_KEYS if k in t} for t in out["taken"]]
+  return out
 
 
 def bench_config(measured: Mapping[str, Any], seed: int = 0, stalls: bool = True,
@@ -54,7 +84,7 @@ def bench_config(measured: Mapping[str, Any], seed: int = 0, stalls: bool = True
   for key in ("concurrency", "batch_size", "steps", "warmup_steps", "delay", "episode_s", "train_step_s",
               "turns_mean", "max_outstanding", "buffer_capacity", "max_staleness"):
     if key not in measured:
-      raise ValueError(f"bench measurement has no {key!r} (run experiments/bench_pipeline.py with --out)")
+      raise ValueError(f"bench measurement has no {key!r} (run experiments/bench/bench_pipeline.py with --out)")
   if measured.get("mode", "async") != "async":
     raise ValueError(f"only the bench's async mode is simulated, got mode {measured['mode']!r}")
   d = measured["delay"]

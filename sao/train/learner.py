@@ -22,7 +22,7 @@ with the same host batch; each feeds only its addressable shards (`_device`), an
 
 Every jitted program that runs the model is a `steps.MeshJit`: traced under `jax.set_mesh(self.mesh)`, so the model
 can lay out activations by mesh axis name (the routed MoE routes each batch shard's tokens on that shard); the
-ahead-of-time compile report (`sao.train.aot`) compiles the same objects.
+ahead-of-time compile report (`sao.aot.driver`) compiles the same objects.
 
 Host-side counters: `num_updates` (every `update`, the warmup clock), `version` (applied actor updates: the policy
 weights version engines are told about). The NaN guard lives in the jitted steps; consecutive skips are counted per
@@ -65,7 +65,7 @@ class Learner:
     model_config: the policy architecture (the critic shares it, with a value head).
     actor_params: policy params `{'model', 'lm_head'?}` (host or device arrays; copied into the mesh shardings).
       None: an abstract learner — role states are `jax.ShapeDtypeStruct`s with their shardings, nothing is
-      allocated or loaded, and the jitted programs can only be lowered (ahead-of-time compilation, `sao.train.aot`).
+      allocated or loaded, and the jitted programs can only be lowered (ahead-of-time compilation, `sao.aot.driver`).
     critic_params: critic params `{'model', 'value_head'}`; if None, built per `config.critic.init`.
     mesh: defaults to `make_mesh(config.mesh)`.
   """

@@ -85,7 +85,7 @@ class MeshJit:
   """`jax.jit(fn, **jit_kwargs)` whose every trace — a call, `trace`, `lower`, `eval_shape` — runs under
   `jax.set_mesh(mesh)` (when `mesh` is given), so the model sees the learner's mesh (`jax.sharding.
   get_abstract_mesh()`) and lays out its activations by mesh axis names (the routed MoE's shard_map,
-  `sao.models.moe`). The learner and the ahead-of-time compile report (`sao.train.aot`) run the same objects. The
+  `sao.models.moe`). The learner and the ahead-of-time compile report (`sao.aot.driver`) run the same objects. The
   mesh's axes stay `Auto`: GSPMD still shards everything the model does not lay out itself.
 
   A call is recorded in the thread's `ProgramLog` and, with `serialize_executions`, waits for its outputs."""

@@ -94,7 +94,7 @@ def _batch_programs(learner: Any, rows: int, lengths: Sequence[int], roles: tupl
                     batch: AbstractBatches) -> Iterator[str]:
   """The one-call update's programs on `[rows, T]` for each `T` of `lengths` (`Learner._update_sao` /
   `_update_group` with `groups=None`)."""
-  # pylint: disable=protected-access  (the learner's own programs, as `sao.train.aot` records them)
+  # pylint: disable=protected-access  (the learner's own programs, as `sao.aot.driver` records them)
   c = learner.config
   rng = jax.ShapeDtypeStruct(np.shape(learner.rng), learner.rng.dtype)  # shape and dtype only: no data is read
   loss = learner.actor_loss

@@ -71,6 +71,19 @@ def validation_summary(validations: Sequence[tuple[int, float]]) -> tuple[float,
           (max(trained) if trained else nan))
 
 
+def validation_line(validations: Sequence[tuple[int, float]]) -> str:
+  """The main job's closing words on validation (`validation_summary` of (policy version, success rate) pairs):
+  `validation <base> (base policy) → <mean> (mean of the last 3 evaluations; best <best>)`. A run with fewer than
+  three trained evaluations says how many it averaged, and a side never measured is named, never printed as nan."""
+  base, final, best = validation_summary(validations)
+  averaged = min(3, sum(version > 0 for version, _ in validations))
+  before = "validation of the base policy not measured" if np.isnan(base) else f"validation {base:.3f} (base policy)"
+  if not averaged:
+    return f"{before}; no trained policy evaluated"
+  after = "the only trained evaluation" if averaged == 1 else f"mean of the last {averaged} evaluations"
+  return f"{before} → {final:.3f} ({after}; best {best:.3f})"
+
+
 class NoWriter:
   """Metric writers of the processes other than 0 (which writes the job's metrics once)."""
 

@@ -1,5 +1,5 @@
 """The jitted programs of an update that turn critic values and rewards into training targets (pure functions of
-the `[B, T]` batch, `sao.train.learner` calls them by module attribute so `sao.train.aot` can record them):
+the `[B, T]` batch, `sao.train.learner` calls them by module attribute so `sao.aot.driver` can record them):
 
 - `critic_targets`: `R = GAE(r, V⁰, γ, λ_critic) + V⁰` and the critic's diagnostics on the pre-update values;
 - `monte_carlo_returns`: the same R at λ_critic = 1, which needs no V⁰;

@@ -275,10 +275,6 @@ class Trainer:
                                                "dispenser": server.dispenser.state_dict(),
                                                "validations": [list(v) for v in self.validations]})
 
-  def validation_summary(self) -> tuple[float, float, float]:
-    """`progress.validation_summary` of this run's validations: (base, mean of the last three, best trained)."""
-    return progress.validation_summary(self.validations)
-
   def _end_step(self) -> int:
     c = self.config
     return c.recipe.value_pretrain_steps * (c.learner.algorithm == "sao") + c.total_steps

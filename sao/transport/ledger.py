@@ -13,7 +13,7 @@ import logging
 import os
 import pathlib
 import threading
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 from sao.transport.trajectory import Trajectory
 
@@ -21,6 +21,7 @@ LEDGER_NAME = "consumed.jsonl"
 QUARANTINE_NAME = "quarantine.jsonl"
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 # Identifies one sample of one lease: submissions are idempotent by this key.
 SampleKey = tuple[str, int]
@@ -84,12 +85,21 @@ class _JsonLines:
         self._file = None
 
 
-def _read_lines(path: pathlib.Path) -> Iterable[tuple[int, Any]]:
+def _read_entries(path: pathlib.Path, parse: Callable[[Any], _T], ledger: str, ignored: str) -> Iterator[_T]:
+  """`parse(entry)` of each non-blank JSON line of `path`, in order (nothing if there is no file). A line that is not
+  JSON, or whose entry `parse` cannot read (ValueError, KeyError, TypeError, IndexError: a torn last line, a
+  hand-edited one), is logged as "<ledger> ledger <path>: line <n> unreadable (<error>); <ignored>" and skipped."""
   if not path.exists():
     return
   for lineno, line in enumerate(path.read_text().splitlines(), 1):
-    if line.strip():
-      yield lineno, line
+    if not line.strip():
+      continue
+    try:
+      parsed = parse(json.loads(line))
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+      logger.warning("%s ledger %s: line %d unreadable (%s); %s", ledger, path, lineno, e, ignored)
+      continue
+    yield parsed
 
 
 class ConsumedLedger:
@@ -124,19 +134,19 @@ class QuarantineLedger:
     self._lines.close()
 
 
+def _consumed_entry(entry: Any) -> tuple[int, list[SampleKey]]:
+  return int(entry["step"]), [(str(k[0]), int(k[1])) for k in entry["keys"]]
+
+
+def _quarantine_entry(entry: Any) -> tuple[SampleKey, str]:
+  return (str(entry["key"][0]), int(entry["key"][1])), str(entry["reason"])
+
+
 def read_consumed(directory: str | os.PathLike) -> dict[SampleKey, int]:
   """Consumed key -> the trainer step that consumed it (the first step, if marked twice)."""
-  path = pathlib.Path(directory) / LEDGER_NAME
   consumed: dict[SampleKey, int] = {}
-  for lineno, line in _read_lines(path):
-    try:
-      entry = json.loads(line)
-      step = int(entry["step"])
-      keys = [(str(k[0]), int(k[1])) for k in entry["keys"]]
-    except (ValueError, KeyError, TypeError, IndexError) as e:
-      logger.warning("consumed ledger %s: line %d unreadable (%s); ignored (those samples count as unconsumed)",
-                     path, lineno, e)
-      continue
+  for step, keys in _read_entries(pathlib.Path(directory) / LEDGER_NAME, _consumed_entry, "consumed",
+                                  "ignored (those samples count as unconsumed)"):
     for key in keys:
       consumed.setdefault(key, step)
   return consumed
@@ -144,15 +154,8 @@ def read_consumed(directory: str | os.PathLike) -> dict[SampleKey, int]:
 
 def read_quarantined(directory: str | os.PathLike) -> dict[SampleKey, str]:
   """Quarantined key -> the reason it was quarantined (the first, if quarantined twice)."""
-  path = pathlib.Path(directory) / QUARANTINE_NAME
   out: dict[SampleKey, str] = {}
-  for lineno, line in _read_lines(path):
-    try:
-      entry = json.loads(line)
-      key = (str(entry["key"][0]), int(entry["key"][1]))
-      reason = str(entry["reason"])
-    except (ValueError, KeyError, TypeError, IndexError) as e:
-      logger.warning("quarantine ledger %s: line %d unreadable (%s); ignored", path, lineno, e)
-      continue
+  for key, reason in _read_entries(pathlib.Path(directory) / QUARANTINE_NAME, _quarantine_entry, "quarantine",
+                                   "ignored"):
     out.setdefault(key, reason)
   return out

@@ -77,16 +77,23 @@ _STATUS_TO_PROTO = {
 _STATUS_FROM_PROTO = {v: k for k, v in _STATUS_TO_PROTO.items()}
 
 
-def _int_array(field: str, value: Any) -> np.ndarray:
-  """`value` as a 1-D int32 array; raises rather than wrap or truncate (a wrapped id would pass the range check)."""
+def _vector(field: str, value: Any, kinds: str, expected: str, empty_dtype: np.dtype) -> np.ndarray:
+  """`value` as a 1-D array of a dtype kind in `kinds` (numpy's `dtype.kind` letters); an empty one as `empty_dtype`
+  whatever dtype it came with (`[]` is float64). TrajectoryError naming `field` for another shape or kind."""
   arr = np.asarray(value)
   if arr.ndim != 1:
     raise TrajectoryError(field, ReasonCode.INVALID_FIELD, f"expected a 1-D array, got shape {arr.shape}")
   if arr.size == 0:
-    return np.zeros((0,), np.int32)
-  if arr.dtype.kind not in "iu":
-    raise TrajectoryError(field, ReasonCode.INVALID_FIELD, f"expected integers, got dtype {arr.dtype}")
-  if arr.min() < _INT32_MIN or arr.max() > _INT32_MAX:
+    return np.zeros((0,), empty_dtype)
+  if arr.dtype.kind not in kinds:
+    raise TrajectoryError(field, ReasonCode.INVALID_FIELD, f"expected {expected}, got dtype {arr.dtype}")
+  return arr
+
+
+def _int_array(field: str, value: Any) -> np.ndarray:
+  """`value` as a 1-D int32 array; raises rather than wrap or truncate (a wrapped id would pass the range check)."""
+  arr = _vector(field, value, "iu", "integers", np.int32)
+  if arr.size and (arr.min() < _INT32_MIN or arr.max() > _INT32_MAX):
     code = {"token_ids": ReasonCode.TOKEN_OUT_OF_RANGE,
             "turn_boundaries": ReasonCode.BAD_TURN_BOUNDARIES}.get(field, ReasonCode.INVALID_FIELD)
     raise TrajectoryError(field, code, f"values outside int32: [{arr.min()}, {arr.max()}]")
@@ -95,27 +102,15 @@ def _int_array(field: str, value: Any) -> np.ndarray:
 
 def _bool_array(field: str, value: Any) -> np.ndarray:
   """`value` as a 1-D bool array; integers are accepted only when every entry is 0 or 1."""
-  arr = np.asarray(value)
-  if arr.ndim != 1:
-    raise TrajectoryError(field, ReasonCode.INVALID_FIELD, f"expected a 1-D array, got shape {arr.shape}")
-  if arr.size == 0:
-    return np.zeros((0,), bool)
-  if arr.dtype == bool:
-    return arr
-  if arr.dtype.kind not in "iu" or not np.isin(arr, (0, 1)).all():
+  arr = _vector(field, value, "biu", "booleans (0/1)", bool)
+  if arr.dtype != bool and not np.isin(arr, (0, 1)).all():
     raise TrajectoryError(field, ReasonCode.INVALID_FIELD, f"expected booleans (0/1), got dtype {arr.dtype}")
-  return arr.astype(bool)
+  return arr.astype(bool, copy=False)
 
 
 def _float_array(field: str, value: Any) -> np.ndarray:
   """`value` as a 1-D float32 array (non-finite values are kept: `validate` reports them)."""
-  arr = np.asarray(value)
-  if arr.ndim != 1:
-    raise TrajectoryError(field, ReasonCode.INVALID_FIELD, f"expected a 1-D array, got shape {arr.shape}")
-  if arr.size == 0:
-    return np.zeros((0,), np.float32)
-  if arr.dtype.kind not in "fiu":
-    raise TrajectoryError(field, ReasonCode.INVALID_FIELD, f"expected floats, got dtype {arr.dtype}")
+  arr = _vector(field, value, "fiu", "floats", np.float32)
   with np.errstate(over="ignore"):  # a float64 beyond float32 becomes inf, which validate() then rejects
     return arr.astype(np.float32)
 

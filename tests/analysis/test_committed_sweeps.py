@@ -6,6 +6,7 @@ number in docs/results.md shows up here.
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -41,7 +42,7 @@ def test_toy_algorithms_tables():
 
 
 def test_toy_matched_concurrency_tables():
-  text = _report("toy_matched_concurrency")  # seeds 0 (session 17) and 1 (session 18), same code version
+  text = _report("toy_matched_concurrency")  # seeds 0 (2026-11-30) and 1 (2026-12-01), same code version
   assert "code version e4f743b5aba6447dd9608f41567be09d667be6e8" in text
   assert "8 runs started: 8 complete, 0 incomplete" in text
   assert "Not started" not in text
@@ -80,3 +81,12 @@ def test_toy_ablations_stabilized_arm_is_the_toy_algorithms_sao_run(seed):
     with open(os.path.join(sweeps.RUNS_ROOT, "toy_algorithms", f"sao-seed{seed}", name), "rb") as f:
       original = f.read()
     assert reused == original, name
+
+
+def test_the_folders_readme_lists_every_committed_sweep_with_its_run_count():
+  """experiments/paper/runs/README.md's table states what the folder holds: each sweep and its number of runs."""
+  with open(os.path.join(sweeps.RUNS_ROOT, "README.md"), encoding="utf-8") as f:
+    listed = {name: int(n) for name, n in re.findall(r"^\| `(\w+)` \| (\d+) \|", f.read(), re.M)}
+  committed = {name: len(os.listdir(os.path.join(sweeps.RUNS_ROOT, name))) for name in os.listdir(sweeps.RUNS_ROOT)
+               if os.path.isdir(os.path.join(sweeps.RUNS_ROOT, name))}
+  assert listed == committed

@@ -1,6 +1,6 @@
 """Tables and figures from real recorded toy runs (`tests/analysis/data/`, trimmed to the keys the analysis reads).
 
-Both are seed 0 of `launch/sweeps/toy_algorithms.py` (code version e4f743b, session 17): `sao_toy` is
+Both are seed 0 of `launch/sweeps/toy_algorithms.py` (code version e4f743b, 2026-11-30): `sao_toy` is
 `sao_openswe.py:toy` (held-out ranges, cosine actor LR; 240 RL steps after 10 value-pretraining steps, critic traces
 every 10 steps), `gspo_toy` is `gspo_openswe.py:toy` on the same base policy and budget. Written from the run
 directories with `sao.analysis.archive.write_recorded_run(<run dir>, tests/analysis/data/<name>)`. These are

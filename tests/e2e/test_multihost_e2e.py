@@ -9,7 +9,7 @@ One job, then its resume (one test: a job is ~1.5 minutes on 2 cores, most of it
   learner step; every policy version published once (one export directory and one weight update per version).
 
 Each job runs in its own session, SIGKILLed whole in teardown. Measured on 2 CPU cores: 115 s for both jobs alone
-on the machine with a cold compilation cache (until session 25 a separate whole run took 81 s more in the suite).
+on the machine with a cold compilation cache (a separate whole run per check took 81 s more in the suite).
 """
 from __future__ import annotations
 

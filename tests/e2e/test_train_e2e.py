@@ -8,7 +8,7 @@ on a tiny number_search config, with faults injected from outside.
   command resumes at the checkpoint's step and trains first on the trajectories that were accepted but not consumed.
 - GSPO: groups of G rollouts per task are leased, logged and trained on whole, and metrics land as for SAO. GRPO
   runs the same system with another actor loss (`ppo_clip`, held to a NumPy reference in tests/train/test_grpo.py);
-  one group method's run here covers both (until session 29 a GRPO run of its own took another ~90 s of the suite).
+  one group method's run here covers both (a GRPO run of its own took another ~90 s of the suite).
 
 Each run is started in its own session and every process of it is SIGKILLed in teardown, so no engine or
 worker outlives the test. All runs share one JAX persistent compilation cache to keep the file's runtime down.

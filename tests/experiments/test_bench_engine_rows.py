@@ -1,6 +1,6 @@
-"""`experiments/bench_engine_rows.py` times the engine's program per batch size: one CPU time per call and round, for
-every size asked, interleaved (the timing itself is the benchmark's, never asserted)."""
-from experiments import bench_engine_rows
+"""`experiments/bench/bench_engine_rows.py` times the engine's program per batch size: one CPU time per call and
+round, for every size asked, interleaved (the timing itself is the benchmark's, never asserted)."""
+from experiments.bench import bench_engine_rows
 
 
 def test_measure_times_every_size_every_round():

@@ -1,4 +1,4 @@
-"""`experiments/bench_gae.py` runs end to end at a tiny size and prints a row per implementation."""
+"""`experiments/bench/bench_gae.py` runs end to end at a tiny size and prints a row per implementation."""
 import os
 import subprocess
 import sys
@@ -7,7 +7,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_the_benchmark_prints_every_row():
-  result = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "bench_gae.py"), "--sizes=4x64",
+  result = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "bench", "bench_gae.py"), "--sizes=4x64",
                            "--repeats=1"], capture_output=True, text=True, timeout=300, check=False)
   assert result.returncode == 0, result.stderr[-2000:]
   rows = [line.split()[1:-9] for line in result.stdout.splitlines() if line.strip().startswith("4x64")]

@@ -1,10 +1,12 @@
-"""experiments/bench_pipeline.py: the config arg it hands the trainer and the rollout worker, and its
+"""experiments/bench/bench_pipeline.py: the config arg it hands the trainer and the rollout worker, and its
 `--critic_epochs` knob (a trainer-only way to lengthen the learner's step; docs/fleet.md, 'a busy trainer')."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from experiments import bench_pipeline
+from experiments.bench import bench_pipeline
 from experiments.configs import sao_openswe
 
 
@@ -20,3 +22,8 @@ def test_critic_epochs_reaches_the_learner_config_and_nothing_on_the_rollout_sid
 def test_negative_critic_epochs_is_refused():
   with pytest.raises(ValueError, match="critic_epochs"):
     bench_pipeline.config_arg(32, 5, 16, 16, critic_epochs=-1)
+
+
+def test_the_worker_config_file_is_the_experiment_config():
+  """The rollout worker process loads the config by path: from experiments/bench/ it is one folder up."""
+  assert os.path.samefile(bench_pipeline._CONFIG_FILE, sao_openswe.__file__)  # pylint: disable=protected-access

@@ -1,5 +1,6 @@
-"""`experiments/bench_publish.py` on a tiny policy: the script runs end to end against a real local engine process,
-prints every phase and the copy baseline, and the engine reaches the last published version (no timing asserted)."""
+"""`experiments/bench/bench_publish.py` on a tiny policy: the script runs end to end against a real local engine
+process, prints every phase and the copy baseline, and the engine reaches the last published version (no timing
+asserted)."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ PHASES = ("export_ms", "load_ms", "swap_ms", "http_ms", "total_ms", "copy_write_
 
 def test_bench_publishes_two_versions_of_a_tiny_policy(tmp_path):
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
-  out = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench_publish.py"), "--model=tiny",
+  out = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench" / "bench_publish.py"), "--model=tiny",
                         "--versions=2", f"--workdir={tmp_path}"], env=env, capture_output=True, text=True,
                        timeout=300)
   assert out.returncode == 0, out.stderr[-4000:]

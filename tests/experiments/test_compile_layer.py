@@ -1,4 +1,4 @@
-"""`experiments/compile_layer.py`: one token-mixer block's forward + backward compiled for a small TPU topology
+"""`experiments/bench/compile_layer.py`: one token-mixer block's forward + backward compiled for a small TPU topology
 (v5p:2x2x1 through libtpu; skipped without it) with the learner's sharding rules."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from experiments import compile_layer
+from experiments.bench import compile_layer
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                   reason="libtpu is not installed (pip install -e '.[test]' installs it)")
@@ -21,7 +21,8 @@ def test_parse_mesh():
 @needs_libtpu
 @pytest.mark.parametrize("block", ["linear_attention", "full_attention"])
 def test_compiles_one_block_of_a_tiny_hybrid_model(block):
-  from sao.train import mesh as mesh_lib, tpu_topology  # pylint: disable=g-import-not-at-top
+  from sao.aot import tpu_topology  # pylint: disable=g-import-not-at-top
+  from sao.train import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   _, devices = tpu_topology.topology_devices("v5p:2x2x1")
   mesh = mesh_lib.make_mesh({"fsdp": 2, "tensor": -1}, devices)
   cfg = compile_layer.model_config("tiny:qwen3_5_moe_text", "bfloat16", "full")

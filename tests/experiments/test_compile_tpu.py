@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation of the learner's update (`sao.train.aot`, `experiments/compile_tpu.py`).
+"""Ahead-of-time compilation of the learner's update (`sao.aot.driver`, `experiments/compile_tpu.py`).
 
 The TPU tests compile for a v5p-4 topology through libtpu (the `test` extra installs it; without it they skip).
 The CPU test runs the same path on this machine's CPU devices, so a change to the learner that breaks the recorder
@@ -23,9 +23,9 @@ import pytest
 
 from experiments.compile_tpu import model_config_of, truncated
 from experiments.configs import gspo_openswe, sao_openswe
+from sao.aot import compile_stats, driver
+from sao.aot.tpu_topology import GIB, Chip, parse_topology
 from sao.models.config import ModelConfig
-from sao.train import aot, compile_stats
-from sao.train.tpu_topology import GIB, Chip, parse_topology
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # λ_critic = 1 and no value clip (the recipes): R without V⁰, one critic forward (after the critic's epochs).
@@ -146,7 +146,7 @@ def test_a_compiled_program_larger_than_the_chip_does_not_fit():
   config = _config(sao_openswe, "qwen3_moe", 32)
   model_config = model_config_of(config, "float32")
   tiny_chip = Chip("cpu", "cpu", 1 << 16, 1e12, 1e11, "")
-  rows = aot.compile_update(config, model_config, jax.devices("cpu")[:1], tiny_chip, programs=("critic_values",))
+  rows = driver.compile_update(config, model_config, jax.devices("cpu")[:1], tiny_chip, programs=("critic_values",))
   assert [r.program for r in rows] == ["critic_values"]
   (row,) = rows
   assert not row.fits and row.hbm_bytes_per_chip > tiny_chip.hbm_bytes and "compiled, but needs" in row.error
@@ -163,7 +163,7 @@ def test_update_programs_compile_on_cpu_devices():
   config.lock()
   model_config = model_config_of(config, "float32")
   cpu_chip = Chip("cpu", "cpu", 1 << 40, 1e12, 1e11, "")
-  rows = aot.compile_update(config, model_config, jax.devices("cpu")[:4], cpu_chip)
+  rows = driver.compile_update(config, model_config, jax.devices("cpu")[:4], cpu_chip)
   _check_rows(rows, SAO_PROGRAMS_WITH_V0, model_config)
 
 
@@ -191,11 +191,11 @@ def test_compile_tpu_reports_every_program_of_sao_and_gspo(tmp_path):
     assert set(r) >= {"analytic_flops", "estimated_seconds", "estimated_mfu"}
   assert "actor_step_dis" in result.stdout and "estimated MFU" in result.stdout
 
-  from sao.train import tpu_topology  # pylint: disable=g-import-not-at-top
+  from sao.aot import tpu_topology  # pylint: disable=g-import-not-at-top
   chip, devices = tpu_topology.topology_devices("v5p:2x2x1")
   config = _config(gspo_openswe, "qwen3_5_moe_text", 64)
   model_config = model_config_of(config, "float32")
-  _check_rows(aot.compile_update(config, model_config, devices, chip), GSPO_PROGRAMS, model_config)
+  _check_rows(driver.compile_update(config, model_config, devices, chip), GSPO_PROGRAMS, model_config)
 
 
 @needs_libtpu

@@ -1,7 +1,7 @@
-"""The compile report's row file (`sao.train.aot_report`): rows written one by one, resume, refusal, failed rows.
+"""The compile report's row file (`sao.aot.report`): rows written one by one, resume, refusal, failed rows.
 
 The programs compile for the host's CPU devices (no libtpu, no TPU compile lock): one real compile of the tiny
-critic's `critic_values`; the other rows come from a stand-in for `aot.compile_program` that records its calls.
+critic's `critic_values`; the other rows come from a stand-in for `driver.compile_program` that records its calls.
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 
 from experiments.compile_tpu import model_config_of
 from experiments.configs import sao_openswe
-from sao.train import aot, aot_report
-from sao.train.tpu_topology import Chip
+from sao.aot import driver, report
+from sao.aot.tpu_topology import Chip
 
 CPU_CHIP = Chip("cpu", "cpu", 1 << 40, 1e12, 1e11, "")
 PROGRAMS = ("monte_carlo_returns", "critic_step", "critic_values")  # in the update's order
@@ -29,47 +29,47 @@ def _settings(**changes):
   return dict(settings, **changes)
 
 
-def _fake_row(program: str, bucket: int, status: str = "compiled") -> aot_report.ReportRow:
+def _fake_row(program: str, bucket: int, status: str = "compiled") -> report.ReportRow:
   if status == "failed":
-    return aot_report.failed_row(program, bucket, 1, CPU_CHIP, 0.5, RuntimeError("boom"))
-  return aot_report.ReportRow(program, bucket, 8, 1, "critic", False, status == "compiled", 1, 2, 3, 6, 1 << 40,
+    return report.failed_row(program, bucket, 1, CPU_CHIP, 0.5, RuntimeError("boom"))
+  return report.ReportRow(program, bucket, 8, 1, "critic", False, status == "compiled", 1, 2, 3, 6, 1 << 40,
                               1e9, 1e9, 1e9, 1e-3, 0.3, 0.5, status=status)
 
 
 def test_a_resume_of_a_file_for_other_settings_is_refused(tmp_path):
   path = str(tmp_path / "rows.json")
-  row_file = aot_report.RowFile(path, _settings(), resume=False)
+  row_file = report.RowFile(path, _settings(), resume=False)
   row_file.put(_fake_row("critic_values", 64))
-  assert aot_report.RowFile(path, _settings(), resume=True).done() == {("critic_values", 64)}
+  assert report.RowFile(path, _settings(), resume=True).done() == {("critic_values", 64)}
   for key, value in [("topology", "v5p:4x4x8"), ("config_overrides", "toy,rollout.batch_size=8"),
                      ("model_dtype", "bfloat16"), ("num_layers", 4), ("config", "gspo_openswe_toy"),
                      ("mesh", {"fsdp": 4, "tensor": -1})]:
-    with pytest.raises(aot_report.ResumeMismatch, match=f"cannot resume .*{key}: file .*, this run {value!r}"):
-      aot_report.RowFile(path, _settings(**{key: value}), resume=True)
+    with pytest.raises(report.ResumeMismatch, match=f"cannot resume .*{key}: file .*, this run {value!r}"):
+      report.RowFile(path, _settings(**{key: value}), resume=True)
   # Another code version: refused, unless allowed (each row keeps its own).
-  with pytest.raises(aot_report.ResumeMismatch, match="code_version: file 'f89dc0d', this run 'deadbee'.*--allow"):
-    aot_report.RowFile(path, _settings(code_version="deadbee"), resume=True)
-  kept = aot_report.RowFile(path, _settings(code_version="deadbee"), resume=True, allow_code_change=True)
+  with pytest.raises(report.ResumeMismatch, match="code_version: file 'f89dc0d', this run 'deadbee'.*--allow"):
+    report.RowFile(path, _settings(code_version="deadbee"), resume=True)
+  kept = report.RowFile(path, _settings(code_version="deadbee"), resume=True, allow_code_change=True)
   assert kept.done() == {("critic_values", 64)}
   # Without --resume the file is started anew, at once.
-  assert aot_report.RowFile(path, _settings(topology="v4:2x2x1"), resume=False).rows == []
+  assert report.RowFile(path, _settings(topology="v4:2x2x1"), resume=False).rows == []
   assert json.loads(open(path).read()) == []
   with pytest.raises(FileNotFoundError):  # an unwritable --out fails before the first compile
-    aot_report.RowFile(str(tmp_path / "missing" / "rows.json"), _settings(), resume=False)
+    report.RowFile(str(tmp_path / "missing" / "rows.json"), _settings(), resume=False)
   (tmp_path / "bad.json").write_text('{"program": "x"}')
-  with pytest.raises(aot_report.ResumeMismatch, match="not a list of report rows"):
-    aot_report.RowFile(str(tmp_path / "bad.json"), _settings(), resume=True)
+  with pytest.raises(report.ResumeMismatch, match="not a list of report rows"):
+    report.RowFile(str(tmp_path / "bad.json"), _settings(), resume=True)
   (tmp_path / "bad.json").write_text('[{"program": "critic_values", "bucket": 64}]')
-  with pytest.raises(aot_report.ResumeMismatch, match="bad.json: report row 'critic_values' .*missing fields"):
-    aot_report.RowFile(str(tmp_path / "bad.json"), _settings(), resume=True)
+  with pytest.raises(report.ResumeMismatch, match="bad.json: report row 'critic_values' .*missing fields"):
+    report.RowFile(str(tmp_path / "bad.json"), _settings(), resume=True)
 
 
 def test_failed_rows_count_as_done_unless_retried(tmp_path):
   path = str(tmp_path / "rows.json")
-  row_file = aot_report.RowFile(path, _settings(), resume=False)
+  row_file = report.RowFile(path, _settings(), resume=False)
   row_file.put(_fake_row("critic_values", 64, "does_not_fit"))
   row_file.put(_fake_row("critic_step", 64, "failed"))
-  resumed = aot_report.RowFile(path, _settings(), resume=True)
+  resumed = report.RowFile(path, _settings(), resume=True)
   assert resumed.done() == {("critic_values", 64), ("critic_step", 64)}
   assert resumed.done(retry_failed=True) == {("critic_values", 64)}
   (failed,) = [r for r in resumed.report_rows() if r.program == "critic_step"]
@@ -86,7 +86,7 @@ def test_rows_reach_the_file_one_by_one_and_a_resume_compiles_only_the_missing(t
   config.lock()
   model_config = model_config_of(config, "float32")
   devices = jax.devices("cpu")[:1]
-  real_compile = aot.compile_program
+  real_compile = driver.compile_program
   compiled = []
 
   def compile_program(name, jitted, args, calls, learner, model_config, chip, bucket, n_active, hlo_dir=""):
@@ -97,18 +97,18 @@ def test_rows_reach_the_file_one_by_one_and_a_resume_compiles_only_the_missing(t
       return real_compile(name, jitted, args, calls, learner, model_config, chip, bucket, n_active, hlo_dir)
     return _program_row(_fake_row(name, bucket))
 
-  monkeypatch.setattr(aot, "compile_program", compile_program)
+  monkeypatch.setattr(driver, "compile_program", compile_program)
   path = str(tmp_path / "rows.json")
 
   def run(resume: bool, retry_failed: bool = False):
-    row_file = aot_report.RowFile(path, _settings(), resume=resume)
+    row_file = report.RowFile(path, _settings(), resume=resume)
     in_file = []
 
     def on_row(row):
       row_file.put(row)
       in_file.append(len(json.loads(open(path).read())))
     compiled.clear()
-    new = aot_report.compile_missing(config, model_config, devices, CPU_CHIP, (16, 32), PROGRAMS,
+    new = report.compile_missing(config, model_config, devices, CPU_CHIP, (16, 32), PROGRAMS,
                                      row_file.done(retry_failed), on_row, hlo_dir=str(tmp_path / "hlo"))
     return row_file, new, in_file
 
@@ -120,13 +120,13 @@ def test_rows_reach_the_file_one_by_one_and_a_resume_compiles_only_the_missing(t
   real = by_key["critic_values", 32]
   assert real.status == "compiled" and real.hbm_bytes_per_chip > 0 and real.flops > 0
   assert real.peak_rss_bytes > 0 and real.peak_rss_scope in ("row", "process")
-  with gzip.open(aot.hlo_path(str(tmp_path / "hlo"), "critic_values", 32), "rt") as f:  # the compiled module's text
+  with gzip.open(driver.hlo_path(str(tmp_path / "hlo"), "critic_values", 32), "rt") as f:  # the compiled module's text
     assert "ENTRY" in f.read()
   assert by_key["critic_step", 16].status == "failed" and "no critic_step today" in by_key["critic_step", 16].error
 
   # Half of the file lost (as if the run had been killed after three rows): the resume compiles the other three.
   rows = json.loads(open(path).read())
-  aot_report.write_json_atomically(path, rows[:3])
+  report.write_json_atomically(path, rows[:3])
   _, new, in_file = run(resume=True)
   assert compiled == [(p, 16) for p in PROGRAMS] and in_file == [4, 5, 6]
   _, new, _ = run(resume=True)  # nothing left: the failed rows count as done
@@ -136,9 +136,9 @@ def test_rows_reach_the_file_one_by_one_and_a_resume_compiles_only_the_missing(t
   assert len(json.loads(open(path).read())) == 6
 
 
-def _program_row(row: aot_report.ReportRow) -> aot.ProgramRow:
-  """What `aot.compile_program` returns: the `ProgramRow` fields of `row`."""
-  return aot.ProgramRow(**{f.name: getattr(row, f.name) for f in dataclasses.fields(aot.ProgramRow)})
+def _program_row(row: report.ReportRow) -> driver.ProgramRow:
+  """What `driver.compile_program` returns: the `ProgramRow` fields of `row`."""
+  return driver.ProgramRow(**{f.name: getattr(row, f.name) for f in dataclasses.fields(driver.ProgramRow)})
 
 
 def test_the_overrides_a_row_records_do_not_depend_on_the_flag_order():

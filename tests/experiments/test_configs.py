@@ -247,7 +247,7 @@ def test_full_variant_builds_its_learner_mesh_on_a_pod_slice(name, topology):
   and its micro-batches split evenly over the batch shards — the learner's own precondition
   (`Learner.__init__`) — without compiling anything (libtpu only describes the devices)."""
   from sao.train import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  from sao.train import tpu_topology  # pylint: disable=g-import-not-at-top
+  from sao.aot import tpu_topology  # pylint: disable=g-import-not-at-top
   config = _load(name).get_config("full")
   _, devices = tpu_topology.topology_devices(topology)
   mesh = mesh_lib.make_mesh(dict(config.learner.mesh), devices)

@@ -1,4 +1,4 @@
-"""`sao.analysis.runs.job_speed` and `experiments/job_speed.py` on synthetic metric logs: the step intervals, the
+"""`sao.analysis.runs.job_speed` and `experiments/bench/job_speed.py` on synthetic metric logs: the step intervals, the
 response length and trained tokens of the measured steps, validation, and ratios over all and over like runs."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from experiments import job_speed
+from experiments.bench import job_speed
 from sao.analysis import runs as runs_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -74,7 +74,7 @@ def test_ratios_over_all_and_like_runs(tmp_path):
 def test_the_command_prints_a_row_per_run_and_the_ratios(tmp_path):
   dirs = [_write_run(tmp_path / n, s, length) for n, s, length in (("b0", 1.0, 20.0), ("a0", 0.25, 20.0))]
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
-  out = subprocess.run([sys.executable, str(ROOT / "experiments" / "job_speed.py"), f"--before={dirs[0]}",
+  out = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench" / "job_speed.py"), f"--before={dirs[0]}",
                         f"--after={dirs[1]}"], env=env, capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stderr[-2000:]
   assert "| before | b0 | 1.000 / 1.041 | 20.0 | 6000 |" in out.stdout

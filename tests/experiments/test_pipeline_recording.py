@@ -1,4 +1,4 @@
-"""experiments/pipeline_recording.py: the sync mode's lease gate and the per-mode summary of a recorded timeline
+"""experiments/bench/pipeline_recording.py: the sync mode's lease gate and the per-mode summary of a recorded timeline
 (a stand-in trainer with known timestamps; the bench itself runs the real trainer)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from experiments import pipeline_recording
+from experiments.bench import pipeline_recording
 
 
 def test_lease_gate_hands_out_only_the_opened_training_leases():

@@ -1,8 +1,8 @@
-"""experiments/profile_train.py's HLO reading: matmul FLOPs from operand shapes, op classes, model parts."""
+"""experiments/bench/profile_train.py's HLO reading: matmul FLOPs from operand shapes, op classes, model parts."""
 import jax
 import jax.numpy as jnp
 
-from experiments import profile_train
+from experiments.bench import profile_train
 
 
 def _optimized_hlo(fn, *shapes):

@@ -1,5 +1,5 @@
 """Collectives kept out of the time loops (issue 19, lever 1), checked on a compiled v5p:2x2x1 (4 chips) program
-with `sao.train.hlo_cost`: each executed instruction carries its count, the product of the trip counts of the loops
+with `sao.aot.hlo_cost`: each executed instruction carries its count, the product of the trip counts of the loops
 around it, so an all-reduce inside a block loop has count > 1.
 
 - Blockwise attention with fewer KV heads than `tensor` chips: the KV gradient is summed over the chips sharing a KV
@@ -23,13 +23,13 @@ needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, re
 
 
 def _tpu_mesh(fsdp: int, tensor: int):
-  from sao.train import tpu_topology  # pylint: disable=g-import-not-at-top
+  from sao.aot import tpu_topology  # pylint: disable=g-import-not-at-top
   chip, devices = tpu_topology.topology_devices("v5p:2x2x1")
   return chip, Mesh(np.array(devices).reshape(fsdp, tensor), ("fsdp", "tensor"))
 
 
 def _loop_collectives(compiled, chip, opcode: str) -> list:
-  from sao.train import hlo_cost, hlo_text  # pylint: disable=g-import-not-at-top
+  from sao.aot import hlo_cost, hlo_text  # pylint: disable=g-import-not-at-top
   result = hlo_cost.breakdown(hlo_text.parse_module(compiled.as_text()), chip)
   assert not result.unknown_trip_counts
   return [o for o in result.ops if o.opcode.startswith(opcode) and o.count > 1]

@@ -167,3 +167,17 @@ def test_engine_publish_fraction_charges_each_report_to_the_step_that_sent_it():
   no_records = _measurement(publish_fraction_mean=0.99, engine_publish_fraction_mean=0.5)
   assert validation.bench_config(no_records).engine_publish_fraction == pytest.approx(0.5)
   assert validation.engine_publish_fraction(dict(timeline, engine_versions=[(0.01, 1)])) is None
+
+
+def test_trimmed_keeps_what_the_validation_reads_and_rounds_the_rest():
+  record = dict(step=3, leased_at=0.123456789, accepted_at=1.5, taken_at=2.0, policy_version=1, server_version=2,
+                turns=2, generate_s=0.2, tool_s=0.0, total_s=1.2)
+  full = _measurement(staleness=[1, 2], publish_s=[0.1], wall_s=9.0, taken=[record] * 40,
+                      timeline=dict(waits=[[0.0, 0.5]], end=20.0, first_lease=0.0, publishes=[], engine_versions=[]),
+                      loadavg_before=[1.0, 1.0, 1.0], loadavg_after=[2.0, 2.0, 2.0])
+  trim = validation.trimmed(full)
+  assert "staleness" not in trim and "publish_s" not in trim and "wall_s" not in trim
+  assert set(trim["taken"][0]) == set(validation.READ_RECORD_KEYS) and trim["taken"][0]["leased_at"] == 0.123457
+  assert trim["timeline"] == full["timeline"] and trim["delay"] == full["delay"]
+  assert validation.measured_metrics(trim) == validation.measured_metrics(full)
+  assert validation.predict(trim, seeds=range(2)) == pytest.approx(validation.predict(full, seeds=range(2)), rel=1e-3)

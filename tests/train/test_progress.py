@@ -1,5 +1,5 @@
-"""The trainer's per-step report (`sao.train.progress`): the row, the written scalars, the progress line and the
-validation summary."""
+"""The trainer's per-step report (`sao.train.progress`): the row, the written scalars, the progress line, the
+validation summary and the closing line on it."""
 import dataclasses
 import math
 
@@ -33,3 +33,18 @@ def test_validation_summary_is_base_last_three_mean_and_best():
   base, last3, best = progress.validation_summary([(0, 0.25), (2, 0.5), (4, 0.75), (6, 0.25), (8, 0.5)])
   assert (base, last3, best) == (0.25, 0.5, 0.75)
   assert all(math.isnan(v) for v in progress.validation_summary([]))
+
+
+def test_validation_line_names_what_it_averaged_and_never_prints_nan():
+  full = progress.validation_line([(0, 0.25), (2, 0.5), (4, 0.75), (6, 0.25), (8, 0.5)])
+  assert full == "validation 0.250 (base policy) → 0.500 (mean of the last 3 evaluations; best 0.750)"
+  assert progress.validation_line([(0, 0.25), (2, 0.5), (4, 0.75)]) == (
+      "validation 0.250 (base policy) → 0.625 (mean of the last 2 evaluations; best 0.750)")
+  assert progress.validation_line([(0, 0.25), (2, 0.5)]) == (
+      "validation 0.250 (base policy) → 0.500 (the only trained evaluation; best 0.500)")
+  assert progress.validation_line([(0, 0.25)]) == "validation 0.250 (base policy); no trained policy evaluated"
+  assert progress.validation_line([]) == "validation of the base policy not measured; no trained policy evaluated"
+  assert progress.validation_line([(3, 0.5)]) == (
+      "validation of the base policy not measured → 0.500 (the only trained evaluation; best 0.500)")
+  for validations in ([], [(0, 0.25)], [(0, 0.25), (2, 0.5)], [(5, 1.0)]):
+    assert "nan" not in progress.validation_line(validations)

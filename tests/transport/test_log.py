@@ -138,6 +138,25 @@ def test_consumed_ledger_torn_line_is_ignored_and_next_mark_starts_fresh(tmp_pat
     consumed = log_lib.read_consumed(tmp_path)
   assert consumed == {("a", 0): 1, ("c", 0): 3}
   assert "line 2 unreadable" in caplog.text
+  assert "consumed ledger" in caplog.text and "those samples count as unconsumed" in caplog.text
+
+
+def test_quarantine_ledger_reads_the_first_reason_and_skips_unreadable_lines(tmp_path, caplog):
+  ledger = log_lib.QuarantineLedger(tmp_path)
+  ledger.add([(("a", 0), "nan reward", {"reward": "nan"})], step=1)
+  ledger.close()
+  with open(tmp_path / log_lib.QUARANTINE_NAME, "a") as f:
+    f.write('{"step": 2, "key": ["b", 0]}\n\n')  # no reason (a hand-edited line), then a blank line
+    f.write('{"step": 3, "key": ["c", 0], "reason": "too lo')  # crash mid-line
+  ledger = log_lib.QuarantineLedger(tmp_path)
+  ledger.add([(("a", 0), "later reason", {}), (("d", 1), "empty actions", {})], step=4)
+  ledger.close()
+  with caplog.at_level(logging.WARNING):
+    quarantined = log_lib.read_quarantined(tmp_path)
+  assert quarantined == {("a", 0): "nan reward", ("d", 1): "empty actions"}
+  assert "quarantine ledger" in caplog.text
+  assert "line 2 unreadable" in caplog.text and "line 4 unreadable" in caplog.text
+  assert log_lib.read_quarantined(tmp_path / "missing") == {}
 
 
 def test_invalid_segment_size_is_refused(tmp_path):

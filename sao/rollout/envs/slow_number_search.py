@@ -1,7 +1,7 @@
 """slow_number_search: number_search whose episodes take an extra, heavy-tailed amount of wall-clock time.
 
 Real agent tasks (SWE containers, test suites) have heavy-tailed episode durations; this toy reproduces that on a
-laptop so pipeline benchmarks (`experiments/bench_pipeline.py`) can compare a fully asynchronous trainer with a
+laptop so pipeline benchmarks (`experiments/bench/bench_pipeline.py`) can compare a fully asynchronous trainer with a
 synchronous one. The rules and rewards are exactly `number_search`'s; `reset` additionally sleeps once per episode
 for `scale * X` seconds with X ~ Pareto(`delay_pareto_alpha`) (support [1, inf)), capped at `delay_max_s`. With
 alpha <= 2 the variance is infinite: a few episodes take far longer than the median.

@@ -2,7 +2,7 @@ r"""Compiles the forward + backward of ONE token-mixer block (Gated DeltaNet `li
 known model for a TPU topology, sharded as the learner shards it, and reports its HBM per chip, XLA's FLOPs and
 bytes, and the largest buffers (with the jax operation that made each):
 
-    flock /tmp/tpu_compile.lock nice -n 5 python experiments/compile_layer.py --model=Qwen/Qwen3.5-35B-A3B \
+    flock /tmp/tpu_compile.lock nice -n 5 python experiments/bench/compile_layer.py --model=Qwen/Qwen3.5-35B-A3B \
         --topology=v5p:4x4x8 --block=linear_attention --lengths=32768,131072
 
 The program is `vjp` of the block at `[batch, T, hidden]`: given x, the token mask and the output's cotangent dy,
@@ -10,7 +10,7 @@ it returns the gradients of the block's params and of x (what one layer of the l
 runs for its mixer; `--remat` wraps the block in the model's per-layer checkpoint policy as the learner does).
 Params are sharded by `sao.models.sharding` (the learner's rules), x / mask / dy over the batch axes of the mesh
 (`--mesh`, default the full configs' fsdp = 8, tensor = the rest). Nothing runs: the topology's devices come from
-libtpu (`sao.train.tpu_topology`), so this works on any machine with libtpu installed. Exits 1 when it does not fit.
+libtpu (`sao.aot.tpu_topology`), so this works on any machine with libtpu installed. Exits 1 when it does not fit.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import time
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def define_flags() -> None:
@@ -134,7 +134,7 @@ def compile_block(cfg, block: str, mesh, batch: int, length: int, top: int = 5,
                   capacity_bytes: int | None = None) -> LayerRow:
   """Lowers and compiles `block_program`; a program XLA refuses, or whose arguments + temporaries + outputs exceed
   `capacity_bytes` (the chip's HBM; libtpu may compile such a program), gives `fits=False`."""
-  from sao.train import compile_stats  # pylint: disable=g-import-not-at-top
+  from sao.aot import compile_stats  # pylint: disable=g-import-not-at-top
   jitted, args = block_program(cfg, block, mesh, batch, length)
   traced = jitted.trace(*args)
   program_flops = compile_stats.jaxpr_flops(traced.jaxpr)
@@ -170,7 +170,8 @@ def format_row(row: LayerRow) -> str:
 
 def main(argv):
   del argv
-  from sao.train import mesh as mesh_lib, tpu_topology  # pylint: disable=g-import-not-at-top
+  from sao.aot import tpu_topology  # pylint: disable=g-import-not-at-top
+  from sao.train import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
   chip, devices = tpu_topology.topology_devices(_TOPOLOGY.value)
   mesh = mesh_lib.make_mesh(parse_mesh(_MESH.value), devices)

@@ -1,8 +1,8 @@
 r"""Benchmark: peak host memory of loading an HF checkpoint, `hf.load_pretrained` (host numpy) vs the streaming
 `streaming.load_pretrained_sharded` (one tensor at a time into device arrays).
 
-    python experiments/bench_load.py                                  # a random ~330 MB float32 qwen3 checkpoint
-    python experiments/bench_load.py --layers=2 --vocab=8192          # smaller
+    python experiments/bench/bench_load.py                                  # a random ~330 MB float32 qwen3 checkpoint
+    python experiments/bench/bench_load.py --layers=2 --vocab=8192          # smaller
 
 Writes a random qwen3-style checkpoint with the project's exporter (`hf.save_pretrained`, sharded into ~100 MB
 files with an index), then loads it each way in a fresh subprocess and reads that process's peak resident set size
@@ -23,7 +23,8 @@ import time
 from absl import app, flags
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's `sao`
+# the repository, two folders up: this checkout's `sao`
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def define_flags() -> None:

@@ -1,6 +1,7 @@
 r"""Pipeline throughput: SAO fully asynchronous vs synchronous, on a toy task with heavy-tailed episode durations.
 
-    python experiments/bench_pipeline.py [--steps=6] [--batch_size=16] [--delay_pareto_alpha=1.2] [--critic_epochs=K]
+    python experiments/bench/bench_pipeline.py [--steps=6] [--batch_size=16] [--delay_pareto_alpha=1.2]
+        [--critic_epochs=K]
 
 Both modes run the real trainer (`sao.train.trainer.Trainer`: gRPC service, task dispenser, learner, weight
 publishing) against one local JAX engine and one rollout worker process, on `slow_number_search`: number search
@@ -36,9 +37,10 @@ from typing import Any
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # `experiments.configs` imports
+# the repository, two folders up: `experiments.configs` and this checkout's `sao`
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from experiments import pipeline_recording  # noqa: E402
+from experiments.bench import pipeline_recording  # noqa: E402
 
 
 def define_flags() -> None:
@@ -65,7 +67,8 @@ def define_flags() -> None:
   _OUT = flags.DEFINE_string("out", "", "Write every mode's measurements (distributions included) to this JSON file.")
 
 
-_CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "sao_openswe.py")
+# experiments/configs/, one folder up from this script: the file the rollout worker process loads
+_CONFIG_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "sao_openswe.py")
 
 
 def config_arg(total_steps: int, sft_steps: int, batch_size: int, concurrency: int, critic_epochs: int = 0) -> str:

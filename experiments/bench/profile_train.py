@@ -1,9 +1,9 @@
 r"""Where one SAO learner update spends its time on CPU, and the matmul ceiling its shapes allow.
 
-  python experiments/profile_train.py                          # bench_train.py's default model and batch
-  python experiments/profile_train.py --batch=8 --seq_len=256 --updates=2
+  python experiments/bench/profile_train.py                          # bench_train.py's default model and batch
+  python experiments/bench/profile_train.py --batch=8 --seq_len=256 --updates=2
 
-Builds the same learner as `experiments/bench_train.py` (Qwen3 hidden 256, 4 layers, vocab 4096, [8, 256]), runs
+Builds the same learner as `experiments/bench/bench_train.py` (Qwen3 hidden 256, 4 layers, vocab 4096, [8, 256]), runs
 one warm-up update, then traces `--updates` updates with `jax.profiler` and sums the XLA:CPU thunk times per HLO op.
 Each op is classed from the optimized HLO that XLA dumps (`--xla_dump_to`, set by this script): "matmul" when it is
 or fuses a `dot`/`convolution` (its FLOPs counted from the operand shapes), else by its fused computation's
@@ -34,7 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's `sao`
+# the repository, two folders up: this checkout's `sao`
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from sao.models.config import ModelConfig
 from sao.models.transformer import init_params

@@ -1,15 +1,14 @@
 """The compile report as a resumable row file (`experiments/compile_tpu.py --out --resume`).
 
-A full config's report is tens of (program, bucket) compiles of minutes each, longer than a session, so each row is
-written to the JSON file as soon as it is compiled (atomically: a temporary file renamed over the old one) and a
-later run skips the rows the file already holds. The file stays what the report always was: a JSON list of rows,
-each `dataclasses.asdict` of a `ReportRow` plus the settings it was compiled for (`SETTINGS_KEYS`, `CODE_KEYS`).
-
+A full config's report is tens of (program, bucket) compiles of minutes each, hours in all, so each row is written to
+the JSON file as soon as it is compiled (atomically: a temporary file renamed over the old one) and a later run skips
+the rows the file already holds. The file stays what the report always was: a JSON list of rows, each
+`dataclasses.asdict` of a `ReportRow` plus the settings it was compiled for (`SETTINGS_KEYS`, `CODE_KEYS`).
 A resume is refused (`ResumeMismatch`, naming the differing setting) when the file was written for another topology,
 config, overrides, dtype, layer count, mesh …; rows from another code version (git commit, jax, libtpu) are refused
 too unless the caller allows them. A row whose compile raised is recorded as `status="failed"` with the exception
 and counts as done (a resume does not retry it unless asked); a program XLA refuses for memory is an ordinary
-`does_not_fit` row (`aot.compile_program`). A row whose process was killed (the host's OOM killer, Ctrl-C) never
+`does_not_fit` row (`driver.compile_program`). A row whose process was killed (the host's OOM killer, Ctrl-C) never
 reached the file, so the resume compiles it again.
 
 Order: the largest bucket first (the row that most likely does not fit, and the one the report is for), programs in
@@ -29,9 +28,10 @@ from typing import Any, Callable, Iterable, Sequence
 import jax
 import ml_collections
 
+from sao.aot import compile_stats, driver
+from sao.aot.tpu_topology import Chip
 from sao.models.config import ModelConfig
-from sao.train import aot, compile_stats, precompile
-from sao.train.tpu_topology import Chip
+from sao.train import precompile
 
 # The settings a row was compiled for; a resume refuses a file whose rows differ in any of them.
 SETTINGS_KEYS = ("topology", "chips", "config", "config_overrides", "config_sha256", "model_dtype", "param_dtype",
@@ -47,7 +47,7 @@ class ResumeMismatch(ValueError):
 
 
 @dataclasses.dataclass
-class ReportRow(aot.ProgramRow):
+class ReportRow(driver.ProgramRow):
   """A `ProgramRow` as the report file keeps it."""
   status: str = "compiled"  # compiled | does_not_fit | failed (the compile raised: `error` holds the exception)
   # Peak resident set of the compiling process while this row was traced, lowered and compiled (VmHWM after
@@ -62,7 +62,7 @@ _ROW_FIELDS = {f.name for f in dataclasses.fields(ReportRow)}
 
 def row_from_dict(d: dict[str, Any]) -> ReportRow:
   """A row of the file (its settings dropped). Rows of files written before the `status` field get it from `fits`."""
-  missing = {f.name for f in dataclasses.fields(aot.ProgramRow)
+  missing = {f.name for f in dataclasses.fields(driver.ProgramRow)
              if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING} - set(d)
   if missing:
     raise ValueError(f"report row {d.get('program')!r} at T={d.get('bucket')}: missing fields {sorted(missing)}")
@@ -179,20 +179,20 @@ def compile_missing(config: ml_collections.ConfigDict, model_config: ModelConfig
                     chip: Chip, buckets: Iterable[int], programs: Sequence[str] = (),
                     done: set[tuple[str, int]] = frozenset(), on_row: Callable[[ReportRow], None] = lambda row: None,
                     log: Callable[[str], None] = lambda message: None, hlo_dir: str = "") -> list[ReportRow]:
-  """The rows of `aot.compile_update` that are not in `done`, largest bucket first, each handed to `on_row` as soon
-  as it exists. A compile that raises (anything but XLA's out-of-memory, which `aot.compile_program` reports as a
+  """The rows of `driver.compile_update` that are not in `done`, largest bucket first, each handed to `on_row` as soon
+  as it exists. A compile that raises (anything but XLA's out-of-memory, which `driver.compile_program` reports as a
   row that does not fit) gives a `failed` row; KeyboardInterrupt and the like still stop the run. `hlo_dir`: where
-  each compiled program's HLO text goes (`aot.compile_program`)."""
-  learner = aot.abstract_learner(config, model_config, devices)
+  each compiled program's HLO text goes (`driver.compile_program`)."""
+  learner = driver.abstract_learner(config, model_config, devices)
   n_active = {role.name: compile_stats.active_params(model_config, role.abstract_params)
               for role in (learner.actor, learner.critic) if role is not None}
   rows, peak = [], PeakRss()
   for bucket in sorted({int(b) for b in buckets}, reverse=True):
     if programs and all((name, bucket) in done for name in programs):
       continue  # nothing to do at this bucket: not even the (abstract) update
-    # The same abstract batch and recording `aot.compile_update` builds for the bucket.
+    # The same abstract batch and recording `driver.compile_update` builds for the bucket.
     batch = precompile.abstract_batch(learner, int(config.rollout.batch_size), bucket)
-    recorded = aot.record_update(learner, batch)
+    recorded = driver.record_update(learner, batch)
     unknown = set(programs) - set(recorded)
     if unknown:
       raise ValueError(f"programs: {sorted(unknown)} are not programs of this update ({list(recorded)})")
@@ -204,7 +204,7 @@ def compile_missing(config: ml_collections.ConfigDict, model_config: ModelConfig
       peak.reset()
       start = time.perf_counter()
       try:
-        row = ReportRow(**vars(aot.compile_program(name, jitted, args, calls, learner, model_config, chip, bucket,
+        row = ReportRow(**vars(driver.compile_program(name, jitted, args, calls, learner, model_config, chip, bucket,
                                                    n_active, hlo_dir=hlo_dir)))
         row.status = "compiled" if row.fits else "does_not_fit"
       except Exception as e:  # pylint: disable=broad-except  # recorded on the row, and the exit code says so

@@ -8,8 +8,8 @@ micro-batch (B over the batch rule's axes) and the params by `sao.models.shardin
 "auto" (`sao.models.grouped_matmul`'s custom VJP). Prints XLA's memory analysis and its largest buffers. Run it
 serialized with other TPU compiles (6–8 GB of RAM, minutes of CPU):
 
-  flock /tmp/tpu_compile.lock nice -n 5 python experiments/moe_layer_memory.py --impl=ragged_dot
-  flock /tmp/tpu_compile.lock nice -n 5 python experiments/moe_layer_memory.py --impl=auto
+  flock /tmp/tpu_compile.lock nice -n 5 python experiments/bench/moe_layer_memory.py --impl=ragged_dot
+  flock /tmp/tpu_compile.lock nice -n 5 python experiments/bench/moe_layer_memory.py --impl=auto
 
 `--check_megablox`: instead, compile `jax.grad` of a small grouped matmul with the Pallas megablox kernels for
 `--topology` (e.g. v5p:2x2x1), once as a plain GSPMD jit (expected to be refused: Mosaic kernels are not
@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's `sao`
+# the repository, two folders up: this checkout's `sao`
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 GIB = float(1 << 30)
 SEED_MODEL = "Qwen/Qwen3.5-35B-A3B"
@@ -51,7 +52,8 @@ def main() -> None:
   from sao.models.grouped_matmul import grouped_matmul  # pylint: disable=g-import-not-at-top
   from sao.models.layers import MoE  # pylint: disable=g-import-not-at-top
   from sao.models.sharding import param_shardings  # pylint: disable=g-import-not-at-top
-  from sao.train import compile_stats, mesh as mesh_lib, tpu_topology  # pylint: disable=g-import-not-at-top
+  from sao.aot import compile_stats, tpu_topology  # pylint: disable=g-import-not-at-top
+  from sao.train import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
 
   if args.check_megablox:
     check_megablox(args.topology)
@@ -103,7 +105,7 @@ def main() -> None:
 def check_megablox(topology: str) -> None:
   """Pallas megablox gmm / tgmm (`impl="megablox"`) compiled ahead of time for `topology` from this host."""
   from sao.models.grouped_matmul import grouped_matmul  # pylint: disable=g-import-not-at-top
-  from sao.train import tpu_topology  # pylint: disable=g-import-not-at-top
+  from sao.aot import tpu_topology  # pylint: disable=g-import-not-at-top
   _, devices = tpu_topology.topology_devices(topology)
   mesh = jax.sharding.Mesh(devices, ("rows",))
   rows, hidden, width, groups = 1024 * len(devices), 512, 256, 8

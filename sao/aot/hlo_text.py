@@ -1,7 +1,7 @@
 """The text of an optimized HLO module (`compiled.as_text()`) as data: computations, instructions, shapes, the
 metadata jax leaves on each instruction, and the trip counts of while loops.
 
-Pure parsing (no jax): `sao.train.hlo_cost` prices what this module reads, `experiments/hlo_breakdown.py` prints it.
+Pure parsing (no jax): `sao.aot.hlo_cost` prices what this module reads, `experiments/bench/hlo_breakdown.py` prints it.
 
 The grammar read is what XLA prints (`HloInstruction::ToString`), one instruction a line:
 

@@ -1,6 +1,6 @@
 r"""SWE environment throughput: episodes/s of the scripted expert with N concurrent bubblewrap sandboxes.
 
-    python experiments/bench_swe_env.py [--concurrency=8,32] [--episodes=64] [--split=train]
+    python experiments/bench/bench_swe_env.py [--concurrency=8,32] [--episodes=64] [--split=train]
 
 Each episode is what a rollout worker pays per SWE task apart from the model: a fresh clone of the repository,
 the expert's six tool calls (reproduce, grep, view, str_replace, the test suite, submit), and SWE-bench grading in
@@ -19,7 +19,7 @@ import time
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def define_flags() -> None:

@@ -1,4 +1,4 @@
-"""Matmul FLOPs of the instructions of an optimized HLO module (`sao.train.hlo_text`), as `sao.train.hlo_cost`
+"""Matmul FLOPs of the instructions of an optimized HLO module (`sao.aot.hlo_text`), as `sao.aot.hlo_cost`
 prices them; pure arithmetic on shapes, no jax.
 
 - dot: `2 · prod(result dims) · prod(lhs contracting dims)`.
@@ -18,7 +18,7 @@ import re
 
 import numpy as np
 
-from sao.train.hlo_text import Computation, Instruction, Module
+from sao.aot.hlo_text import Computation, Instruction, Module
 
 def dot_flops(inst: Instruction, comp: Computation) -> float:
   lhs = comp.by_name[inst.operands[0]].shape[0].dims

@@ -1,6 +1,6 @@
 """The pipeline bench's recording: a trainer that timestamps every step, lease, acceptance and publish, the sync
 mode's lease gate, a watch on the engine's weight version, and the per-mode summary of what they recorded
-(`experiments/bench_pipeline.py`, whose `--out` JSON `sao.simulation.validation` reads).
+(`experiments/bench/bench_pipeline.py`, whose `--out` JSON `sao.simulation.validation` reads).
 """
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import time
 import urllib.request
 from typing import Any, Sequence
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # `sao` of this checkout
+# the repository, two folders up: this checkout's `sao`
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 class LeaseGate:

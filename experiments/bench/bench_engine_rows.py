@@ -1,8 +1,8 @@
 """The local engine's cost per row against its batch size: one prefill-and-decode call of the main job's toy model.
 
-  python experiments/bench_engine_rows.py [--rows=16,24,28,31,32,33,48,64] [--prompt=128] [--new_tokens=16]
+  python experiments/bench/bench_engine_rows.py [--rows=16,24,28,31,32,33,48,64] [--prompt=128] [--new_tokens=16]
       [--repeats=15] [--xla_cpu_threads=1]
-  python experiments/bench_engine_rows.py --later_turn --rows=24 [--suffix_tokens=8] [--prefix_tokens=60]
+  python experiments/bench/bench_engine_rows.py --later_turn --rows=24 [--suffix_tokens=8] [--prefix_tokens=60]
       [--smallest_suffix_buckets=64,32,16,8]
 
 `sao.models.sampling.Sampler.generate` on `rows` random prompts of `prompt − 4` tokens (one batch bucket per size, so
@@ -26,7 +26,8 @@ import time
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's `sao`
+# the repository, two folders up: this checkout's `sao`
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from sao.engines import xla_cpu_threads
 

@@ -1,8 +1,8 @@
 r"""Benchmarks of the model layer on CPU, against `transformers` on the same weights.
 
-    python experiments/bench_models.py                          # both benchmarks below
-    python experiments/bench_models.py --benchmarks=decode --batch_sizes=1,8 --new_tokens=32 --repeats=2
-    python experiments/bench_models.py --benchmarks=hybrid_prefill --hybrid_lengths=512,2048
+    python experiments/bench/bench_models.py                          # both benchmarks below
+    python experiments/bench/bench_models.py --benchmarks=decode --batch_sizes=1,8 --new_tokens=32 --repeats=2
+    python experiments/bench/bench_models.py --benchmarks=hybrid_prefill --hybrid_lengths=512,2048
 
 `decode`: decode throughput of the KV-cache sampler (`sao.models.sampling`) vs `transformers` `generate`.
 `hybrid_prefill`: prefill tokens/s of a Qwen3.5-style hybrid backbone (`qwen3_5_text`: 3 Gated DeltaNet layers per
@@ -29,7 +29,8 @@ import numpy as np
 import torch
 import transformers
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's `sao`
+# the repository, two folders up: this checkout's `sao`
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from sao.models import hf as hf_io
 from sao.models.config import ModelConfig

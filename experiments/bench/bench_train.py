@@ -8,7 +8,7 @@ forward, advantages, one DIS actor step. Achieved FLOP/s counts
 ratio is the MFU-like figure. The same ratio per CPU-second of this process is printed beside it: on a shared
 machine other jobs stretch wall time far more than CPU time.
 
-  python experiments/bench_train.py --batch=8 --seq_len=256 --steps=3
+  python experiments/bench/bench_train.py --batch=8 --seq_len=256 --steps=3
 
 `--mode=toy_batch`: the README main job's learner update instead (the `sao_openswe.py:toy` learner config and model,
 64 trajectories of the toy's lengths: replayed from a run's trajectory log with `--lengths_from=<workdir>/trajectories`,
@@ -17,7 +17,7 @@ other jobs on a shared machine move far less than wall time), the first updates'
 padded / grouped / real token counts; `--length_groups` overrides the config's `batching.length_groups`
 (−1: keep it), `--bucket_lengths` (`+`-separated) its buckets:
 
-  python experiments/bench_train.py --mode=toy_batch --length_groups=0 --steps=8
+  python experiments/bench/bench_train.py --mode=toy_batch --length_groups=0 --steps=8
 """
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's `sao`
+# the repository, two folders up: this checkout's `sao`
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from experiments.configs import sao_openswe
 

@@ -1,4 +1,4 @@
-"""`sao.train.hlo_cost` / `hlo_flops` / `hlo_text`: a hand-written HLO module priced by hand, and one real TPU
+"""`sao.aot.hlo_cost` / `hlo_flops` / `hlo_text`: a hand-written HLO module priced by hand, and one real TPU
 compile whose matmul FLOPs the parser must find as the jaxpr count and XLA's cost analysis do."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from sao.train import hlo_cost, hlo_flops, hlo_text
-from sao.train.tpu_topology import CHIPS, Chip
+from sao.aot import hlo_cost, hlo_flops, hlo_text
+from sao.aot.tpu_topology import CHIPS, Chip
 
 # Round numbers to price by hand: 1 TFLOP/s, 1 TB/s HBM, ICI 6 GB/s over 6 links → a 1 GB/s ring.
 CHIP = Chip("test", "test", 1 << 30, 1e12, 1e12, "", 6e9, 6)
@@ -208,7 +208,7 @@ def test_a_real_tpu_compile_matches_the_jaxpr_count_and_xla():
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  from sao.train import compile_stats, tpu_topology  # pylint: disable=g-import-not-at-top
+  from sao.aot import compile_stats, tpu_topology  # pylint: disable=g-import-not-at-top
 
   chip, devices = tpu_topology.topology_devices("v5p:2x2x1")
   mesh = Mesh(np.array(devices).reshape(4), ("batch",))
@@ -236,9 +236,10 @@ def test_a_real_tpu_compile_matches_the_jaxpr_count_and_xla():
 
 
 def test_breakdown_command_prints_shares_and_top_instructions(tmp_path):
-  """`experiments/hlo_breakdown.py`'s table for the hand-written module, with the report row it finds by file name."""
+  """`experiments/bench/hlo_breakdown.py`'s table for the hand-written module, with the report row it finds by file
+  name."""
   import json  # pylint: disable=g-import-not-at-top
-  from experiments import hlo_breakdown  # pylint: disable=g-import-not-at-top
+  from experiments.bench import hlo_breakdown  # pylint: disable=g-import-not-at-top
   hlo = tmp_path / "actor_step_dis_T64.hlo.txt"
   hlo.write_text(HLO)
   report = tmp_path / "rows.json"

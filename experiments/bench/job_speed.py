@@ -1,6 +1,6 @@
 r"""The README main job's speed: each run's RL step time beside what its steps trained, and the ratio of two trees'.
 
-    python experiments/job_speed.py --before=/tmp/job_before_0,/tmp/job_before_1 \
+    python experiments/bench/job_speed.py --before=/tmp/job_before_0,/tmp/job_before_1 \
         --after=/tmp/job_after_0,/tmp/job_after_1
 
 Per run (a workdir of `experiments/train.py`): the median and mean of the last 239 intervals between RL steps (the
@@ -19,7 +19,8 @@ import sys
 import numpy as np
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's `sao`
+# the repository, two folders up: this checkout's `sao`
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from sao.analysis import runs as runs_lib  # noqa: E402
 

@@ -14,7 +14,7 @@ ICI (`ici_bytes_per_second`, `ici_links`): "Bidirectional inter-chip interconnec
 ports per chip" of the same pages (v5p: 1200 GBps over the 6 links of its 3D torus; v5e: 400 GBps, 4 ports; v6e:
 800 GBps, 4 ports). The v4 page gives no per-chip ICI figure: 6 links of 45 GB/s each way, from "How to Scale Your
 Model" (Austin et al. 2025, jax-ml.github.io/scaling-book/tpus, the ICI table), i.e. 540 GB/s bidirectional.
-`ici_ring_bytes_per_second` is what `sao.train.hlo_cost` prices a collective with: a bidirectional ring over one
+`ici_ring_bytes_per_second` is what `sao.aot.hlo_cost` prices a collective with: a bidirectional ring over one
 torus axis sends on two links at once, `2 · ici_bytes_per_second / (2 · ici_links)` per chip (a group spanning
 several axes may use more links; the ring is the conservative model).
 """

@@ -1,9 +1,9 @@
 """Rollout throughput: concurrent agent loops against local JAX engines, dynamic batching and the prefix cache
 across turns each on vs off.
 
-  python experiments/bench_rollout.py [--concurrency=8,32,128] [--modes=batch+cache,batch,cache,none]
+  python experiments/bench/bench_rollout.py [--concurrency=8,32,128] [--modes=batch+cache,batch,cache,none]
       [--repeats=2] [--max_turns=4] [--max_new_tokens=16]
-  python experiments/bench_rollout.py --sampler_only   # one Sampler call, a turn with vs without its cached prefix
+  python experiments/bench/bench_rollout.py --sampler_only  # one Sampler call, a turn with vs without its cached prefix
 
 number_search tasks, a tiny random qwen3 (1 layer, hidden 32) with the toy tokenizer, one engine subprocess per mode,
 all started before timing (batching on: `max_batch_size` = the largest concurrency; off: `max_batch_size=1`; cache
@@ -26,7 +26,8 @@ import time
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's `sao`
+# the repository, two folders up: this checkout's `sao`
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from sao.engines.local_server import start_local_engine
 from sao.engines.sglang_client import SGLangEngine

@@ -28,12 +28,13 @@ import ml_collections
 from absl import logging
 
 from sao import run_config
+from sao.aot import compile_stats
+from sao.aot.tpu_topology import Chip
 from sao.models.config import ModelConfig
-from sao.train import compile_stats, precompile
+from sao.train import precompile
 from sao.train import targets as targets_lib
 from sao.train import mesh as mesh_lib
 from sao.train.learner import Learner
-from sao.train.tpu_topology import Chip
 
 FORWARD_PROGRAMS = ("actor_logprobs",)  # compiled though an update does not call them (see the module docstring)
 

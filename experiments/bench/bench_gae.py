@@ -1,9 +1,9 @@
 r"""Benchmark: skip-observation GAE + masked whitening, jitted (native, chunked, scan, associative), NumPy loop, copy.
 
-    python experiments/bench_gae.py                      # both sizes, median of 5 timed runs each
-    python experiments/bench_gae.py --sizes=64x4096 --repeats=3
+    python experiments/bench/bench_gae.py                      # both sizes, median of 5 timed runs each
+    python experiments/bench/bench_gae.py --sizes=64x4096 --repeats=3
     git show e4f743b:sao/core/gae_chunked.py > /tmp/old_gae_chunked.py
-    python experiments/bench_gae.py --baseline=/tmp/old_gae_chunked.py --sizes=256x16384 --repeats=41
+    python experiments/bench/bench_gae.py --baseline=/tmp/old_gae_chunked.py --sizes=256x16384 --repeats=41
 
 Prints one table of tokens/s per implementation with its ratio to the NumPy loop (the way verl's reference
 `compute_gae_advantage_return` loops over t) and to the copy bound (a jitted pass that reads the same inputs and
@@ -33,7 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's `sao`
+# the repository, two folders up: this checkout's `sao`
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from sao.core import advantages as adv_lib
 from sao.core import gae_chunked

@@ -1,9 +1,9 @@
 r"""Where XLA's kind of estimate of a compiled program spends its time: every executed instruction of the program's
 optimized HLO (`compile_tpu.py --hlo_dir` writes it) priced by the chip's roofline, loops multiplied out, by kind,
-model part, phase and bound (`sao.train.hlo_cost`), with the most expensive instructions and their jax op names.
+model part, phase and bound (`sao.aot.hlo_cost`), with the most expensive instructions and their jax op names.
 `s at peak` is the time the group's matmul FLOPs would take at the chip's peak: what a perfect kernel would leave.
 
-    python experiments/hlo_breakdown.py --hlo=reports/hlo/sao_full_v5p128/actor_step_dis_T32768.hlo.txt.gz \
+    python experiments/bench/hlo_breakdown.py --hlo=reports/hlo/sao_full_v5p128/actor_step_dis_T32768.hlo.txt.gz \
         --chip=v5p --chips=128 --report=reports/sao_full_v5p128.json --top=30
 
 All figures are per chip (the HLO is the per-device program) and from a cost model, not a measurement. `--report`
@@ -20,7 +20,7 @@ import sys
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def define_flags() -> None:
@@ -120,7 +120,7 @@ def format_breakdown(result, chip, chips: int, model_flops: float, row: dict | N
 
 def main(argv):
   del argv
-  from sao.train import hlo_cost, tpu_topology  # pylint: disable=g-import-not-at-top
+  from sao.aot import hlo_cost, tpu_topology  # pylint: disable=g-import-not-at-top
   chip = tpu_topology.CHIPS[_CHIP.value]
   row = report_row(_REPORT.value, _HLO.value) if _REPORT.value else None
   chips = _CHIPS.value or (int(row["chips"]) if row and row.get("chips") else 0)

