@@ -122,7 +122,7 @@ class Learner:
       elif critic_params is None and c.critic.init == "checkpoint":
         critic_params = ckpt_lib.load_params(c.critic.init_path, self.critic.sharded_abstract_params())
       elif critic_params is None:
-        critic_params = jax.jit(init_critic_from_policy, out_shardings=self.critic.param_shardings)(
+        critic_params = MeshJit(init_critic_from_policy, None, out_shardings=self.critic.param_shardings)(
             self.actor.state.params, critic_rng)
       if actor_params is not None:
         state_lib.check_params("critic_params", critic_params, self.critic.abstract_params)

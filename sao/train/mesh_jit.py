@@ -105,8 +105,11 @@ class MeshJit:
 
   def __call__(self, *args, **kwargs):
     ProgramLog.record(self.name, args, kwargs)
+    serial = _serial or (_serial is None and executions_serialized())
+    if serial:  # an input still being computed by a program dispatched elsewhere (not a MeshJit): finish it first
+      jax.block_until_ready([x for x in jax.tree.leaves((args, kwargs)) if isinstance(x, jax.Array)])
     out = self._traced(self.jitted, *args, **kwargs)
-    if _serial or (_serial is None and executions_serialized()):
+    if serial:
       jax.block_until_ready(out)
     return out
 

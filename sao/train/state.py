@@ -15,6 +15,7 @@ import optax
 from jax.sharding import Mesh
 
 from sao.train import mesh as mesh_lib
+from sao.train import mesh_jit
 from sao.train.optim import param_path
 from sao.train.steps import TrainState
 
@@ -55,7 +56,7 @@ def init_state(params: Any, shardings: TrainState, tx: optax.GradientTransformat
   """A fresh `TrainState` (step 0, zero moments) holding a sharded *copy* of `params`."""
   # jnp.copy: an untouched input would be forwarded as the output buffer, and the step's donation would then
   # delete the caller's arrays.
-  init = jax.jit(lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=jax.tree.map(jnp.copy, p),
-                                      opt_state=tx.init(p), skipped=jnp.zeros((), jnp.int32)),
-                 out_shardings=shardings)
+  init = mesh_jit.program(lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=jax.tree.map(jnp.copy, p),
+                                                opt_state=tx.init(p), skipped=jnp.zeros((), jnp.int32)),
+                          out_shardings=shardings)
   return init(params)

@@ -54,3 +54,18 @@ def test_cpu_mode_is_decided_from_the_backend_at_first_use():
     raise AssertionError("accepted a bad mode")
   except ValueError as e:
     assert "'yes'" in str(e)
+
+
+def test_every_program_of_the_learner_is_a_mesh_jit():
+  """Serial execution and the program log hold only for `MeshJit`s: no bare `jax.jit` in `sao.train`."""
+  import os
+  import re
+  root = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "sao", "train")
+  bare = []
+  for name in sorted(os.listdir(root)):
+    if name.endswith(".py") and name != "mesh_jit.py":
+      with open(os.path.join(root, name)) as f:
+        for number, line in enumerate(f, 1):
+          if re.search(r"\bjax\.jit\b|\bpjit\(", line.split("#")[0]) and not line.lstrip().startswith(("\"", "'")):
+            bare.append(f"{name}:{number}: {line.strip()}")
+  assert not bare, bare
