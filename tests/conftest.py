@@ -13,7 +13,7 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# The runs the tests start share one compilation cache (sao.engines.compilation_cache), this session's, never the
+# The runs the tests start share one compilation cache (sao.engines.compilation_cache), this pytest run's, never the
 # user's: a test run neither reads nor fills ~/.cache/sao.
 os.environ["SAO_CACHE_DIR"] = tempfile.mkdtemp(prefix="sao_test_cache_")
 atexit.register(shutil.rmtree, os.environ["SAO_CACHE_DIR"], True)

@@ -1,5 +1,6 @@
 """The repository stands on its own: no tracked file names a path outside it (the docs it needs are in docs/)."""
 import os
+import re
 import pathlib
 import subprocess
 
@@ -68,3 +69,31 @@ def test_test_modules_in_non_package_directories_have_unique_basenames():
           clashes.append(f"{seen[f]} and {path}")
         seen.setdefault(f, path)
   assert clashes == []
+
+
+# A citation of a numbered working period (the word, then a number): a reader cannot resolve it; the docs and the
+# code name a date, a commit or a docs section instead. Spelled in pieces so this file does not match itself.
+WORKING_PERIOD = re.compile(r"\b" + "sess" + r"ions? \d+")
+
+
+def working_period_citations(paths: list[pathlib.Path], root: pathlib.Path = ROOT) -> list[str]:
+  found = []
+  for path in paths:
+    if not path.is_file() or path.suffix not in (".py", ".md", ".txt", ".sh", ".cfg", ".toml", ".ini", ""):
+      continue
+    try:
+      lines = path.read_text(errors="strict").splitlines()
+    except (UnicodeDecodeError, OSError):
+      continue
+    found += [f"{path.relative_to(root)}:{n}" for n, line in enumerate(lines, 1) if WORKING_PERIOD.search(line)]
+  return found
+
+
+def test_no_file_cites_a_numbered_working_period():
+  assert not working_period_citations(tracked_files()), working_period_citations(tracked_files())[:20]
+
+
+def test_detects_a_working_period_citation(tmp_path):
+  (tmp_path / "a.md").write_text("as measured in " + "sess" + "ion 12 on the toy\n")
+  (tmp_path / "b.py").write_text("# the proxy's session idle timeout\n")
+  assert working_period_citations([tmp_path / "a.md", tmp_path / "b.py"], tmp_path) == ["a.md:1"]

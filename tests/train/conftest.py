@@ -1,4 +1,4 @@
-"""tests/train: a persistent XLA compilation cache shared by this session's learners and their subprocesses.
+"""tests/train: a persistent XLA compilation cache shared by one pytest run's learners and their subprocesses.
 
 Every `Learner` jits fresh closures, so identical steps would otherwise recompile per test; the on-disk cache is
 keyed by the compiled HLO and turns those into cache hits.
