@@ -55,6 +55,8 @@ from sao.rollout.envs.swe import expert as expert_lib
 from sao.rollout.envs.swe import grader as grader_lib
 from sao.rollout.envs.swe import sandbox as sandbox_lib
 from sao.rollout.envs.swe import snapshots
+from sao.rollout.envs.swe.base_tree import BaseTree
+from sao.rollout.envs.swe.workspace import DiffTooLargeError, workspace_diff
 from sao.rollout.envs.swe.tools import editor as editor_lib
 from sao.rollout.tool_format import ToolCall, ToolCallError
 from sao.transport.trajectory import Status
@@ -264,15 +266,16 @@ class SweEnv(Env):
     return f"{observation}\n[{detail}]", True
 
   async def diff(self) -> str:
-    """The working tree's diff against base_commit (new files included), computed inside the sandbox: the
-    repository's .git is agent-controlled, so host-side git must not read it."""
-    cmd = (f"git -c core.fsmonitor=false -c core.hooksPath=/dev/null add -A >/dev/null && git -c core.fsmonitor=false "
-           f"diff --cached --binary --no-color --no-ext-diff {shlex.quote(self.instance.base_commit)}")
-    result = await self.sandbox.arun(cmd, max_output_bytes=_DIFF_BYTES)
-    if result.exit_code != 0 or result.truncated:
-      # The agent broke its own repository (or wrote a huge diff): that is a wrong answer, graded as one.
-      return "diff --git a/.sao_unreadable b/.sao_unreadable\n<unreadable working tree>\n"
-    return result.output
+    """The working tree's changes against base_commit as a unified diff, computed on the host from the files'
+    contents and the dataset's own git objects (`workspace_diff`): the episode's .git, its filters, hooks and
+    attributes are never consulted, and nothing runs in the sandbox."""
+    source = await asyncio.to_thread(snapshots.git_source, self.instance.snapshot)
+    base = await asyncio.to_thread(BaseTree.open, source, self.instance.base_commit)
+    try:
+      return await asyncio.to_thread(workspace_diff, self.sandbox.repo_dir, base, _DIFF_BYTES)
+    except DiffTooLargeError:
+      # The agent wrote more than a patch can hold: a wrong answer, graded as one.
+      return "diff --git a/.sao_unreadable b/.sao_unreadable\nBinary files a/.sao_unreadable and b/.sao_unreadable differ\n"
 
   async def _grade(self) -> grader_lib.GradeResult:
     if self.grade_result is None:

@@ -191,11 +191,12 @@ class Sandbox:
 
   @classmethod
   def create(cls, source_repo: pathlib.Path | str, base_commit: str, config: SandboxConfig = SandboxConfig(),
-             prefix: str = "sao_swe_") -> Sandbox:
+             prefix: str = "sao_swe_", overlay: dict[str, bytes | None] | None = None) -> Sandbox:
     """A fresh episode: clones `source_repo` (a local git repository or bundle) and checks out `base_commit`.
 
     Only history up to `base_commit` stays reachable in the copy (no branches, tags or remote), so `git log` does
-    not show the fix. Raises `SandboxError` if the copy cannot be made.
+    not show the fix. `overlay` (path -> content, None to delete) is written over the checkout before any command
+    runs (the grader's tree: see `write_overlay`). Raises `SandboxError` if the copy cannot be made.
     """
     if config.isolation == "bwrap":
       bwrap.ensure_bwrap()  # fail before creating anything
@@ -213,6 +214,8 @@ class Sandbox:
       refs = git(repo, "for-each-ref", "--format=%(refname)").split()
       if refs:
         git(repo, "update-ref", "--no-deref", "--stdin", input="".join(f"delete {r}\n" for r in refs))
+      if overlay:
+        write_overlay(repo, overlay)
       return cls(episode_dir, config)
     except BaseException:
       disk.rmtree(episode_dir)
@@ -220,10 +223,10 @@ class Sandbox:
 
   @classmethod
   async def acreate(cls, source_repo: pathlib.Path | str, base_commit: str, config: SandboxConfig = SandboxConfig(),
-                    prefix: str = "sao_swe_") -> Sandbox:
+                    prefix: str = "sao_swe_", overlay: dict[str, bytes | None] | None = None) -> Sandbox:
     """`create` off the event loop. If the caller is cancelled meanwhile, the sandbox is closed as soon as the
     (uninterruptible) copy finishes, so a cancelled episode never leaves its directory behind."""
-    future = asyncio.ensure_future(asyncio.to_thread(cls.create, source_repo, base_commit, config, prefix))
+    future = asyncio.ensure_future(asyncio.to_thread(cls.create, source_repo, base_commit, config, prefix, overlay))
     try:
       return await asyncio.shield(future)
     except asyncio.CancelledError:
@@ -361,6 +364,32 @@ class Sandbox:
     except RuntimeError:
       return asyncio.run(self.arun(command, timeout_s, stdin, max_output_bytes))
     raise RuntimeError("Sandbox.run() called from a running event loop; use `await sandbox.arun(...)`")
+
+
+def write_overlay(repo: pathlib.Path, overlay: dict[str, bytes | None]) -> None:
+  """Writes `overlay` (relative path -> content, None: delete) into a fresh checkout, on the host, before any
+  command has run there. Deletions go first. Every path must be relative and normal, and no directory on its way a
+  symlink (the snapshot may hold symlinks; the host never follows one): else `SandboxError`, nothing followed."""
+  def checked(path: str) -> pathlib.Path:
+    parts = path.split("/")
+    if path.startswith("/") or any(p in ("", ".", "..", ".git") for p in parts) or "\0" in path:
+      raise SandboxError(f"overlay path {path!r} is not a plain relative path")
+    for i in range(1, len(parts) + 1):
+      here = repo.joinpath(*parts[:i])
+      if here.is_symlink() or (i < len(parts) and here.exists() and not here.is_dir()):
+        raise SandboxError(f"overlay path {path!r}: {'/'.join(parts[:i])} is a symlink or not a directory")
+    return repo.joinpath(*parts)
+
+  for path, content in sorted(overlay.items()):
+    if content is None and (target := checked(path)).exists():
+      target.unlink()
+  for path, content in sorted(overlay.items()):
+    if content is not None:
+      target = checked(path)
+      target.parent.mkdir(parents=True, exist_ok=True)
+      fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+      with os.fdopen(fd, "wb") as f:
+        f.write(content)
 
 
 def _close_orphan(future: asyncio.Future) -> None:
