@@ -8,8 +8,14 @@ import stat
 
 
 def tree_bytes(path: pathlib.Path) -> int:
-  """Disk space used under `path` (allocated blocks, each inode once, symlinks not followed). A directory the
-  command made unreadable is made readable again first (it is ours), so nothing can be hidden from the count."""
+  """Disk space used under `path` (allocated blocks, each inode once, symlinks not followed)."""
+  return tree_usage(path)[0]
+
+
+def tree_usage(path: pathlib.Path) -> tuple[int, int]:
+  """(bytes, inodes) used under `path`: allocated blocks and distinct inodes (a symlink or an empty file costs an
+  inode and next to no blocks), symlinks not followed. A directory the command made unreadable is made readable
+  again first (it is ours), so nothing can be hidden from the count."""
   seen, total, stack = set(), 0, [str(path)]
   while stack:
     directory = stack.pop()
@@ -30,7 +36,7 @@ def tree_bytes(path: pathlib.Path) -> int:
         total += info.st_blocks * 512
       if stat.S_ISDIR(info.st_mode):
         stack.append(entry.path)
-  return total
+  return total, len(seen)
 
 
 def rmtree(path: pathlib.Path) -> None:

@@ -35,7 +35,7 @@ dataset of `num_repos` repositories), `max_turns`, per-command `command_timeout_
 `max_output_bytes`, `test_timeout_s` (grading), `isolation` ("bwrap", or "none" to run unsandboxed — explicit only),
 `autosubmit` (grade the working tree when the episode ends without `submit`; default True, as SWE-agent does),
 `max_processes`, `disk_mb` (how much the repository may grow over the episode: past it, the episode ends with reward
-0 and `grade_result.detail` naming the limit), `tmp_mb` (each command's /tmp); see `SandboxConfig`.
+0 and `grade_result.detail` naming the limit), `max_inodes` (as `disk_mb`, in files, directories and symlinks), `tmp_mb` (each command's /tmp); see `SandboxConfig`.
 """
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ class SweEnv(Env):
                max_output_bytes: int = 10_000, test_timeout_s: float = 120.0, isolation: str = "bwrap",
                sandbox_root: str | None = None, autosubmit: bool = True,
                pytest_args: tuple[str, ...] = grader_lib.DEFAULT_PYTEST_ARGS, max_processes: int = 512,
-               disk_mb: int = 1024, tmp_mb: int = 512):
+               disk_mb: int = 1024, tmp_mb: int = 512, max_inodes: int = 100_000):
     super().__init__()
     if max_turns < 1:
       raise ValueError(f"max_turns: must be >= 1, got {max_turns}")
@@ -145,7 +145,8 @@ class SweEnv(Env):
     self.config_max_turns = int(max_turns)
     self.sandbox_config = sandbox_lib.SandboxConfig(
         timeout_s=command_timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes,
-        isolation=isolation, root=sandbox_root, max_processes=max_processes, disk_mb=disk_mb, tmp_mb=tmp_mb)
+        isolation=isolation, root=sandbox_root, max_processes=max_processes, disk_mb=disk_mb, tmp_mb=tmp_mb,
+        max_inodes=max_inodes)
     self.test_timeout_s = float(test_timeout_s)
     self.autosubmit = bool(autosubmit)
     self.pytest_args = tuple(pytest_args)

@@ -123,7 +123,8 @@ async def _run_tests(box: sandbox_lib.Sandbox, files: list[str], pytest_args: tu
 async def _test_run(instance: Instance, source: str, tree: graded_tree.GradedTree, config: sandbox_lib.SandboxConfig,
                     pytest_args: tuple[str, ...], timeout_s: float, pytest_config: tuple[str, str]):
   """(command result, report) of the instance's tests in a fresh sandbox holding `tree`."""
-  box = await sandbox_lib.Sandbox.acreate(source, instance.base_commit, config, "sao_grade_", overlay=tree.overlay)
+  box = await sandbox_lib.Sandbox.acreate(source, instance.base_commit, config, "sao_grade_", overlay=tree.overlay,
+                                          pool="grader")
   try:
     ids = list(dict.fromkeys(instance.fail_to_pass + instance.pass_to_pass))
     files = list(dict.fromkeys(t.split("::")[0] for t in ids))

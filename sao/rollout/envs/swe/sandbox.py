@@ -66,6 +66,8 @@ class SandboxConfig:
     file_mb: largest file a command may write (`ulimit -f`).
     max_processes: processes (and threads) the sandbox may hold at once (`ulimit -u`; bwrap isolation only).
     disk_mb: how much the repository may grow over the whole episode (see the module docstring).
+    max_inodes: how many files, directories and symlinks the repository may gain over the episode (inodes are a
+      host resource of their own: 100,000 symlinks cost 2 MiB of bytes but 100,000 inodes).
     tmp_mb: size of each command's private `/tmp` (and of `/dev/shm`), a tmpfs (bwrap isolation only).
     disk_check_s: how often a running command's repository is measured against `disk_mb`.
     max_output_bytes: the command's output is cut to this many bytes (head + tail, a marker in between).
@@ -80,6 +82,7 @@ class SandboxConfig:
   file_mb: int = 256
   max_processes: int = 512
   disk_mb: int = 1024
+  max_inodes: int = 100_000
   tmp_mb: int = 512
   disk_check_s: float = 1.0
   max_output_bytes: int = 10_000
@@ -91,7 +94,7 @@ class SandboxConfig:
     if self.isolation not in ISOLATIONS:
       raise ValueError(f"SandboxConfig.isolation: {self.isolation!r} is not one of {ISOLATIONS}")
     for name in ("timeout_s", "cpu_s", "memory_mb", "file_mb", "max_output_bytes", "max_processes", "disk_mb",
-                 "tmp_mb", "disk_check_s"):
+                 "max_inodes", "tmp_mb", "disk_check_s"):
       if getattr(self, name) <= 0:
         raise ValueError(f"SandboxConfig.{name}: must be > 0, got {getattr(self, name)}")
 
@@ -155,7 +158,7 @@ def _git_env() -> dict[str, str]:
 class Sandbox:
   """An episode directory holding a fresh checkout, and the runner of commands confined to it."""
 
-  def __init__(self, episode_dir: pathlib.Path, config: SandboxConfig):
+  def __init__(self, episode_dir: pathlib.Path, config: SandboxConfig, pool: str = "agent"):
     self.config = config
     self.episode_dir = episode_dir
     self.repo_dir = episode_dir / "repo"
@@ -163,7 +166,8 @@ class Sandbox:
     self.spent = ""  # the limit that ended the episode ("disk"), or ""
     self._bwrap = bwrap.ensure_bwrap() if config.isolation == "bwrap" else None
     try:
-      self.identity = identity_lib.lease() if self._bwrap is not None else None
+      self.identity = (identity_lib.lease(pool, os.path.join(_python_prefix(), "bin", "python3"))
+                       if self._bwrap is not None else None)
     except identity_lib.IdentityError as e:
       raise SandboxError(str(e)) from e
     if self.identity is not None and self.identity.drop:
@@ -187,11 +191,14 @@ class Sandbox:
         except OSError as e:  # e.g. a root-squashed network file system under `config.root`
           self.close()
           raise SandboxError(f"cannot give {self.repo_dir} to the sandbox's uid {self.identity.uid}: {e}") from e
-    self._disk_budget = disk.tree_bytes(self.repo_dir) + config.disk_mb * (1 << 20)
+    used_bytes, used_inodes = disk.tree_usage(self.repo_dir)
+    self._disk_budget = used_bytes + config.disk_mb * (1 << 20)
+    self._inode_budget = used_inodes + config.max_inodes
 
   @classmethod
   def create(cls, source_repo: pathlib.Path | str, base_commit: str, config: SandboxConfig = SandboxConfig(),
-             prefix: str = "sao_swe_", overlay: dict[str, bytes | None] | None = None) -> Sandbox:
+             prefix: str = "sao_swe_", overlay: dict[str, bytes | None] | None = None, pool: str = "agent"
+             ) -> Sandbox:
     """A fresh episode: clones `source_repo` (a local git repository or bundle) and checks out `base_commit`.
 
     Only history up to `base_commit` stays reachable in the copy (no branches, tags or remote), so `git log` does
@@ -216,17 +223,19 @@ class Sandbox:
         git(repo, "update-ref", "--no-deref", "--stdin", input="".join(f"delete {r}\n" for r in refs))
       if overlay:
         write_overlay(repo, overlay)
-      return cls(episode_dir, config)
+      return cls(episode_dir, config, pool)
     except BaseException:
       disk.rmtree(episode_dir)
       raise
 
   @classmethod
   async def acreate(cls, source_repo: pathlib.Path | str, base_commit: str, config: SandboxConfig = SandboxConfig(),
-                    prefix: str = "sao_swe_", overlay: dict[str, bytes | None] | None = None) -> Sandbox:
+                    prefix: str = "sao_swe_", overlay: dict[str, bytes | None] | None = None, pool: str = "agent"
+             ) -> Sandbox:
     """`create` off the event loop. If the caller is cancelled meanwhile, the sandbox is closed as soon as the
     (uninterruptible) copy finishes, so a cancelled episode never leaves its directory behind."""
-    future = asyncio.ensure_future(asyncio.to_thread(cls.create, source_repo, base_commit, config, prefix, overlay))
+    future = asyncio.ensure_future(asyncio.to_thread(cls.create, source_repo, base_commit, config, prefix, overlay,
+                                                      pool))
     try:
       return await asyncio.shield(future)
     except asyncio.CancelledError:
@@ -251,8 +260,11 @@ class Sandbox:
     c = self.config
     # `ulimit` without -S/-H sets both limits, so the command cannot raise them again.
     nproc = f" -u {c.max_processes}" if self._bwrap is not None else ""
+    # A fresh session keyring per command (bwrap isolation): never the trainer's, never another command's.
+    shim = (f"python3 -I -S -c {shlex.quote(identity_lib.SESSION_KEYRING_SHIM.format(nr=identity_lib.keyctl_number()))} "
+            if self._bwrap is not None else "")
     script = (f"ulimit -t {c.cpu_s} -v {c.memory_mb * 1024} -f {c.file_mb * 1024} -c 0{nproc} 2>/dev/null || "
-              f"{{ echo 'sandbox: cannot set limits' >&2; exit 125; }}; exec bash -c {shlex.quote(command)}")
+              f"{{ echo 'sandbox: cannot set limits' >&2; exit 125; }}; exec {shim}bash -c {shlex.quote(command)}")
     env = {"PATH": f"{_python_prefix()}/bin:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "TERM": "dumb", "PAGER": "cat",
            "GIT_PAGER": "cat", "GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "agent",
@@ -329,7 +341,7 @@ class Sandbox:
       nonlocal over_disk
       while True:
         await asyncio.sleep(self.config.disk_check_s)
-        if await asyncio.to_thread(disk.tree_bytes, self.repo_dir) > self._disk_budget:
+        if await asyncio.to_thread(self._over_budget):
           over_disk = True
           procs.kill_session(proc)
           return
@@ -348,13 +360,17 @@ class Sandbox:
         if self._bwrap is None:
           procs.kill_pipe_holders(pipe_inode)  # e.g. a `setsid` child: outside the process group, no PID namespace
         await proc.wait()
-    if not over_disk and await asyncio.to_thread(disk.tree_bytes, self.repo_dir) > self._disk_budget:
+    if not over_disk and await asyncio.to_thread(self._over_budget):
       over_disk = True
     if over_disk:
       self.spent, exit_code, timed_out = "disk", None, False
     output, truncated = _truncate(bytes(head), bytes(tail), total, limit)
     return CommandResult(output=output, exit_code=exit_code, timed_out=timed_out, truncated=truncated,
                          duration_s=time.monotonic() - start, limit=self.spent if over_disk else "")
+
+  def _over_budget(self) -> bool:
+    used_bytes, used_inodes = disk.tree_usage(self.repo_dir)
+    return used_bytes > self._disk_budget or used_inodes > self._inode_budget
 
   def run(self, command: str, timeout_s: float | None = None, stdin: bytes | None = None,
           max_output_bytes: int | None = None) -> CommandResult:
