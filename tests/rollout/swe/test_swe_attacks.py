@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 
 import pytest
 
 from sao.rollout import envs
-from sao.rollout.envs.swe import dataset, generator, graded_tree, grader, patches
+from sao.rollout.envs.swe import dataset, generator, graded_tree, grader, patches, snapshots
 from sao.rollout.envs.swe.base_tree import BaseTree
-from sao.rollout.envs.swe.sandbox import Sandbox, SandboxConfig
+from sao.rollout.envs.swe.sandbox import SandboxConfig
 from sao.rollout.tool_format import ToolCall
 from sao.transport.trajectory import Status
 
-from swe_fixtures import OPS_BASE, OPS_FIXED
+from swe_fixtures import OPS_BASE
 
 CONFIG = SandboxConfig(timeout_s=30)
 new = generator.unified_diff
@@ -43,11 +42,11 @@ def _in_calc_init(code: str) -> str:
 def test_attack_1_no_rootdir_configuration_file_is_read_even_when_present(calc):
   """The grader's run takes its configuration from `-c`: a `pytest.toml` (or any name pytest learns) in the tree,
   here written straight into the tree past the allow-list, loads nothing."""
-  base = BaseTree.open(str(calc.snapshot.path) if calc.snapshot.kind == "dir" else "", calc.base_commit)
+  base = BaseTree.open(snapshots.git_source(calc.snapshot), calc.base_commit)
   overlay = {"pytest.toml": b'[pytest]\naddopts = ["-p", "hackplug"]\n', ".pytest.toml":
              b'[pytest]\naddopts = ["-p", "hackplug"]\n', "hackplug.py": ALL_PASS_HOOK.encode()}
-  tree = dataclasses.replace(graded_tree.build(calc, "", base), overlay={
-      **graded_tree.build(calc, "", base).overlay, **overlay})
+  empty = graded_tree.build(calc, "", base)
+  tree = dataclasses.replace(empty, overlay={**empty.overlay, **overlay})
 
   async def run():
     return await grader._test_run(calc, calc.snapshot.path, tree, CONFIG, grader.DEFAULT_PYTEST_ARGS, 60,
@@ -58,8 +57,8 @@ def test_attack_1_no_rootdir_configuration_file_is_read_even_when_present(calc):
 
 
 def test_attack_2_xfail_skip_pass_only_where_the_instance_declares_them(calc):
-  xfail = new("calc/ops.py", OPS_BASE, OPS_BASE.replace("    if x > hi:\n        return lo\n",
-                                                        "    if x > hi:\n        import pytest\n        pytest.xfail()\n"))
+  xfail = new("calc/ops.py", OPS_BASE, OPS_BASE.replace(
+      "    if x > hi:\n        return lo\n", "    if x > hi:\n        import pytest\n        pytest.xfail()\n"))
   skip = xfail.replace("pytest.xfail()", "pytest.skip()")
   results = _grade_all(calc, {"xfail": xfail, "skip": skip})
   for name, result in results.items():
@@ -175,5 +174,6 @@ def test_patches_parse_apply_and_format_round_trip():
     patches.parse("--- a/x\n+++ b/x\n@@ -1,2 +1,2 @@\n-a\n")
   quoted = patches.format_file("dir/tab\tname", None, b"q\n")
   assert patches.parse(quoted)[0].new_path == "dir/tab\tname"
-  assert json.dumps(grader.expected_outcomes(dataclasses.make_dataclass("I", ["extra"])(
-      {"meta": {"expected_outcomes": {"t": ["XFAIL", "bogus"]}}})), default=sorted) == '{"t": ["XFAIL"]}'
+  declared = dataclasses.make_dataclass("Declared", ["extra"])({"meta": {"expected_outcomes": {
+      "t": ["XFAIL", "bogus"], "u": "SKIPPED", "v": 3}}})
+  assert grader.expected_outcomes(declared) == {"t": {"XFAIL"}, "u": {"SKIPPED"}, "v": set()}

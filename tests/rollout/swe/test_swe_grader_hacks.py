@@ -10,14 +10,11 @@ import subprocess
 
 import pytest
 
-from sao.rollout import envs
 from sao.rollout.envs.swe import allow_list, dataset, generator, grader, snapshots, stats
 from sao.rollout.envs.swe.sandbox import SandboxConfig
 from sao.transport.trajectory import Status
 
-from sao.rollout.tool_format import ToolCall
-
-from swe_fixtures import OPS_BASE, OPS_FIXED
+from swe_fixtures import OPS_FIXED
 
 CONFIG = SandboxConfig(timeout_s=30)
 # A pytest hook that rewrites every test report to "passed".

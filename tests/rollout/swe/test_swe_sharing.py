@@ -92,3 +92,21 @@ def test_inodes_have_a_budget_beside_bytes(calc_repo):
     assert box.run("mkdir links && for i in $(seq 1000); do ln -s /nowhere links/$i; done").limit == ""
     result = box.run("for i in $(seq 1001 50000); do ln -s /nowhere links/$i; done")
     assert result.limit == "disk" and box.spent == "disk", result.observation()[-300:]
+
+
+def test_memory_is_bounded_per_sandbox_memfds_included(calc_repo):
+  """Four memfds (no address space, no /tmp) past `sandbox_memory_mb`: the kernel kills the command inside its
+  sandbox's memory cgroup; under the bound the same writes succeed."""
+  source, base, _ = calc_repo
+  config = SandboxConfig(timeout_s=60, sandbox_memory_mb=192)
+  with Sandbox.create(source, base, config) as box:
+    if not box.memory_bound:
+      pytest.skip("this host lets the trainer create no memory cgroup: only the per-process ulimit bounds memory")
+    probe = shlex.quote((PROBES / "memfd_probe.py").read_text())
+    under = box.run(f"python3 -c {probe} 64")
+    assert under.exit_code == 0 and "done 64 MiB" in under.output, under.observation()[-300:]
+    over = box.run(f"python3 -c {probe} 1000")
+    assert over.exit_code != 0 and "done" not in over.output, over.observation()[-300:]
+    written = [int(line.split()[1]) for line in over.output.splitlines() if line.startswith("wrote ")]
+    assert max(written) < 192, written
+    assert box.run("echo alive").output.strip() == "alive"  # the sandbox itself goes on

@@ -35,7 +35,9 @@ dataset of `num_repos` repositories), `max_turns`, per-command `command_timeout_
 `max_output_bytes`, `test_timeout_s` (grading), `isolation` ("bwrap", or "none" to run unsandboxed — explicit only),
 `autosubmit` (grade the working tree when the episode ends without `submit`; default True, as SWE-agent does),
 `max_processes`, `disk_mb` (how much the repository may grow over the episode: past it, the episode ends with reward
-0 and `grade_result.detail` naming the limit), `max_inodes` (as `disk_mb`, in files, directories and symlinks), `tmp_mb` (each command's /tmp); see `SandboxConfig`.
+0 and `grade_result.detail` naming the limit), `max_inodes` (as `disk_mb`, in files, directories and symlinks),
+`sandbox_memory_mb` (all the sandbox's processes together, where the host has memory cgroups), `tmp_mb` (each
+command's /tmp); see `SandboxConfig`.
 """
 from __future__ import annotations
 
@@ -133,7 +135,7 @@ class SweEnv(Env):
                max_output_bytes: int = 10_000, test_timeout_s: float = 120.0, isolation: str = "bwrap",
                sandbox_root: str | None = None, autosubmit: bool = True,
                pytest_args: tuple[str, ...] = grader_lib.DEFAULT_PYTEST_ARGS, max_processes: int = 512,
-               disk_mb: int = 1024, tmp_mb: int = 512, max_inodes: int = 100_000):
+               disk_mb: int = 1024, tmp_mb: int = 512, max_inodes: int = 100_000, sandbox_memory_mb: int = 8192):
     super().__init__()
     if max_turns < 1:
       raise ValueError(f"max_turns: must be >= 1, got {max_turns}")
@@ -146,7 +148,7 @@ class SweEnv(Env):
     self.sandbox_config = sandbox_lib.SandboxConfig(
         timeout_s=command_timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes,
         isolation=isolation, root=sandbox_root, max_processes=max_processes, disk_mb=disk_mb, tmp_mb=tmp_mb,
-        max_inodes=max_inodes)
+        max_inodes=max_inodes, sandbox_memory_mb=sandbox_memory_mb)
     self.test_timeout_s = float(test_timeout_s)
     self.autosubmit = bool(autosubmit)
     self.pytest_args = tuple(pytest_args)
@@ -276,7 +278,8 @@ class SweEnv(Env):
       return await asyncio.to_thread(workspace_diff, self.sandbox.repo_dir, base, _DIFF_BYTES)
     except DiffTooLargeError:
       # The agent wrote more than a patch can hold: a wrong answer, graded as one.
-      return "diff --git a/.sao_unreadable b/.sao_unreadable\nBinary files a/.sao_unreadable and b/.sao_unreadable differ\n"
+      return ("diff --git a/.sao_unreadable b/.sao_unreadable\n"
+              "Binary files a/.sao_unreadable and b/.sao_unreadable differ\n")
 
   async def _grade(self) -> grader_lib.GradeResult:
     if self.grade_result is None:

@@ -42,6 +42,7 @@ import time
 import weakref
 
 from sao.rollout.envs.swe import bwrap
+from sao.rollout.envs.swe import cgroup as cgroup_lib
 from sao.rollout.envs.swe import disk
 from sao.rollout.envs.swe import identity as identity_lib
 from sao.rollout.envs.swe import jail
@@ -66,6 +67,8 @@ class SandboxConfig:
     file_mb: largest file a command may write (`ulimit -f`).
     max_processes: processes (and threads) the sandbox may hold at once (`ulimit -u`; bwrap isolation only).
     disk_mb: how much the repository may grow over the whole episode (see the module docstring).
+    sandbox_memory_mb: memory of all the sandbox's processes together (their tmpfs pages and memfds included),
+      enforced by a memory cgroup per sandbox where the host lets the trainer create one (`Sandbox.memory_bound`).
     max_inodes: how many files, directories and symlinks the repository may gain over the episode (inodes are a
       host resource of their own: 100,000 symlinks cost 2 MiB of bytes but 100,000 inodes).
     tmp_mb: size of each command's private `/tmp` (and of `/dev/shm`), a tmpfs (bwrap isolation only).
@@ -79,6 +82,7 @@ class SandboxConfig:
   timeout_s: float = 60.0
   cpu_s: int = 60
   memory_mb: int = 4096
+  sandbox_memory_mb: int = 8192
   file_mb: int = 256
   max_processes: int = 512
   disk_mb: int = 1024
@@ -93,8 +97,8 @@ class SandboxConfig:
   def __post_init__(self):
     if self.isolation not in ISOLATIONS:
       raise ValueError(f"SandboxConfig.isolation: {self.isolation!r} is not one of {ISOLATIONS}")
-    for name in ("timeout_s", "cpu_s", "memory_mb", "file_mb", "max_output_bytes", "max_processes", "disk_mb",
-                 "max_inodes", "tmp_mb", "disk_check_s"):
+    for name in ("timeout_s", "cpu_s", "memory_mb", "sandbox_memory_mb", "file_mb", "max_output_bytes",
+                 "max_processes", "disk_mb", "max_inodes", "tmp_mb", "disk_check_s"):
       if getattr(self, name) <= 0:
         raise ValueError(f"SandboxConfig.{name}: must be > 0, got {getattr(self, name)}")
 
@@ -176,8 +180,11 @@ class Sandbox:
       except identity_lib.IdentityError as e:
         self.identity.release()
         raise SandboxError(str(e)) from e
+    self._cgroup = (cgroup_lib.MemoryCgroup.create(episode_dir.name, config.sandbox_memory_mb << 20)
+                    if self._bwrap is not None else None)
+    self.memory_bound = self._cgroup is not None
     # Cleanup even when the owner forgets close() or is cancelled mid-episode: runs at GC or interpreter exit.
-    self._finalizer = weakref.finalize(self, _cleanup, episode_dir, self.identity)
+    self._finalizer = weakref.finalize(self, _cleanup, episode_dir, self.identity, self._cgroup)
     # Outside the repository, so not visible in the sandbox.
     self._seccomp_path = episode_dir / "seccomp.bpf"
     self._passwd_path, self._group_path = episode_dir / "passwd", episode_dir / "group"
@@ -203,7 +210,7 @@ class Sandbox:
 
     Only history up to `base_commit` stays reachable in the copy (no branches, tags or remote), so `git log` does
     not show the fix. `overlay` (path -> content, None to delete) is written over the checkout before any command
-    runs (the grader's tree: see `write_overlay`). Raises `SandboxError` if the copy cannot be made.
+    runs (the grader's tree: see `disk.write_overlay`). Raises `SandboxError` if the copy cannot be made.
     """
     if config.isolation == "bwrap":
       bwrap.ensure_bwrap()  # fail before creating anything
@@ -222,7 +229,10 @@ class Sandbox:
       if refs:
         git(repo, "update-ref", "--no-deref", "--stdin", input="".join(f"delete {r}\n" for r in refs))
       if overlay:
-        write_overlay(repo, overlay)
+        try:
+          disk.write_overlay(repo, overlay)
+        except (ValueError, OSError) as e:
+          raise SandboxError(f"cannot write the graded tree: {e}") from e
       return cls(episode_dir, config, pool)
     except BaseException:
       disk.rmtree(episode_dir)
@@ -261,8 +271,8 @@ class Sandbox:
     # `ulimit` without -S/-H sets both limits, so the command cannot raise them again.
     nproc = f" -u {c.max_processes}" if self._bwrap is not None else ""
     # A fresh session keyring per command (bwrap isolation): never the trainer's, never another command's.
-    shim = (f"python3 -I -S -c {shlex.quote(identity_lib.SESSION_KEYRING_SHIM.format(nr=identity_lib.keyctl_number()))} "
-            if self._bwrap is not None else "")
+    keyring = identity_lib.SESSION_KEYRING_SHIM.format(nr=identity_lib.keyctl_number()) if self._bwrap else ""
+    shim = f"python3 -I -S -c {shlex.quote(keyring)} " if keyring else ""
     script = (f"ulimit -t {c.cpu_s} -v {c.memory_mb * 1024} -f {c.file_mb * 1024} -c 0{nproc} 2>/dev/null || "
               f"{{ echo 'sandbox: cannot set limits' >&2; exit 125; }}; exec {shim}bash -c {shlex.quote(command)}")
     env = {"PATH": f"{_python_prefix()}/bin:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8",
@@ -272,9 +282,10 @@ class Sandbox:
            **dict(c.env)}
     if self._bwrap is None:
       return ["env", "-i", *(f"{k}={v}" for k, v in env.items()), "bash", "-c", script]
-    return jail.bwrap_argv(self._bwrap, self.identity, str(self.repo_dir), str(self._passwd_path),
+    argv = jail.bwrap_argv(self._bwrap, self.identity, str(self.repo_dir), str(self._passwd_path),
                            str(self._group_path), _python_prefix(), env, script, tmp_bytes=c.tmp_mb << 20,
                            shm_bytes=min(c.tmp_mb, 64) << 20, seccomp_fd=seccomp_fd)
+    return self._cgroup.wrap(argv) if self._cgroup is not None else argv
 
   async def arun(self, command: str, timeout_s: float | None = None, stdin: bytes | None = None,
                  max_output_bytes: int | None = None) -> CommandResult:
@@ -382,40 +393,17 @@ class Sandbox:
     raise RuntimeError("Sandbox.run() called from a running event loop; use `await sandbox.arun(...)`")
 
 
-def write_overlay(repo: pathlib.Path, overlay: dict[str, bytes | None]) -> None:
-  """Writes `overlay` (relative path -> content, None: delete) into a fresh checkout, on the host, before any
-  command has run there. Deletions go first. Every path must be relative and normal, and no directory on its way a
-  symlink (the snapshot may hold symlinks; the host never follows one): else `SandboxError`, nothing followed."""
-  def checked(path: str) -> pathlib.Path:
-    parts = path.split("/")
-    if path.startswith("/") or any(p in ("", ".", "..", ".git") for p in parts) or "\0" in path:
-      raise SandboxError(f"overlay path {path!r} is not a plain relative path")
-    for i in range(1, len(parts) + 1):
-      here = repo.joinpath(*parts[:i])
-      if here.is_symlink() or (i < len(parts) and here.exists() and not here.is_dir()):
-        raise SandboxError(f"overlay path {path!r}: {'/'.join(parts[:i])} is a symlink or not a directory")
-    return repo.joinpath(*parts)
-
-  for path, content in sorted(overlay.items()):
-    if content is None and (target := checked(path)).exists():
-      target.unlink()
-  for path, content in sorted(overlay.items()):
-    if content is not None:
-      target = checked(path)
-      target.parent.mkdir(parents=True, exist_ok=True)
-      fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-      with os.fdopen(fd, "wb") as f:
-        f.write(content)
-
-
 def _close_orphan(future: asyncio.Future) -> None:
   if not future.cancelled() and future.exception() is None:
     future.result().close()
 
 
-def _cleanup(episode_dir: pathlib.Path, identity: identity_lib.Identity | None) -> None:
+def _cleanup(episode_dir: pathlib.Path, identity: identity_lib.Identity | None,
+             cgroup: cgroup_lib.MemoryCgroup | None) -> None:
   try:
     disk.rmtree(episode_dir)
+    if cgroup is not None:
+      cgroup.remove()
   finally:
     if identity is not None:
       identity.release()  # only once nothing of the episode is left

@@ -1,4 +1,5 @@
-import ctypes, mmap, socket, errno, sys
+"""Runs inside a sandbox: socket() through the i386 (`int 0x80`) and x32 ABIs, and AF_VSOCK; prints {name: result}."""
+import ctypes, mmap, socket
 def run(code):
   buf = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
   buf.write(code)

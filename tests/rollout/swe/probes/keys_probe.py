@@ -1,3 +1,4 @@
+"""Runs inside a sandbox: `put` stores a key in the session, user and user-session keyrings, `get` looks for it."""
 import ctypes, sys
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
