@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 
 import pytest
 
@@ -177,3 +178,40 @@ def test_patches_parse_apply_and_format_round_trip():
   declared = dataclasses.make_dataclass("Declared", ["extra"])({"meta": {"expected_outcomes": {
       "t": ["XFAIL", "bogus"], "u": "SKIPPED", "v": 3}}})
   assert grader.expected_outcomes(declared) == {"t": {"XFAIL"}, "u": {"SKIPPED"}, "v": set()}
+
+
+def test_the_episode_diff_is_read_from_contents_without_following_links(calc, tmp_path):
+  """`workspace_diff` on a tree the agent shaped: an edit, a new file, a deletion, a symlink to a host secret (named,
+  never read), a FIFO (skipped, never opened), git metadata and caches (not part of a patch)."""
+  import subprocess
+  from sao.rollout.envs.swe.workspace import DiffTooLargeError, workspace_diff
+  repo = tmp_path / "repo"
+  subprocess.run(["git", "clone", "-q", snapshots.git_source(calc.snapshot), str(repo)], check=True)
+  subprocess.run(["git", "-C", str(repo), "checkout", "-q", calc.base_commit], check=True)
+  base = BaseTree.open(snapshots.git_source(calc.snapshot), calc.base_commit)
+  assert workspace_diff(repo, base, 1 << 20) == ""
+  (repo / "calc" / "ops.py").write_text(OPS_BASE.replace("return lo\n    return x", "return hi\n    return x"))
+  (repo / "calc" / "new.py").write_text("X = 1\n")
+  (repo / ".gitignore").unlink()
+  os.symlink("/etc/shadow", repo / "calc" / "leak.py")
+  os.mkfifo(repo / "calc" / "pipe")
+  (repo / ".git" / "config").write_text("[filter \"x\"]\n\tclean = evil\n")
+  (repo / "calc" / "__pycache__").mkdir()
+  (repo / "calc" / "__pycache__" / "ops.cpython-311.pyc").write_bytes(b"\0pyc")
+  diff = workspace_diff(repo, base, 1 << 20)
+  changes = {c.new_path or c.old_path: c for c in patches.parse(diff)}
+  assert set(changes) == {"calc/ops.py", "calc/new.py", ".gitignore", "calc/leak.py"}
+  assert changes[".gitignore"].new_path is None and changes["calc/leak.py"].special
+  assert "root:" not in diff and "evil" not in diff
+  assert patches.apply(changes["calc/ops.py"], OPS_BASE).count("return hi") == 1
+  with pytest.raises(DiffTooLargeError):
+    workspace_diff(repo, base, 8)
+
+
+def test_a_module_shadowing_an_installed_dependency_is_left_out(calc):
+  """The tests' own dependencies cannot be replaced from the repository's top level: a `numpy.py` whose helpers
+  always agree (the calc tests do not use numpy; here the shadow only has to be left out, and the fix still count)."""
+  shadow = new("numpy.py", "", "def allclose(*args, **kwargs):\n    return True\n")
+  results = _grade_all(calc, {"shadow": shadow, "shadow + fix": shadow + calc.patch})
+  assert results["shadow"].neutralised == ("numpy.py",) and results["shadow"].reward == 0.0
+  assert results["shadow + fix"].neutralised == ("numpy.py",) and results["shadow + fix"].reward == 1.0

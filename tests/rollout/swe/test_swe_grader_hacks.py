@@ -116,6 +116,13 @@ def test_classification_of_changed_paths():
     assert allow_list.not_source(path, prefixes, tree), path
   for path in source:
     assert not allow_list.not_source(path, prefixes, tree), path
+  # Installed third-party modules too (numpy is installed here), unless the snapshot itself provides the module.
+  shadowed = allow_list.shadowable({"calc/__init__.py"})
+  assert allow_list.not_source("numpy.py", prefixes, tree, shadowed) == "shadows an installed module"
+  assert allow_list.not_source("numpy/__init__.py", prefixes, tree | {"numpy/__init__.py"}, shadowed)
+  own = allow_list.shadowable({"numpy/__init__.py", "numpy/core.py"})
+  assert not allow_list.not_source("numpy/core.py", prefixes, tree | {"numpy/__init__.py"}, own)
+  assert not allow_list.not_source("calc/numpy.py", prefixes, tree | {"calc/__init__.py"}, shadowed)
 
 
 def test_gold_patches_of_generated_instances_still_resolve():

@@ -11,8 +11,10 @@ named in `GradeResult.neutralised`):
   interpreter start-up     sitecustomize.py, usercustomize.py, *.pth
   compiled Python          *.pyc, anything under __pycache__ (an unchecked-hash .pyc runs instead of its source)
   repository plugins       modules the snapshot's own conftests (`pytest_plugins`) or settings (`-p name`) load
-  shadowing modules        a module or package named like a standard-library, pytest or pluggy module, where it can
-                           be imported top-level (its directory is not a package)
+  shadowing modules        a module or package named like a standard-library, pytest or pluggy module, or like any
+                           module the Python installation provides that the snapshot does not (a `numpy.py` whose
+                           `allclose` is always true), where it can be imported top-level (its directory is not a
+                           package)
   not a plain text file    binary content, symlinks, submodules (`patches.FileChange.special`)
 
 This is an allow-list in effect: whatever the patch changes that is not source is simply not in the graded tree
@@ -34,6 +36,38 @@ TEST_DIRS = frozenset({"tests", "test"})
 SHADOWED = (frozenset(sys.stdlib_module_names) | {"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging",
                                                    "exceptiongroup", "tomli"}) - {"__future__"}
 _MODULE_SUFFIXES = (".py", ".pyc", ".so", ".pyd", ".pyw")
+
+
+def installed_modules() -> frozenset[str]:
+  """Top-level module names of the Python installation the tests run with (standard library and site-packages;
+  the sandbox mounts the same installation)."""
+  import pkgutil
+  prefixes = tuple(os.path.realpath(p) for p in {sys.prefix, sys.base_prefix, sys.exec_prefix})
+  paths = [p for p in sys.path if p and os.path.realpath(p).startswith(prefixes)]
+  return frozenset(m.name for m in pkgutil.iter_modules(paths)) | frozenset(sys.builtin_module_names)
+
+
+def importable_names(files: set[str]) -> set[str]:
+  """Module names `files` (a tree) provide at a top-level position: a module or package in a directory that is
+  not itself a package."""
+  names = set()
+  for path in files:
+    parts = path.split("/")
+    for i, part in enumerate(parts):
+      last = i == len(parts) - 1
+      if last and not part.endswith(_MODULE_SUFFIXES):
+        break
+      parent = "/".join(parts[:i])
+      if (parent + "/__init__.py" if parent else "__init__.py") not in files:
+        names.add(part.split(".")[0] if last else part)
+  return names
+
+
+def shadowable(base_files: set[str]) -> frozenset[str]:
+  """The names a changed path must not take at a top-level position: the standard library's, pytest's and
+  pluggy's always; any other installed module's unless the snapshot itself provides it there (a repository that is
+  installed into its own environment, as SWE-bench's are)."""
+  return SHADOWED | (installed_modules() - importable_names(base_files))
 
 
 def unsafe(path: str) -> bool:
@@ -79,9 +113,10 @@ def plugin_prefixes(modules: set[str], base_files: set[str]) -> tuple[str, ...]:
   return tuple(prefixes)
 
 
-def not_source(path: str, plugin_prefixes: tuple[str, ...], tree_files: set[str]) -> str:
+def not_source(path: str, plugin_prefixes: tuple[str, ...], tree_files: set[str],
+               shadowed: frozenset[str] = SHADOWED) -> str:
   """Why a changed `path` is not source ("" when it is); `tree_files` are the files of the graded tree (to tell a
-  package from a plain directory)."""
+  package from a plain directory), `shadowed` the module names it must not take (`shadowable`)."""
   if unsafe(path):
     return "outside the repository"
   parts = path.split("/")
@@ -109,6 +144,6 @@ def not_source(path: str, plugin_prefixes: tuple[str, ...], tree_files: set[str]
       break
     module = part.split(".")[0] if last else part
     here = "/".join(parts[:i + 1])
-    if module in SHADOWED and (last or is_package(here)) and not is_package("/".join(parts[:i])):
-      return "shadows a standard-library or pytest module"
+    if module in shadowed and (last or is_package(here)) and not is_package("/".join(parts[:i])):
+      return "shadows an installed module"
   return ""

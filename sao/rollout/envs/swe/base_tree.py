@@ -98,10 +98,15 @@ class BaseTree:
       pos = header_end + 1 + size + 1
     return contents
 
+  def hasher(self, size: int):
+    """A hash object that, fed the `size` bytes of a file, gives the id git gives that file's blob."""
+    digest = hashlib.new("sha256" if self.object_format == "sha256" else "sha1")
+    digest.update(b"blob %d\0" % size)
+    return digest
+
   def blob_id(self, data: bytes) -> str:
     """The id git gives a file holding `data` (to compare a file with the commit's without reading the commit's)."""
-    digest = hashlib.new("sha256" if self.object_format == "sha256" else "sha1")
-    digest.update(b"blob %d\0" % len(data))
+    digest = self.hasher(len(data))
     digest.update(data)
     return digest.hexdigest()
 

@@ -86,9 +86,10 @@ def build(instance: Instance, model_patch: str, base: BaseTree) -> GradedTree:
   prefixes = allow_list.plugin_prefixes(allow_list.plugin_modules(_config_and_conftests(base)), set(base.files))
   # The files the graded tree would hold if every change were taken: tells a package from a plain directory.
   tree_files = set(base.files) | {c.new_path for c in changes if c.new_path}
+  shadowed = allow_list.shadowable(set(base.files))
   neutralised, kept = set(), []
   for change in changes:
-    reasons = [allow_list.not_source(p, prefixes, tree_files) for p in change.paths]
+    reasons = [allow_list.not_source(p, prefixes, tree_files, shadowed) for p in change.paths]
     symlinked = [p for p in change.paths if _through_symlink(p, base)]
     if change.special or any(reasons) or symlinked or any(p in test_paths for p in change.paths):
       neutralised.update(change.paths)

@@ -25,12 +25,26 @@ class DiffTooLargeError(ValueError):
   """The changed files hold more than the diff may."""
 
 
-def _read(path: str, limit: int) -> bytes:
+def _skipped(directory: str) -> bool:
+  return directory in SKIPPED_DIRS or directory.endswith(".egg-info")
+
+
+def _changed_content(path: str, size: int, base: BaseTree, rel: str, limit: int) -> bytes | None:
+  """The file's content when it differs from the snapshot's `rel` (None when equal), read without following a
+  symlink; an unchanged file of any size is only hashed, a changed one may hold at most `limit` bytes."""
   fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
   with os.fdopen(fd, "rb") as f:
+    entry = base.files.get(rel)
+    if entry is not None and entry[0] in ("100644", "100755"):
+      digest = base.hasher(size)
+      while chunk := f.read(1 << 20):
+        digest.update(chunk)
+      if digest.hexdigest() == entry[1]:
+        return None
+      f.seek(0)
     data = f.read(limit + 1)
   if len(data) > limit:
-    raise DiffTooLargeError(f"{path} is larger than {limit} bytes")
+    raise DiffTooLargeError(f"{rel}: changed files hold more than {limit} bytes")
   return data
 
 
@@ -43,7 +57,7 @@ def workspace_diff(repo: os.PathLike | str, base: BaseTree, max_bytes: int) -> s
   for dirpath, dirnames, filenames in os.walk(repo):  # does not descend into symlinked directories
     rel_dir = os.path.relpath(dirpath, repo)
     rel_dir = "" if rel_dir == "." else rel_dir + "/"
-    dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS and not d.endswith(".egg-info"))
+    dirnames[:] = sorted(d for d in dirnames if not _skipped(d))
     for name in sorted(filenames) + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
       path = rel_dir + name
       info = os.lstat(os.path.join(dirpath, name))
@@ -56,12 +70,12 @@ def workspace_diff(repo: os.PathLike | str, base: BaseTree, max_bytes: int) -> s
         continue
       if not stat.S_ISREG(info.st_mode):
         continue
-      data = _read(os.path.join(dirpath, name), budget)
-      if not base.same_content(path, data):
+      data = _changed_content(os.path.join(dirpath, name), info.st_size, base, path, budget)
+      if data is not None:
         present[path] = data
         budget -= len(data)
   deleted = sorted(p for p in base.files if p not in seen and base.files[p][0] != patches.GITLINK_MODE
-                   and not any(part in SKIPPED_DIRS for part in p.split("/")[:-1]))
+                   and not any(_skipped(part) for part in p.split("/")[:-1]))
   old = base.read([p for p in list(present) + deleted if p in base.files and base.files[p][0] != patches.SYMLINK_MODE])
   out = []
   for path in sorted(set(present) | set(deleted)):
