@@ -2,8 +2,10 @@
 
 Every command (the agent's `bash` calls, the editor, the grader's test runs) is a fresh `bash -c` inside
 bubblewrap: new PID, network, IPC and UTS namespaces, an unprivileged host identity without capabilities
-(`identity.py`: a dedicated uid when the trainer is root), a seccomp filter that refuses IP sockets, a read-only view
-of the system with only the needed parts of `/etc` (`jail.py`), private size-limited `/tmp` and `/dev/shm`, and
+(`identity.py`: a dedicated uid when the trainer is root, keyrings cleared on lease, a fresh session keyring per
+command), a seccomp filter that refuses IP, packet and vsock sockets and every foreign-ABI system call (`bwrap.py`),
+a read-only view of the system with only the needed parts of `/etc` (`jail.py`), private size-limited `/tmp` and
+`/dev/shm`, a memory cgroup per sandbox where the host allows one (`cgroup.py`), and
 exactly one writable host directory — the episode's repository, mounted at `/testbed` (SWE-bench's path). Other
 episodes' directories, the project checkout and the home directories are simply not mounted; the network namespace
 has no route out.
@@ -11,8 +13,9 @@ has no route out.
 Limits: each command gets a wall-clock timeout (the whole PID namespace is killed), `ulimit` CPU-seconds /
 address-space / file-size / process-count limits (set hard, so the command cannot raise them; the process count is
 the sandbox's own: its uid or user namespace holds nothing else), and its merged stdout+stderr is cut to
-`max_output_bytes` (head and tail kept, a marker in between). The repository may grow by at most `disk_mb` over the
-episode: it is measured while each command runs and after it; a command that crosses the limit is killed and its
+`max_output_bytes` (head and tail kept, a marker in between). The repository may grow by at most `disk_mb` and
+`max_inodes` over the episode: it is measured while each command runs and after it; a command that crosses a limit
+is killed and its
 result says `limit="disk"` — the sandbox is then spent (`Sandbox.spent`), and the episode must end.
 
 Commands do not share a shell: each starts in `/testbed` with a clean environment, as in mini-swe-agent, and
