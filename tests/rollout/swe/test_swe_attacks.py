@@ -215,3 +215,18 @@ def test_a_module_shadowing_an_installed_dependency_is_left_out(calc):
   results = _grade_all(calc, {"shadow": shadow, "shadow + fix": shadow + calc.patch})
   assert results["shadow"].neutralised == ("numpy.py",) and results["shadow"].reward == 0.0
   assert results["shadow + fix"].neutralised == ("numpy.py",) and results["shadow + fix"].reward == 1.0
+
+
+def test_lines_are_cut_at_newlines_only_as_git_cuts_them(tmp_path):
+  """Form feeds, carriage returns and U+2028 are characters inside a line: a git diff of such a file applies."""
+  import subprocess
+  before = "a\x0cb\nc\r\nd\u2028e\nf\n"
+  after = before.replace("f\n", "F\n")
+  for name, text in (("before", before), ("after", after)):
+    (tmp_path / name).write_bytes(text.encode())
+  git = subprocess.run(["git", "diff", "--no-index", "before", "after"], cwd=tmp_path, capture_output=True).stdout
+  [change] = patches.parse(git.decode())
+  assert patches.apply(change, before) == after
+  [ours] = patches.parse(patches.format_file("m.py", before.encode(), after.encode()))
+  assert patches.apply(ours, before) == after
+  assert patches.split_lines("x\ny") == ["x\n", "y"] and patches.split_lines("") == []

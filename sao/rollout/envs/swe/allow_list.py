@@ -24,6 +24,7 @@ Pure functions over paths and the snapshot's files.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 import sys
@@ -38,6 +39,7 @@ SHADOWED = (frozenset(sys.stdlib_module_names) | {"pytest", "_pytest", "pluggy",
 _MODULE_SUFFIXES = (".py", ".pyc", ".so", ".pyd", ".pyw")
 
 
+@functools.cache
 def installed_modules() -> frozenset[str]:
   """Top-level module names of the Python installation the tests run with (standard library and site-packages;
   the sandbox mounts the same installation)."""

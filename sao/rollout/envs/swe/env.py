@@ -264,7 +264,7 @@ class SweEnv(Env):
     if not result.limit:
       return observation, False
     detail = f"episode ended: the sandbox's {result.limit} limit was exceeded"
-    self.grade_result = grader_lib.GradeResult(status=Status.OK, reward=0.0, detail=detail)
+    self.grade_result = grader_lib.GradeResult(status=Status.OK, reward=0.0, detail=detail, verdict="refused")
     self.submitted = True
     return f"{observation}\n[{detail}]", True
 

@@ -82,11 +82,6 @@ class GradeResult:
     return self.status == Status.OK and self.reward == 1.0
 
 
-def patched_files(diff: str) -> list[str]:
-  """The paths a unified diff touches (new paths of renames included), in order, without repeats."""
-  return list(dict.fromkeys(p for c in patches.parse(diff) for p in c.paths))
-
-
 def expected_outcomes(instance: Instance) -> dict[str, frozenset[str]]:
   """test id -> the outcome words that pass it besides PASSED, as the instance declares them in
   `meta.expected_outcomes` (a word or a list of words per id); malformed entries are ignored."""

@@ -26,6 +26,14 @@ SYMLINK_MODE = "120000"
 GITLINK_MODE = "160000"
 
 
+def split_lines(text: str) -> list[str]:
+  """`text` cut after each "\n" only, as git and diff cut lines (`str.splitlines` also cuts at "\r", form feeds,
+  U+2028 and other separators that are ordinary characters inside a diff line)."""
+  lines = text.split("\n")
+  out = [line + "\n" for line in lines[:-1]]
+  return out + [lines[-1]] if lines[-1] else out
+
+
 class PatchError(ValueError):
   """The text is not a well-formed unified diff, or a hunk does not apply."""
 
@@ -109,7 +117,7 @@ def _git_header_paths(rest: str) -> tuple[str, str]:
 
 def parse(diff: str) -> list[FileChange]:
   """The file sections of `diff`; raises `PatchError` naming the line for anything but a unified diff."""
-  lines = diff.splitlines(keepends=True)
+  lines = split_lines(diff)
   changes: list[FileChange] = []
   i = 0
 
@@ -225,7 +233,7 @@ def apply(change: FileChange, old: str | None) -> str | None:
       raise PatchError(f"{change.old_path}: deletes a file that does not exist")
     if not change.hunks:
       return None
-  lines = [] if old is None else old.splitlines(keepends=True)
+  lines = [] if old is None else split_lines(old)
   out, pos = [], 0
   for hunk in change.hunks:
     size = len(hunk.old_lines)
@@ -285,8 +293,8 @@ def format_file(path: str, old: bytes | None, new: bytes | None, symlink: bool =
   if symlink or old_text is None or new_text is None:
     return head + f"Binary files {'/dev/null' if old is None else a} and {'/dev/null' if new is None else b} differ\n"
   body = []
-  for group in difflib.SequenceMatcher(None, old_lines := old_text.splitlines(True),
-                                       new_lines := new_text.splitlines(True), autojunk=False).get_grouped_opcodes(3):
+  old_lines, new_lines = split_lines(old_text), split_lines(new_text)
+  for group in difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False).get_grouped_opcodes(3):
     i1, i2, j1, j2 = group[0][1], group[-1][2], group[0][3], group[-1][4]
     body.append(f"@@ -{_range(i1, i2)} +{_range(j1, j2)} @@\n")
     for tag, a1, a2, b1, b2 in group:
