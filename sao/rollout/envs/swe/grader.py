@@ -167,7 +167,7 @@ async def agrade(instance: Instance, model_patch: str, config: sandbox_lib.Sandb
       if not tree.source_changed:
         return result(Status.TIMEOUT, patch_applied=True, detail=f"tests exceeded {test_timeout_s}s")
       # Hanging must not be a way out of a 0: unless the snapshot's own tests hang too, it is the patch's doing.
-      base_tree = graded_tree.build(instance, "", base)
+      base_tree = await asyncio.to_thread(graded_tree.build, instance, "", base)
       base_run, _ = await _test_run(instance, source, base_tree, config, pytest_args, test_timeout_s, pytest_config)
       if base_run.timed_out:
         return result(Status.TIMEOUT, patch_applied=True,

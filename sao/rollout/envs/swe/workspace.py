@@ -51,7 +51,7 @@ def _changed_content(path: str, size: int, base: BaseTree, rel: str, limit: int)
 def workspace_diff(repo: os.PathLike | str, base: BaseTree, max_bytes: int) -> str:
   """The diff turning `base` into the working tree at `repo`; raises `DiffTooLargeError` past `max_bytes`."""
   repo = os.fspath(repo)
-  present: dict[str, bytes | None] = {}   # changed path -> new content (None: a symlink)
+  present: dict[str, bytes | None] = {}   # changed path -> new content (None: a symlink, an unreadable file)
   seen = set()
   budget = max_bytes
   for dirpath, dirnames, filenames in os.walk(repo):  # does not descend into symlinked directories
@@ -70,7 +70,11 @@ def workspace_diff(repo: os.PathLike | str, base: BaseTree, max_bytes: int) -> s
         continue
       if not stat.S_ISREG(info.st_mode):
         continue
-      data = _changed_content(os.path.join(dirpath, name), info.st_size, base, path, budget)
+      try:
+        data = _changed_content(os.path.join(dirpath, name), info.st_size, base, path, budget)
+      except PermissionError:  # made unreadable to a non-root trainer: named, never applied (as a symlink is)
+        present[path] = None
+        continue
       if data is not None:
         present[path] = data
         budget -= len(data)
