@@ -4,6 +4,7 @@ budget. Probes in `probes/` run inside real sandboxes; a check the host cannot m
 from __future__ import annotations
 
 import ast
+import asyncio
 import os
 import pathlib
 import shlex
@@ -110,3 +111,23 @@ def test_memory_is_bounded_per_sandbox_memfds_included(calc_repo):
     written = [int(line.split()[1]) for line in over.output.splitlines() if line.startswith("wrote ")]
     assert max(written) < 192, written
     assert box.run("echo alive").output.strip() == "alive"  # the sandbox itself goes on
+
+
+def test_sysv_ipc_and_abstract_sockets_are_not_shared(calc_repo):
+  """While one sandbox holds a SysV segment and an abstract unix socket, another cannot reach either (each command
+  has IPC and network namespaces of its own); the holder itself can, which shows the probe works."""
+  source, base, config = calc_repo
+  probe = shlex.quote((PROBES / "ipc_probe.py").read_text())
+
+  async def run(holder, other):
+    hold = asyncio.ensure_future(holder.arun(f"python3 -c {probe} hold 8 & sleep 2; python3 -c {probe} look; wait"))
+    await asyncio.sleep(3)
+    look = await other.arun(f"python3 -c {probe} look")
+    return await hold, look
+
+  with Sandbox.create(source, base, config) as holder, Sandbox.create(source, base, config) as other:
+    hold, look = asyncio.run(run(holder, other))
+  held, same = (ast.literal_eval(line) for line in hold.output.strip().splitlines()[:2])
+  assert held["shm"] >= 0 and same["shm"] >= 0 and same["socket"] == 0, hold.output
+  found = ast.literal_eval(look.output.strip().splitlines()[-1])
+  assert found["shm"] == -2 and found["socket"] == -111, found  # ENOENT, ECONNREFUSED
