@@ -230,3 +230,18 @@ def test_lines_are_cut_at_newlines_only_as_git_cuts_them(tmp_path):
   [ours] = patches.parse(patches.format_file("m.py", before.encode(), after.encode()))
   assert patches.apply(ours, before) == after
   assert patches.split_lines("x\ny") == ["x\n", "y"] and patches.split_lines("") == []
+
+
+def test_no_later_commit_is_among_the_episode_objects(calc_dataset):
+  """The snapshot's fix commit (with the hidden test) used to sit in the episode's pack, unreachable but readable
+  (`git fsck --lost-found`, `cat-file --batch-all-objects`); episodes now clone only the history up to base_commit."""
+  jsonl, root, _ = calc_dataset
+  env = envs.make("swe", jsonl=str(jsonl), snapshot_root=str(root))
+  env.reset(env.task_pool()[0])
+  try:
+    probe = ("git cat-file --batch-all-objects --batch | grep -c clamp_high; "
+             "git fsck --lost-found 2>&1 | grep -c dangling; git log --oneline | wc -l")
+    obs, _ = env.step(ToolCall("bash", {"command": probe}))
+    assert obs.split()[:3] == ["0", "0", "1"], obs
+  finally:
+    env.close()

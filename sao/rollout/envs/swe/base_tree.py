@@ -59,6 +59,33 @@ def object_store(source: str) -> str:
   return str(dest)
 
 
+def history_upto(source: str, commit: str) -> str:
+  """A bare repository holding exactly the history reachable from `commit` (built once into the cache,
+  `$SAO_CACHE_DIR/swe/history`): episodes clone from it, so no later commit — the fix, the hidden tests — is among
+  their objects, not even unreachable (`git fsck --lost-found` would otherwise find it)."""
+  store = object_store(source)
+  st = os.stat(store)
+  key = hashlib.sha256(f"{os.path.realpath(store)}|{st.st_mtime_ns}|{commit}".encode()).hexdigest()[:20]
+  dest = bwrap.cache_dir() / "swe" / "history" / key
+  if dest.exists():
+    return str(dest)
+  dest.parent.mkdir(parents=True, exist_ok=True)
+  staging = pathlib.Path(tempfile.mkdtemp(prefix="history_", dir=dest.parent))
+  try:
+    _git(str(staging), "init", "-q", "--bare", ".")
+    _git(str(staging), "fetch", "-q", "--no-tags",
+         "--upload-pack=git -c uploadpack.allowAnySHA1InWant=true upload-pack", os.path.realpath(store),
+         f"{commit}:refs/heads/base")
+    try:
+      staging.rename(dest)  # atomic; another process may have built it meanwhile
+    except OSError:
+      if not dest.exists():
+        raise
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+  return str(dest)
+
+
 @dataclasses.dataclass
 class BaseTree:
   """The files of one commit: `files` maps each path to (mode, object id); `read` returns contents."""

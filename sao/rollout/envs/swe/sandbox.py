@@ -44,6 +44,7 @@ import tempfile
 import time
 import weakref
 
+from sao.rollout.envs.swe import base_tree
 from sao.rollout.envs.swe import bwrap
 from sao.rollout.envs.swe import cgroup as cgroup_lib
 from sao.rollout.envs.swe import disk
@@ -211,8 +212,8 @@ class Sandbox:
              ) -> Sandbox:
     """A fresh episode: clones `source_repo` (a local git repository or bundle) and checks out `base_commit`.
 
-    Only history up to `base_commit` stays reachable in the copy (no branches, tags or remote), so `git log` does
-    not show the fix. `overlay` (path -> content, None to delete) is written over the checkout before any command
+    Only history up to `base_commit` is in the copy (`base_tree.history_upto`; no later object, no branches, tags
+    or remote), so neither `git log` nor `git fsck --lost-found` shows the fix. `overlay` (path -> content, None to delete) is written over the checkout before any command
     runs (the grader's tree: see `disk.write_overlay`). Raises `SandboxError` if the copy cannot be made.
     """
     if config.isolation == "bwrap":
@@ -222,8 +223,12 @@ class Sandbox:
     episode_dir = pathlib.Path(tempfile.mkdtemp(prefix=prefix, dir=root))
     try:
       repo = episode_dir / "repo"
+      try:  # only the history up to base_commit: no later object (the fix, hidden tests) is in the copy
+        history = base_tree.history_upto(str(source_repo), base_commit)
+      except (base_tree.BaseTreeError, OSError) as e:
+        raise SandboxError(f"cannot read {source_repo} at {base_commit}: {e}") from e
       subprocess_run = lambda *a: subprocess.run(a, capture_output=True, text=True, timeout=300, env=_git_env())
-      proc = subprocess_run("git", "clone", "-q", "--no-checkout", "--no-hardlinks", str(source_repo), str(repo))
+      proc = subprocess_run("git", "clone", "-q", "--no-checkout", "--no-hardlinks", history, str(repo))
       if proc.returncode != 0:
         raise SandboxError(f"cannot clone {source_repo}: {proc.stderr.strip()[-800:]}")
       git(repo, "-c", "advice.detachedHead=false", "checkout", "-q", "--detach", base_commit)
