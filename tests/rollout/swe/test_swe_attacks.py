@@ -132,6 +132,8 @@ def test_in_process_tampering_is_detected_and_scored_zero(calc):
                          "_pytest.runner.call_and_report = lambda *a, **k: _orig(*a, **k)\n",
       "report hook": hooks,
       "builtins": "import builtins\nbuiltins.print = lambda *a, **k: None\n",
+      # A default plugin pytest itself imports only later in the run: watched all the same.
+      "skipping helper": "import _pytest.skipping\n_pytest.skipping.evaluate_xfail_marks = lambda item: None\n",
       "setprofile": "import sys\nsys.setprofile(lambda *a: None)\n",
   }
   patches_by_name = {**{n: _in_calc_init(c) for n, c in tamperers.items()},

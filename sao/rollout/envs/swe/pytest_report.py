@@ -123,6 +123,13 @@ def main() -> int:
   root = os.path.realpath(os.getcwd())
   recorder = Recorder()
   import pytest  # after the copy of stdout: pytest's capture rewires fd 1
+  import importlib
+  from _pytest.config import default_plugins
+  for name in default_plugins:  # loaded during the run otherwise, too late to be watched (skipping, unittest, ...)
+    try:
+      importlib.import_module(f"_pytest.{name}")
+    except ImportError:
+      pass
   before = _watched()
   seen: list[str] = []
   changed = set(request.get("changed", ()))
