@@ -131,3 +131,14 @@ def test_sysv_ipc_and_abstract_sockets_are_not_shared(calc_repo):
   assert held["shm"] >= 0 and same["shm"] >= 0 and same["socket"] == 0, hold.output
   found = ast.literal_eval(look.output.strip().splitlines()[-1])
   assert found["shm"] == -2 and found["socket"] == -111, found  # ENOENT, ECONNREFUSED
+
+
+def test_commands_start_with_default_signal_dispositions(calc_repo):
+  """The keyring shim is Python, which ignores SIGPIPE and SIGXFSZ; the command must not inherit that: `yes | head`
+  ends quietly, and writing past `ulimit -f` kills the writer (SIGXFSZ) rather than failing its write."""
+  source, base, _ = calc_repo
+  with Sandbox.create(source, base, SandboxConfig(timeout_s=20, file_mb=1)) as box:
+    piped = box.run("yes | head -1; echo \"${PIPESTATUS[0]}\"")
+    assert piped.output.split() == ["y", "141"], piped.output  # 128 + SIGPIPE
+    big = box.run("head -c 3000000 /dev/zero > big; echo $?")
+    assert big.output.strip().splitlines()[-1] == "153", big.output  # 128 + SIGXFSZ

@@ -46,11 +46,15 @@ _CLEAR_SOURCE = ("import ctypes, sys\nlibc = ctypes.CDLL(None, use_errno=True)\n
                  "for ring in (-4, -5):\n"
                  "    if libc.syscall(ctypes.c_long({nr}), ctypes.c_long(7), ctypes.c_long(ring)) < 0:\n"
                  "        sys.exit(f'keyctl clear {{ring}}: errno {{ctypes.get_errno()}}')\n")
-# KEYCTL_JOIN_SESSION_KEYRING (1) with no name: a new anonymous session keyring, then the command.
-SESSION_KEYRING_SHIM = ("import ctypes, os, sys\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+# KEYCTL_JOIN_SESSION_KEYRING (1) with no name: a new anonymous session keyring, then the command. Python ignores
+# SIGPIPE and SIGXFSZ, and ignored signals survive exec: the command gets them back at their defaults (a pipe reader
+# that quits ends its writer; `ulimit -f` kills).
+SESSION_KEYRING_SHIM = ("import ctypes, os, signal, sys\nlibc = ctypes.CDLL(None, use_errno=True)\n"
                         "libc.syscall.restype = ctypes.c_long\n"
                         "if libc.syscall(ctypes.c_long({nr}), ctypes.c_long(1), None) < 0:\n"
                         "    sys.exit('sandbox: cannot start a fresh session keyring')\n"
+                        "for sig in (signal.SIGPIPE, signal.SIGXFSZ):\n"
+                        "    signal.signal(sig, signal.SIG_DFL)\n"
                         "os.execvp(sys.argv[1], sys.argv[1:])\n")
 
 
