@@ -51,10 +51,13 @@ def _result_json(engine: LocalEngine, completion: Completion, version: str, prom
 
 
 async def _read_json(request: web.Request) -> Any:
+  """The body as JSON; `RequestError` (a 400) for anything else, nesting too deep for the parser included."""
   try:
     return await request.json()
   except ValueError as e:
     raise RequestError(f"request body is not valid JSON: {e}") from e
+  except RecursionError:
+    raise RequestError("request body is not valid JSON: nested too deeply") from None
 
 
 def build_app(engine: LocalEngine, api_key: str | None = None) -> web.Application:

@@ -123,6 +123,13 @@ def _load_eos_ids(model_path: str) -> tuple[tuple[int, ...], Any]:
   return tuple(tokenizer.eos_token_ids), tokenizer
 
 
+def non_finite_params(params: Any) -> list[str]:
+  """The paths of the parameter arrays holding a NaN or an infinity (empty when every weight is finite)."""
+  leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+  finite = jax.device_get([jax.numpy.isfinite(leaf).all() for _, leaf in leaves])
+  return [jax.tree_util.keystr(path) for (path, _), ok in zip(leaves, finite) if not bool(ok)]
+
+
 def _bad_completion(c: Completion) -> str | None:
   """Why a completion must not be returned (None if it is fine): non-finite log-probs are not valid JSON."""
   if not np.all(np.isfinite(c.logprobs)):
@@ -327,6 +334,10 @@ class LocalEngine:
     start = time.monotonic()
     config, params, load_cpu_s = await loop.run_in_executor(None, lambda: self._load(model_path))
     loaded = time.monotonic()
+    bad = await loop.run_in_executor(None, lambda: non_finite_params(params))
+    if bad:  # refused before the swap: the served weights stay
+      raise RequestError(f"model_path {model_path!r}: non-finite weights in {', '.join(bad[:4])}"
+                         f"{f' and {len(bad) - 4} more' if len(bad) > 4 else ''}")
     if config != self.model_config:
       diff = {f.name: (getattr(self.model_config, f.name), getattr(config, f.name))
               for f in dataclasses.fields(ModelConfig) if getattr(self.model_config, f.name) != getattr(config, f.name)}

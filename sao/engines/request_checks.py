@@ -24,6 +24,7 @@ KNOWN_SAMPLING_KEYS = frozenset({"max_new_tokens", "temperature", "top_p", "top_
 MIN_TEMPERATURE = 1e-5
 # float32 must represent τ (and 1/τ stays finite above MIN_TEMPERATURE).
 MAX_TEMPERATURE = 1e6
+_F32_TINY = float(np.finfo(np.float32).tiny)  # 1.1755e-38
 # Integer fields become int32 in the sampler: larger values are refused, not wrapped (in-range ones are clamped).
 MAX_INT32 = 2**31 - 1
 
@@ -123,8 +124,11 @@ def check_row(where: str, input_ids: Any, params: Any, limits: RowLimits) -> tup
     raise RequestError(f"sampling_params.temperature: must be 0 (greedy) or in [{MIN_TEMPERATURE}, "
                        f"{MAX_TEMPERATURE:g}], got {temperature}")
   top_p = _float_field(params, "top_p", 1.0)
-  if not 0 < top_p <= 1:
-    raise RequestError(f"sampling_params.top_p: must be in (0, 1], got {top_p}")
+  # Checked in float32, the dtype the sampler uses: 1e-40 is > 0 as a Python float but 0 (or a subnormal that
+  # accelerators flush to 0) in float32, and top_p 0 keeps no token.
+  if not (_F32_TINY <= np.float32(top_p) <= 1 and top_p > 0):
+    raise RequestError(f"sampling_params.top_p: must be in (0, 1] and at least {_F32_TINY:.4g} (float32's "
+                       f"smallest normal number, the sampler's dtype), got {top_p}")
   top_k = _int_field(params, "top_k", -1)
   if top_k < -1:
     raise RequestError(f"sampling_params.top_k: must be -1 (off), 0 (off) or a positive integer, got {top_k}")

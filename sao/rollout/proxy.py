@@ -324,8 +324,9 @@ class TokenCapturingProxy:
       sid = request.match_info["session_id"]
       try:
         body = await request.json()
-      except ValueError as e:
-        return openai_error(400, f"request body is not valid JSON: {e}", "invalid_request_error",
+      except (ValueError, RecursionError) as e:  # RecursionError: nested deeper than the parser goes
+        why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        return openai_error(400, f"request body is not valid JSON: {why}", "invalid_request_error",
                             code="invalid_json")
       try:
         return web.json_response(await self.chat_completion(sid, body))

@@ -235,6 +235,8 @@ def test_malformed_requests_get_openai_400_and_leave_no_trace():
           assert_openai_error(status, reply, 400, param)
           assert reply["error"]["type"] == "invalid_request_error" and "Traceback" not in reply["error"]["message"]
         assert_openai_error(*await post(http, chat, "{not json"), 400, None, "invalid_json")
+        # Nested deeper than the parser recurses: still a JSON 400, not a plain-text 500.
+        assert_openai_error(*await post(http, chat, "[" * 200_000 + "]" * 200_000), 400, None, "invalid_json")
         assert not proxy.sessions and engine.calls == 0  # nothing was created, the engine never asked
         # A valid turn, then invalid ones in the same session: the record is unchanged and not an env error.
         good = f"{url}/sessions/s/v1/chat/completions"

@@ -59,11 +59,20 @@ def test_edits_to_test_files_are_overridden(calc):
   assert grader.grade(calc, tamper + calc.patch, CONFIG).reward == 1.0
 
 
-def test_test_timeout_and_setup_failure_void_the_grade(calc):
+def test_a_patch_that_hangs_scores_zero_but_a_hanging_snapshot_voids_the_grade(calc):
   hang = generator.unified_diff("calc/ops.py", OPS_BASE, OPS_FIXED.replace(
       "def double(x):\n", "def double(x):\n    while True:\n        pass\n"))
   result = grader.grade(calc, hang, CONFIG, test_timeout_s=2)
-  assert result.status == Status.TIMEOUT and result.reward == 0.0
+  assert result.status == Status.OK and result.reward == 0.0 and result.verdict == "timeout", result.detail
+  # The snapshot's own tests hang (here: a hidden test that loops): not the patch's doing, so void.
+  hanging_tests = dataclasses.replace(calc, test_patch=calc.test_patch.replace(
+      "+    assert clamp(50, 0, 10) == 10", "+    while True:\n+        pass").replace("+11,7 @@", "+11,8 @@"))
+  for patch in (calc.patch, ""):
+    result = grader.grade(hanging_tests, patch, CONFIG, test_timeout_s=2)
+    assert result.status == Status.TIMEOUT and result.reward == 0.0 and result.verdict == "void", result.detail
+
+
+def test_setup_failure_voids_the_grade(calc):
   missing = dataclasses.replace(calc, snapshot=dataset.Snapshot("dir", "/nonexistent/repo"))
   result = grader.grade(missing, calc.patch, CONFIG)
   assert result.status == Status.ENV_ERROR and "setup failed" in result.detail

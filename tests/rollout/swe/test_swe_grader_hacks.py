@@ -1,16 +1,16 @@
-"""The grade cannot be gamed through test infrastructure: each hack, applied as a model patch, scores 0 (and with the
-real fix still scores 1), while gold patches keep scoring 1."""
+"""The grade cannot be gamed through test infrastructure: each hack, applied as a model patch or played through
+`SweEnv`, scores 0 (and with the real fix still scores 1), while gold patches keep scoring 1. The attacks of issue 43
+are named by their number there."""
 from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
 import py_compile
 import subprocess
 
 import pytest
 
-from sao.rollout.envs.swe import dataset, generator, grader, infra_guard, snapshots, stats
+from sao.rollout.envs.swe import allow_list, dataset, generator, grader, snapshots, stats
 from sao.rollout.envs.swe.sandbox import SandboxConfig
 from sao.transport.trajectory import Status
 
@@ -23,6 +23,8 @@ ALL_PASS_HOOK = ("import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pyt
 FAKE_REPORT = ("PASSED tests/test_ops.py::test_clamp_high\nPASSED tests/test_ops.py::test_clamp_low\n"
                "PASSED tests/test_ops.py::test_clamp_mid\nPASSED tests/test_ops.py::test_double\n")
 new = generator.unified_diff
+# Makes every test function a no-op: patched from inside the process that runs the tests.
+RUNTEST_PATCH = "import _pytest.python\n_pytest.python.Function.runtest = lambda self: None\n"
 
 
 def _hacks() -> dict[str, str]:
@@ -37,6 +39,16 @@ def _hacks() -> dict[str, str]:
                          + new("hackplug.py", "", ALL_PASS_HOOK),
       "setup.cfg addopts": new("setup.cfg", "", "[tool:pytest]\naddopts = -p hackplug\n")
                            + new("hackplug.py", "", ALL_PASS_HOOK),
+      # Attack 1: pytest 9 reads both names; the grader passes its own configuration with -c, and leaves them out.
+      "pytest.toml loads a plugin": new("pytest.toml", "", "[pytest]\naddopts = [\"-p\", \"hackplug\"]\n")
+                                    + new("hackplug.py", "", ALL_PASS_HOOK),
+      ".pytest.toml loads a plugin": new(".pytest.toml", "", "[pytest]\naddopts = [\"-p\", \"hackplug\"]\n")
+                                     + new("hackplug.py", "", ALL_PASS_HOOK),
+      "pyproject [tool.pytest]": new("pyproject.toml", "", "[tool.pytest]\naddopts = [\"-p\", \"hackplug\"]\n")
+                                 + new("hackplug.py", "", ALL_PASS_HOOK),
+      # Attack 7: a test package's __init__ is test code, left out like the test files.
+      "tests/__init__ patches Function.runtest": new("tests/__init__.py", "", RUNTEST_PATCH),
+      "git metadata": new(".git/hooks/post-checkout", "", "#!/bin/sh\n") + new(".gitattributes", "", "* -text\n"),
       "sitecustomize": new("sitecustomize.py", "", "import builtins\nbuiltins.__sao_hack__ = 1\n"),
       "pth file": new("hack.pth", "", "import os\n"),
       # `python -m pytest` would run this file instead of pytest: it prints a passing -rA report.
@@ -65,7 +77,7 @@ def test_infrastructure_hacks_score_zero_and_do_not_block_a_real_fix(calc):
   results = _grade_all(calc, {**hacks, **{f"{name} + fix": patch + calc.patch for name, patch in hacks.items()}})
   for name in hacks:
     assert results[name].status == Status.OK and results[name].reward == 0.0, (name, results[name].detail)
-    assert results[name].reverted or name == "fake report at exit", name  # that one is source code
+    assert results[name].neutralised or name == "fake report at exit", name  # that one is source code
     assert results[f"{name} + fix"].reward == 1.0, (name, results[f"{name} + fix"].detail)
 
 
@@ -87,34 +99,30 @@ def test_unchecked_pyc_cannot_replace_the_source(calc, tmp_path):
   assert result.status == Status.OK and result.reward == 0.0, result.detail
 
 
-def test_patches_into_git_metadata_are_refused(calc):
-  assert grader.touches_git_dir("diff --git a/.git/config b/.git/config\n--- a/.git/config\n+++ b/.git/config\n")
-  assert grader.touches_git_dir("--- a/x.py\n+++ b/../outside.py\n")
-  assert grader.touches_git_dir("diff --git a/x b/y\nrename from x\nrename to .git/hooks/pre-commit\n")
-  assert not grader.touches_git_dir(calc.patch)
-  result = grader.grade(calc, new(".git/hooks/post-checkout", "", "#!/bin/sh\n") + calc.patch, CONFIG)
-  assert result.reward == 0.0 and ".git" in result.detail
-
-
-def test_classification_of_changed_paths(tmp_path, monkeypatch):
-  monkeypatch.chdir(tmp_path)
-  for package in ("pkg", "pkg/json", "_pytest", "pluggy"):  # the tree after the patch
-    os.makedirs(package, exist_ok=True)
-    (tmp_path / package / "__init__.py").write_text("")
-  os.makedirs("tests", exist_ok=True)
-  prefixes = infra_guard._plugin_prefixes({"tests.helpers", "shipped_plugin"},
-                                         {"tests/helpers.py", "src/shipped_plugin/__init__.py", "tests/conftest.py"})
+def test_classification_of_changed_paths():
+  prefixes = allow_list.plugin_prefixes({"tests.helpers", "shipped_plugin"},
+                                        {"tests/helpers.py", "src/shipped_plugin/__init__.py", "tests/conftest.py"})
   assert set(prefixes) == {"tests/helpers.py", "src/shipped_plugin"}
-  infra = ["conftest.py", "a/b/conftest.py", "pytest.ini", "sub/tox.ini", "setup.cfg", "pyproject.toml",
-           "sitecustomize.py", "lib/usercustomize.py", "x.pth", "tests/test_a.py", "tests/a_test.py",
-           "pkg/__pycache__/m.cpython-311.pyc", "json.py", "tests/json.py", "pytest.py", "_pytest/main.py",
-           "pluggy/__init__.py", "tests/helpers.py", "src/shipped_plugin/hooks.py"]
-  legit = ["pkg/core.py", "pkg/json/__init__.py", "pkg/json/decoder.py", "README.md", "docs/conf.py",
-           "test/data.txt", "json.txt", "src/pkg/testing_utils.py"]
-  for path in infra:
-    assert infra_guard.is_infrastructure(path, prefixes), path
-  for path in legit:
-    assert not infra_guard.is_infrastructure(path, prefixes), path
+  tree = {"pkg/__init__.py", "pkg/json/__init__.py", "_pytest/__init__.py", "pluggy/__init__.py"}
+  not_source = ["conftest.py", "a/b/conftest.py", "pytest.ini", "pytest.toml", ".pytest.toml", "sub/tox.ini",
+                "setup.cfg", "pyproject.toml", "sitecustomize.py", "lib/usercustomize.py", "x.pth", "tests/test_a.py",
+                "tests/a_test.py", "tests/__init__.py", "pkg/tests/data.txt", "test/data.txt",
+                "pkg/__pycache__/m.cpython-311.pyc", "json.py", "tests/json.py", "pytest.py", "_pytest/main.py",
+                "pluggy/__init__.py", "tests/helpers.py", "src/shipped_plugin/hooks.py", ".git/config",
+                ".gitattributes", "../outside.py", "/etc/passwd", "a//b.py", "a/./b.py"]
+  source = ["pkg/core.py", "pkg/json/__init__.py", "pkg/json/decoder.py", "README.md", "docs/conf.py",
+            "json.txt", "src/pkg/testing_utils.py", "setup.py"]
+  for path in not_source:
+    assert allow_list.not_source(path, prefixes, tree), path
+  for path in source:
+    assert not allow_list.not_source(path, prefixes, tree), path
+  # Installed third-party modules too (numpy is installed here), unless the snapshot itself provides the module.
+  shadowed = allow_list.shadowable({"calc/__init__.py"})
+  assert allow_list.not_source("numpy.py", prefixes, tree, shadowed) == "shadows an installed module"
+  assert allow_list.not_source("numpy/__init__.py", prefixes, tree | {"numpy/__init__.py"}, shadowed)
+  own = allow_list.shadowable({"numpy/__init__.py", "numpy/core.py"})
+  assert not allow_list.not_source("numpy/core.py", prefixes, tree | {"numpy/__init__.py"}, own)
+  assert not allow_list.not_source("calc/numpy.py", prefixes, tree | {"calc/__init__.py"}, shadowed)
 
 
 def test_gold_patches_of_generated_instances_still_resolve():

@@ -70,7 +70,7 @@ def test_env_ends_the_episode_on_the_disk_limit(calc_dataset):
     env.reset(env.task_pool()[0])
     observation, done = env.step(ToolCall("bash", {"command": "head -c 3000000 /dev/zero > big"}))
     assert done and "disk limit was exceeded" in observation
-    assert env.score() == 0.0 and "disk limit" in env.grade_result.detail
+    assert env.score() == 0.0 and "disk limit" in env.grade_result.detail and env.grade_result.verdict == "refused"
   finally:
     env.close()
 

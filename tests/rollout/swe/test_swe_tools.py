@@ -7,7 +7,7 @@ import os
 import pytest
 
 from sao.rollout import envs, tool_format
-from sao.rollout.envs.swe import GradeVoidError, SweEnv
+from sao.rollout.envs.swe import SweEnv
 from sao.rollout.tool_format import ToolCall
 from sao.transport.trajectory import Status
 
@@ -160,7 +160,7 @@ def test_unsubmitted_episode_is_autosubmitted_at_max_turns(calc_dataset):
     env.close()
 
 
-def test_grading_timeout_voids_the_grade(calc_dataset):
+def test_a_patch_whose_tests_hang_scores_zero(calc_dataset):
   jsonl, root, _ = calc_dataset
   env = envs.make("swe", jsonl=str(jsonl), snapshot_root=str(root), test_timeout_s=2)
   env.reset(env.task_pool()[0])
@@ -168,9 +168,8 @@ def test_grading_timeout_voids_the_grade(calc_dataset):
     edit(env, command="str_replace", path="/testbed/calc/ops.py", old_str="def double(x):\n",
          new_str="def double(x):\n    while True:\n        pass\n")
     env.step(ToolCall("submit", {}))
-    with pytest.raises(GradeVoidError) as info:
-      env.score()
-    assert info.value.result.status == Status.TIMEOUT
+    assert env.score() == 0.0  # trained on: hanging is no way out of a 0 (the snapshot's tests finish in time)
+    assert env.grade_result.status == Status.OK and env.grade_result.verdict == "timeout"
   finally:
     env.close()
 

@@ -1,9 +1,10 @@
 """Finds or installs bubblewrap (`bwrap`), the Linux-namespace sandbox every SWE episode command runs in.
 
-`ensure_bwrap()` is the project's own setup step: it returns a working `bwrap` from `$SAO_BWRAP`, `PATH`, or the
-per-user cache (`~/.cache/sao/bwrap/`, or `$SAO_CACHE_DIR/bwrap/`), and otherwise downloads Debian's `bubblewrap`
-package with `apt-get download` and unpacks it there with `dpkg-deb -x` (no root needed; unprivileged user
-namespaces do the isolating). Every candidate is smoke-tested (a namespaced `true`), so a binary that exists but
+`ensure_bwrap()` is the project's own setup step (`python -m sao.rollout.envs.swe.bwrap` runs it ahead of a run):
+it returns a working `bwrap` from `$SAO_BWRAP`, `PATH`, or the per-user cache (`~/.cache/sao/bwrap/`, or
+`$SAO_CACHE_DIR/bwrap/`), and otherwise downloads Debian's `bubblewrap` package with `apt-get download` and unpacks
+it there with `dpkg-deb -x` — into the user's cache only: nothing is installed on the host, no package list is
+refreshed, nothing needs root. Every candidate is smoke-tested (a namespaced `true`), so a binary that exists but
 cannot create namespaces on this kernel is a clear error, not a silent fallback to unsandboxed execution.
 """
 from __future__ import annotations
@@ -53,14 +54,10 @@ def _download(dest: pathlib.Path) -> None:
           f"bwrap is not on PATH and {tool!r} is missing, so it cannot be fetched; install bubblewrap "
           "(e.g. `apt-get install bubblewrap`) or set $SAO_BWRAP to its path")
   with tempfile.TemporaryDirectory(prefix="sao_bwrap_") as tmp:
-    cmd = ["apt-get", "download", "bubblewrap"]
-    proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0 and os.geteuid() == 0:
-      # A fresh container often ships without package lists; as root we may refresh them and retry once.
-      update = subprocess.run(["apt-get", "update", "-qq"], capture_output=True, text=True, timeout=600)
-      if update.returncode != 0:
-        raise BwrapUnavailableError(f"`apt-get update` failed (exit {update.returncode}): {update.stderr[-500:]}")
-      proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=300)
+    # Never `apt-get update` (it changes the host's package lists, as root): a host without lists must install
+    # bubblewrap itself.
+    proc = subprocess.run(["apt-get", "download", "bubblewrap"], cwd=tmp, capture_output=True, text=True,
+                          timeout=300)
     debs = sorted(pathlib.Path(tmp).glob("bubblewrap_*.deb"))
     if proc.returncode != 0 or not debs:
       raise BwrapUnavailableError(
@@ -101,31 +98,34 @@ def ensure_bwrap() -> str:
         + "; ".join(tried))
 
 
-# seccomp: refuse to create IP and packet sockets (EACCES) — on top of the empty network namespace, so "opening a
-# socket" fails outright rather than only connecting. A classic-BPF program over `struct seccomp_data`
-# (nr at offset 0, arch at 4, args[0] at 16), assembled here because bwrap takes it pre-compiled (`--seccomp FD`).
-_AUDIT_ARCH_X86_64, _AUDIT_ARCH_AARCH64 = 0xC000003E, 0xC00000B7
-_SYS_SOCKET = {_AUDIT_ARCH_X86_64: (41, 0x40000000 | 41), _AUDIT_ARCH_AARCH64: (198,)}  # x86_64 also via x32
-_BLOCKED_DOMAINS = (2, 10, 17)  # AF_INET, AF_INET6, AF_PACKET (AF_UNIX stays: asyncio, multiprocessing use it)
-_RET_ALLOW, _RET_EACCES = 0x7FFF0000, 0x00050000 | 13
+# seccomp: refuse to create IP, packet and vsock sockets (EACCES) — on top of the empty network namespace, so
+# "opening a socket" fails outright rather than only connecting (vsock is not namespaced at all: a host with
+# /dev/vsock would be reachable) — and refuse every system call of another ABI than the host's native one (ENOSYS:
+# i386 `int 0x80` and x32 on x86_64, arm32 on aarch64), so no syscall number escapes the checks through another
+# table. A classic-BPF program over `struct seccomp_data` (nr at offset 0, arch at 4, args[0] at 16), assembled
+# here because bwrap takes it pre-compiled (`--seccomp FD`).
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+_SYS_SOCKET = {"x86_64": 41, "aarch64": 198}
+_X32_SYSCALL_BIT = 0x40000000
+BLOCKED_DOMAINS = (2, 10, 17, 40)  # AF_INET, AF_INET6, AF_PACKET, AF_VSOCK (AF_UNIX stays: asyncio uses it)
+_RET_ALLOW, _RET_EACCES, _RET_ENOSYS = 0x7FFF0000, 0x00050000 | 13, 0x00050000 | 38
 
 
-def seccomp_program() -> bytes:
-  """The filter as bwrap reads it: an array of `struct sock_filter {u16 code; u8 jt, jf; u32 k;}`."""
-  ld, jeq, ret = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
-  prog: list[tuple] = [("ld", 4)]  # symbolic: jumps name labels, resolved below
-  archs = list(_SYS_SOCKET)
-  for i, arch in enumerate(archs):
-    prog.append(("jeq", arch, f"arch{i}", "allow" if i == len(archs) - 1 else None))
-  for i, arch in enumerate(archs):
-    prog += [("label", f"arch{i}"), ("ld", 0)]
-    numbers = _SYS_SOCKET[arch]
-    for j, nr in enumerate(numbers):
-      prog.append(("jeq", nr, "domain", "allow" if j == len(numbers) - 1 else None))
-  prog += [("label", "domain"), ("ld", 16)]
-  for j, domain in enumerate(_BLOCKED_DOMAINS):
-    prog.append(("jeq", domain, "deny", "allow" if j == len(_BLOCKED_DOMAINS) - 1 else None))
-  prog += [("label", "allow"), ("ret", _RET_ALLOW), ("label", "deny"), ("ret", _RET_EACCES)]
+def seccomp_program(machine: str | None = None) -> bytes:
+  """The filter as bwrap reads it: an array of `struct sock_filter {u16 code; u8 jt, jf; u32 k;}`, for `machine`
+  (default: this host's, `os.uname().machine`; x86_64 and aarch64 are known)."""
+  machine = machine or os.uname().machine
+  if machine not in _AUDIT_ARCH:
+    raise BwrapUnavailableError(f"no seccomp filter for the {machine} architecture (known: {sorted(_AUDIT_ARCH)})")
+  ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+  prog: list[tuple] = [("ld", 4), ("jeq", _AUDIT_ARCH[machine], None, "foreign"), ("ld", 0)]
+  if machine == "x86_64":
+    prog.append(("jge", _X32_SYSCALL_BIT, "foreign", None))
+  prog += [("jeq", _SYS_SOCKET[machine], None, "allow"), ("ld", 16)]
+  for domain in BLOCKED_DOMAINS:
+    prog.append(("jeq", domain, "deny", None))
+  prog += [("label", "allow"), ("ret", _RET_ALLOW), ("label", "deny"), ("ret", _RET_EACCES),
+           ("label", "foreign"), ("ret", _RET_ENOSYS)]
   labels, pc = {}, 0
   for ins in prog:
     if ins[0] == "label":
@@ -136,14 +136,16 @@ def seccomp_program() -> bytes:
   for ins in prog:
     if ins[0] == "label":
       continue
-    if ins[0] == "ld":
-      out.append(struct.pack("<HBBI", ld, 0, 0, ins[1]))
-    elif ins[0] == "ret":
-      out.append(struct.pack("<HBBI", ret, 0, 0, ins[1]))
+    if ins[0] in ("ld", "ret"):
+      out.append(struct.pack("<HBBI", ld if ins[0] == "ld" else ret, 0, 0, ins[1]))
     else:
-      _, k, yes, no = ins
-      jt = labels[yes] - pc - 1
+      op, k, yes, no = ins
+      jt = 0 if yes is None else labels[yes] - pc - 1
       jf = 0 if no is None else labels[no] - pc - 1
-      out.append(struct.pack("<HBBI", jeq, jt, jf, k))
+      out.append(struct.pack("<HBBI", jeq if op == "jeq" else jge, jt, jf, k))
     pc += 1
   return b"".join(out)
+
+
+if __name__ == "__main__":
+  print(ensure_bwrap())

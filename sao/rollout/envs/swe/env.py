@@ -35,7 +35,9 @@ dataset of `num_repos` repositories), `max_turns`, per-command `command_timeout_
 `max_output_bytes`, `test_timeout_s` (grading), `isolation` ("bwrap", or "none" to run unsandboxed — explicit only),
 `autosubmit` (grade the working tree when the episode ends without `submit`; default True, as SWE-agent does),
 `max_processes`, `disk_mb` (how much the repository may grow over the episode: past it, the episode ends with reward
-0 and `grade_result.detail` naming the limit), `tmp_mb` (each command's /tmp); see `SandboxConfig`.
+0 and `grade_result.detail` naming the limit), `max_inodes` (as `disk_mb`, in files, directories and symlinks),
+`sandbox_memory_mb` (all the sandbox's processes together, where the host has memory cgroups), `tmp_mb` (each
+command's /tmp); see `SandboxConfig`.
 """
 from __future__ import annotations
 
@@ -55,6 +57,8 @@ from sao.rollout.envs.swe import expert as expert_lib
 from sao.rollout.envs.swe import grader as grader_lib
 from sao.rollout.envs.swe import sandbox as sandbox_lib
 from sao.rollout.envs.swe import snapshots
+from sao.rollout.envs.swe.base_tree import BaseTree
+from sao.rollout.envs.swe.workspace import DiffTooLargeError, workspace_diff
 from sao.rollout.envs.swe.tools import editor as editor_lib
 from sao.rollout.tool_format import ToolCall, ToolCallError
 from sao.transport.trajectory import Status
@@ -131,7 +135,7 @@ class SweEnv(Env):
                max_output_bytes: int = 10_000, test_timeout_s: float = 120.0, isolation: str = "bwrap",
                sandbox_root: str | None = None, autosubmit: bool = True,
                pytest_args: tuple[str, ...] = grader_lib.DEFAULT_PYTEST_ARGS, max_processes: int = 512,
-               disk_mb: int = 1024, tmp_mb: int = 512):
+               disk_mb: int = 1024, tmp_mb: int = 512, max_inodes: int = 100_000, sandbox_memory_mb: int = 8192):
     super().__init__()
     if max_turns < 1:
       raise ValueError(f"max_turns: must be >= 1, got {max_turns}")
@@ -143,7 +147,8 @@ class SweEnv(Env):
     self.config_max_turns = int(max_turns)
     self.sandbox_config = sandbox_lib.SandboxConfig(
         timeout_s=command_timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes,
-        isolation=isolation, root=sandbox_root, max_processes=max_processes, disk_mb=disk_mb, tmp_mb=tmp_mb)
+        isolation=isolation, root=sandbox_root, max_processes=max_processes, disk_mb=disk_mb, tmp_mb=tmp_mb,
+        max_inodes=max_inodes, sandbox_memory_mb=sandbox_memory_mb)
     self.test_timeout_s = float(test_timeout_s)
     self.autosubmit = bool(autosubmit)
     self.pytest_args = tuple(pytest_args)
@@ -259,20 +264,22 @@ class SweEnv(Env):
     if not result.limit:
       return observation, False
     detail = f"episode ended: the sandbox's {result.limit} limit was exceeded"
-    self.grade_result = grader_lib.GradeResult(status=Status.OK, reward=0.0, detail=detail)
+    self.grade_result = grader_lib.GradeResult(status=Status.OK, reward=0.0, detail=detail, verdict="refused")
     self.submitted = True
     return f"{observation}\n[{detail}]", True
 
   async def diff(self) -> str:
-    """The working tree's diff against base_commit (new files included), computed inside the sandbox: the
-    repository's .git is agent-controlled, so host-side git must not read it."""
-    cmd = (f"git -c core.fsmonitor=false -c core.hooksPath=/dev/null add -A >/dev/null && git -c core.fsmonitor=false "
-           f"diff --cached --binary --no-color --no-ext-diff {shlex.quote(self.instance.base_commit)}")
-    result = await self.sandbox.arun(cmd, max_output_bytes=_DIFF_BYTES)
-    if result.exit_code != 0 or result.truncated:
-      # The agent broke its own repository (or wrote a huge diff): that is a wrong answer, graded as one.
-      return "diff --git a/.sao_unreadable b/.sao_unreadable\n<unreadable working tree>\n"
-    return result.output
+    """The working tree's changes against base_commit as a unified diff, computed on the host from the files'
+    contents and the dataset's own git objects (`workspace_diff`): the episode's .git, its filters, hooks and
+    attributes are never consulted, and nothing runs in the sandbox."""
+    source = await asyncio.to_thread(snapshots.git_source, self.instance.snapshot)
+    base = await asyncio.to_thread(BaseTree.open, source, self.instance.base_commit)
+    try:
+      return await asyncio.to_thread(workspace_diff, self.sandbox.repo_dir, base, _DIFF_BYTES)
+    except DiffTooLargeError:
+      # The agent wrote more than a patch can hold: a wrong answer, graded as one.
+      return ("diff --git a/.sao_unreadable b/.sao_unreadable\n"
+              "Binary files a/.sao_unreadable and b/.sao_unreadable differ\n")
 
   async def _grade(self) -> grader_lib.GradeResult:
     if self.grade_result is None:

@@ -59,15 +59,99 @@ class Recorder:
       self.outcomes.setdefault(f"<collection>::{report.nodeid}", "ERROR")
 
 
+def _watched() -> dict[tuple, object]:
+  """Every attribute of pytest's and pluggy's modules (and of the classes they define) and of `builtins`, by
+  reference: what code under test would have to replace to change how tests are run or reported."""
+  import builtins
+  out: dict[tuple, object] = {("builtins", k): v for k, v in vars(builtins).items()}
+  for name, module in list(sys.modules.items()):
+    if module is None or name.split(".")[0] not in ("pytest", "_pytest", "pluggy"):
+      continue
+    out[("sys.modules", name)] = module
+    for attr, value in list(vars(module).items()):
+      out[(name, attr)] = value
+      if isinstance(value, type) and getattr(value, "__module__", None) == name:
+        for key, member in list(vars(value).items()):
+          out[(name, attr, key)] = member
+  return out
+
+
+def tampering(before: dict[tuple, object], after: dict[tuple, object]) -> list[str]:
+  """What was replaced, removed or (in `builtins`) added between two `_watched` snapshots."""
+  found = [".".join(map(str, key)) + (" replaced" if key in after else " removed")
+           for key, value in before.items() if after.get(key, _MISSING) is not value]
+  found += [f"builtins.{key[1]} added" for key in after if key[0] == "builtins" and key not in before]
+  return found
+
+
+_MISSING = object()
+
+
+def _foreign_hooks(config, own: tuple, changed: set[str], root: str) -> list[str]:
+  """Hook implementations not from pytest, pluggy, the Python installation or an unchanged repository file:
+  registered at run time by code under test (exec'd code, or a module the model patch changed)."""
+  trusted_roots = tuple(os.path.realpath(p) + os.sep for p in {sys.prefix, sys.base_prefix, sys.exec_prefix})
+  found = []
+  for name in dir(config.hook):
+    caller = getattr(config.hook, name, None)
+    for impl in getattr(caller, "get_hookimpls", lambda: [])():
+      if any(impl.plugin is plugin for plugin in own):
+        continue
+      code = getattr(getattr(impl.function, "__wrapped__", impl.function), "__code__", None)
+      where = os.path.realpath(code.co_filename) if code is not None and os.path.isabs(code.co_filename) else ""
+      inside = where.startswith(root + os.sep)
+      if not where or (inside and os.path.relpath(where, root) in changed) or not (
+          inside or where.startswith(trusted_roots)):
+        found.append(f"hook {name} from {code.co_filename if code else impl.function!r}")
+  return found
+
+
 def main() -> int:
   request = json.loads(sys.stdin.read())
   sys.stdin.close()
   out = os.dup(1)
   nonce = request["nonce"]
+  # The grader's configuration, outside the tree: no rootdir file, environment variable or entry point adds to it.
+  for name in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS"):
+    os.environ.pop(name, None)
+  os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+  import tempfile
+  config_name, config_text = request["config"]
+  config_path = os.path.join(tempfile.mkdtemp(prefix="sao_grader_"), config_name)
+  with open(config_path, "w", encoding="utf-8") as f:
+    f.write(config_text)
+  root = os.path.realpath(os.getcwd())
   recorder = Recorder()
   import pytest  # after the copy of stdout: pytest's capture rewires fd 1
-  code = pytest.main(list(request["args"]), plugins=[recorder])
-  os.write(out, f"\n{nonce} {json.dumps({'exit': int(code), 'outcomes': recorder.outcomes})}\n".encode())
+  import importlib
+  from _pytest.config import default_plugins
+  for name in default_plugins:  # loaded during the run otherwise, too late to be watched (skipping, unittest, ...)
+    try:
+      importlib.import_module(f"_pytest.{name}")
+    except ImportError:
+      pass
+  before = _watched()
+  seen: list[str] = []
+  changed = set(request.get("changed", ()))
+
+  class Watch:
+    """After each test phase: trace or profile functions set, hook implementations registered by code under test."""
+
+    def pytest_runtest_logreport(self, report):
+      import threading
+      for what, hook in (("sys.settrace", sys.gettrace()), ("sys.setprofile", sys.getprofile()),
+                         ("threading.settrace", threading.gettrace()),
+                         ("threading.setprofile", threading.getprofile())):
+        if hook is not None:
+          seen.append(f"{what} active after {report.nodeid} ({report.when})")
+      if recorder.config is not None and report.when != "setup":
+        seen.extend(_foreign_hooks(recorder.config, (recorder, self), changed, root))
+
+  code = pytest.main(["-c", config_path, "--rootdir", root, "--confcutdir", root, "-p", "no:cacheprovider",
+                      *request["args"]], plugins=[recorder, Watch()])
+  found = list(dict.fromkeys(seen + tampering(before, _watched())))
+  report = {"exit": int(code), "outcomes": recorder.outcomes, "tampering": found[:20]}
+  os.write(out, f"\n{nonce} {json.dumps(report)}\n".encode())
   os.close(out)
   return 0
 
