@@ -49,6 +49,7 @@ from sao.train import distributed
 from sao.train import grouped_update
 from sao.train import precompile as precompile_lib
 from sao.train import targets
+from sao.train import update_plan as update_plan_lib
 from sao.train import mesh as mesh_lib
 from sao.train import mesh_jit
 from sao.train.mesh_jit import MeshJit
@@ -190,9 +191,12 @@ class Learner:
                                       self.batcher.batch_multiple, self.batcher.bucket_lengths)
     if self.agree is not None:
       self.agree("update", self.update_plan(batch, groups, rows))
-    with mesh_jit.ProgramLog() as programs:
+    if self.agree is None:  # one process: nothing to compare the program sequence with
       metrics, per_token = self._update_programs(batch, groups, rows)
-    self._last_programs = programs.summary()
+    else:
+      with mesh_jit.ProgramLog() as programs:
+        metrics, per_token = self._update_programs(batch, groups, rows)
+      self._last_programs = programs.summary()
     if groups is not None:
       batch_metrics["batch/grouped_padded_tokens"] = float(sum(len(g.rows) * g.length for g in groups))
     # `fetch`: per-token arrays are sharded over the batch (across processes on a pod); metrics are replicated.
@@ -207,22 +211,9 @@ class Learner:
 
   def update_plan(self, batch: dict, groups: Sequence[batching.LengthGroup] | None,
                   rows: np.ndarray) -> dict[str, Any]:
-    """What decides the programs an update on the host `batch` runs, their shapes and their count: the learner's
-    clock, the batch's shape and content digest, the length groups' shapes, the traced rows, the algorithm's
-    branches (critic epochs, whether the actor steps, whether V⁰ is computed) — and the previous update's recorded
-    program sequence (`mesh_jit.ProgramLog`). Equal plans on every process mean the same programs in the same order.
-    JSON-serialisable."""
-    c = self.config
-    plan: dict[str, Any] = {
-        "update": self.num_updates, "version": self.version, "algorithm": c.algorithm,
-        "batch": [int(d) for d in np.shape(batch["input_ids"])], "batch_digest": batching.digest(batch),
-        "groups": None if groups is None else [[len(g.rows), int(g.length)] for g in groups],
-        "traced_rows": [int(r) for r in rows], "previous_update_programs": self._last_programs}
-    if c.algorithm == "sao":
-      plan.update(critic_epochs=int(c.sao.critic_epochs), actor_step=self.num_updates >= c.sao.critic_warmup_steps,
-                  values_before=bool(rows.size) or targets.critic_reads_values_before(c),
-                  whiten=bool(c.sao.whiten_advantages))
-    return plan
+    """`sao.train.update_plan.update_plan` of this learner's next update on the host `batch`."""
+    return update_plan_lib.update_plan(self.config, self.num_updates, self.version, batch, groups, rows,
+                                       self._last_programs)
 
   def _update_programs(self, batch: dict, groups: Sequence[batching.LengthGroup] | None, rows: np.ndarray
                        ) -> tuple[dict[str, Any], dict[str, Any]]:

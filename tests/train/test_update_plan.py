@@ -15,6 +15,7 @@ def test_equal_learners_plan_equal_updates_and_a_changed_batch_changes_the_plan(
   a, b = _learner(), _learner()
   seen = []
   a.agree = lambda tag, plan: seen.append((tag, plan))
+  b.agree = lambda tag, plan: None  # a learner with an agreement records its programs (one process: none)
   batch, _ = a.make_batch(helpers.trajectories(seed=1, n=8))
   b_plan = b.update_plan(batch, _groups(b, batch), np.zeros(0, np.int64))
   a.update(batch)
@@ -48,3 +49,9 @@ def test_batch_digest_sees_every_field():
 def _groups(learner, batch):
   return batching.length_groups(batch["attention_mask"], learner.config.batching.length_groups,
                                 learner.batcher.batch_multiple, learner.batcher.bucket_lengths)
+
+
+def test_a_learner_without_agreement_records_no_programs():
+  learner = _learner()
+  learner.update(helpers.trajectories(seed=4, n=8))
+  assert learner.agree is None and learner._last_programs is None  # pylint: disable=protected-access
