@@ -24,10 +24,12 @@ CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 class Recorder:
   """Appends one JSON object per line to `path` (flushed at once: a row killed later keeps what it wrote) and
-  prints it as one human line. Every record carries the row's name and `t`, seconds since the row's process began."""
+  prints it as one human line. Every record carries the row's name and `t`, seconds since `start` (a
+`time.perf_counter()` reading; default: now)."""
 
-  def __init__(self, path: str, row: str):
-    self.path, self.row, self.start = path, row, time.perf_counter()
+  def __init__(self, path: str, row: str, start: float | None = None):
+    self.path, self.row = path, row
+    self.start = time.perf_counter() if start is None else start
 
   def __call__(self, phase: str, **fields: Any) -> dict:
     record = {"row": self.row, "phase": phase, "t": round(time.perf_counter() - self.start, 3), **fields}
@@ -46,11 +48,15 @@ def _short(value: Any) -> str:
 
 
 class CompileLog:
-  """Every XLA compile in this process from construction on: [(program name, seconds, served by the persistent
-  cache)]. `take()` returns the compiles since the previous `take()`."""
+  """Every XLA compile in this process from construction on, each recorded as a `compile` record the moment it ends
+  (a row killed in a long compile still shows the programs before it): program name, seconds, whether the
+  persistent cache served it, and `during` (what the row was doing: set the attribute). `take()` returns the
+  compiles since the previous `take()` as [(name, seconds, cache_hit)]."""
 
-  def __init__(self):
+  def __init__(self, record: Recorder):
     import jax  # pylint: disable=g-import-not-at-top
+    self.record = record
+    self.during = "start"
     self.compiles: list[tuple[str, float, bool]] = []
     self._taken = 0
     self._hits = 0
@@ -64,18 +70,15 @@ class CompileLog:
 
   def _on_duration(self, event: str, duration: float, **kwargs) -> None:
     if event == BACKEND_COMPILE_EVENT:
-      self.compiles.append((str(kwargs.get("fun_name", "?")), float(duration), self._hits > 0))
+      name, hit = str(kwargs.get("fun_name", "?")), self._hits > 0
       self._hits = 0
+      self.compiles.append((name, float(duration), hit))
+      self.record("compile", program=name, seconds=round(float(duration), 3), cache_hit=hit, during=self.during)
 
   def take(self) -> list[tuple[str, float, bool]]:
     out = self.compiles[self._taken:]
     self._taken = len(self.compiles)
     return out
-
-
-def record_compiles(record: Recorder, compiles: list[tuple[str, float, bool]], during: str) -> None:
-  for name, seconds, hit in compiles:
-    record("compile", program=name, seconds=round(seconds, 3), cache_hit=hit, during=during)
 
 
 def backend_info(record: Recorder, import_s: float) -> Any:

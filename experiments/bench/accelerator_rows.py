@@ -121,6 +121,7 @@ def learner_row(record: probe.Recorder, device: Any, compiles: probe.CompileLog,
   learner_config.sao.critic_warmup_steps = 0
   learner_config.mesh.update(data=1, fsdp=1, tensor=1)
   learner_config.batching.bucket_lengths = (row.seq_len,)
+  compiles.during = "params"
   start = time.perf_counter()
   actor_params = jax.block_until_ready(init_params(config, jax.random.PRNGKey(0)))
   init_s = time.perf_counter() - start
@@ -133,7 +134,7 @@ def learner_row(record: probe.Recorder, device: Any, compiles: probe.CompileLog,
   record("params", actor_init_s=round(init_s, 3), learner_init_s=round(time.perf_counter() - start, 3),
          actor_params=p_actor, critic_params=p_critic, actor_active_params=int(a_actor),
          critic_active_params=int(a_critic), **probe.peak_memory(device))
-  record_compiles(record, compiles, "params")
+  compiles.take()
   tokens = row.batch * row.seq_len
   epochs = learner_config.sao.critic_epochs
   forwards = 2 if targets.critic_reads_values_before(learner_config) else 1
@@ -142,11 +143,13 @@ def learner_row(record: probe.Recorder, device: Any, compiles: probe.CompileLog,
   walls = []
   for i in range(row.updates):
     trajectories = synthetic_trajectories(rng, row.batch, row.seq_len, config.vocab_size)
+    compiles.during = f"update {i}"
+    if i == 0:
+      record("update_begin", index=i, tokens=tokens)  # a row stopped in its first update shows it got this far
     start = time.perf_counter()
     metrics = learner.update(trajectories)  # host floats: the update has finished
     wall = time.perf_counter() - start
     new = compiles.take()
-    record_compiles(record, new, f"update {i}")
     if not new:
       walls.append(wall)
     record("update", index=i, wall_s=round(wall, 4), compiled_programs=len(new),
@@ -162,11 +165,6 @@ def learner_row(record: probe.Recorder, device: Any, compiles: probe.CompileLog,
            flop_convention="6·P_actor·N + K·6·P_critic·N + F·2·P_critic·N, P active params (accelerator_probe)")
 
 
-def record_compiles(record: probe.Recorder, compiles: Any, during: str) -> None:
-  batch = compiles.take() if isinstance(compiles, probe.CompileLog) else compiles
-  probe.record_compiles(record, batch, during)
-
-
 def decode_row(record: probe.Recorder, device: Any, compiles: probe.CompileLog, config, batch: int, prompt: int,
                new_tokens: int, repeats: int) -> None:
   """The local engine's program (`sao.models.sampling.Sampler.generate`: prefill, then a while loop of one-token
@@ -177,21 +175,21 @@ def decode_row(record: probe.Recorder, device: Any, compiles: probe.CompileLog, 
   import numpy as np  # pylint: disable=g-import-not-at-top
   from sao.models.sampling import Sampler, SamplingParams  # pylint: disable=g-import-not-at-top
   from sao.models.transformer import init_params  # pylint: disable=g-import-not-at-top
+  compiles.during = "params"
   start = time.perf_counter()
   params = jax.block_until_ready(init_params(config, jax.random.PRNGKey(0)))
   record("params", init_s=round(time.perf_counter() - start, 3), params=probe.param_count(params),
          param_dtype=config.param_dtype, **probe.peak_memory(device))
-  record_compiles(record, compiles, "params")
   sampler = Sampler(config, params, batch_buckets=(batch,), prompt_buckets=(prompt,), new_token_buckets=(new_tokens,))
   rng = np.random.default_rng(0)
   prompts = [rng.integers(0, config.vocab_size, prompt) for _ in range(batch)]
   times = {}
   for n in (1, new_tokens):
     sampling = SamplingParams(max_new_tokens=n, temperature=1.0)
+    compiles.during = f"generate {n} token(s)"
     start = time.perf_counter()
     sampler.generate(prompts, sampling, seed=0)  # the first call compiles (once: both share the executable)
     first = time.perf_counter() - start
-    record_compiles(record, compiles, f"generate {n} token(s)")
     runs = []
     for i in range(repeats):
       start = time.perf_counter()

@@ -100,9 +100,10 @@ def run_row(name: str) -> int:
   import jax  # pylint: disable=g-import-not-at-top
   import_s = time.perf_counter() - start
   probe.enable_compilation_cache(_CACHE_DIR.value or _default_cache_dir())
-  compiles = probe.CompileLog()
+  compiles = probe.CompileLog(record)
   device = probe.backend_info(record, import_s)
   n = 256 if tiny else 8192
+  compiles.during = "peak_matmul"
   peak = probe.matmul_peak(n)
   record("peak_matmul", n=n, dtype="bfloat16", flops_per_s=peak)
   compiles.take()
@@ -127,7 +128,7 @@ def run_row(name: str) -> int:
     bf16 = dict(dtype="bfloat16", param_dtype="bfloat16", remat="none", scan_layers=False)
     if tiny:
       config = rows_lib.tiny_config("qwen3", rows_lib.TINY_DENSE, **bf16)
-      rows_lib.decode_row(record, device, compiles, config, batch=4, prompt=16, new_tokens=8, repeats=1)
+      rows_lib.decode_row(record, device, compiles, config, batch=4, prompt=16, new_tokens=32, repeats=3)
     else:
       config = rows_lib.model_config(rows_lib.QWEN3_1P7B, **bf16)
       rows_lib.decode_row(record, device, compiles, config, batch=64, prompt=1024, new_tokens=128, repeats=3)
@@ -142,6 +143,27 @@ def _default_cache_dir() -> str:
 
 
 # ------------------------------------------------------------------------------------------------- the parent
+def runtime_dependencies() -> tuple[dict[str, str], list[str]]:
+  """({distribution: installed version}, [setup.py's runtime requirements not installed]), read from setup.py's
+  INSTALL_REQUIRES without running it. Versions outside the pins are shown, not refused (the device image's jax is
+  newer than the pin)."""
+  import ast  # pylint: disable=g-import-not-at-top
+  import importlib.metadata  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(REPO, "setup.py"), encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  requires = next(ast.literal_eval(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                  and any(getattr(t, "id", "") == "INSTALL_REQUIRES" for t in node.targets))
+  installed, missing = {}, []
+  for requirement in requires:
+    name = re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0]
+    try:
+      installed[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      missing.append(name)
+  return installed, missing
+
+
 def run_all() -> int:
   """Each row in a process of its own, in order, under its limit (trimmed to the budget left); the parent records a
   `status` per row and never stops early."""
@@ -149,16 +171,18 @@ def run_all() -> int:
   unknown = [r for r in _ROWS.value if r not in ROW_LIMITS_S]
   if unknown:
     raise app.UsageError(f"--rows: unknown {unknown}; expected some of {list(ROW_LIMITS_S)}")
-  record = probe.Recorder(_OUT.value, "check")
+  start = time.perf_counter()
+  record = probe.Recorder(_OUT.value, "check", start)
   record("start", jax_version=jax.__version__, python=sys.version.split()[0], tiny=_TINY.value, rows=_ROWS.value,
          jax_platforms=os.environ.get("JAX_PLATFORMS", ""), argv=" ".join(sys.argv[1:]))
-  start = time.perf_counter()
+  installed, missing = runtime_dependencies()
+  record("environment", installed=installed, missing=missing)
   statuses = {}
   for name in _ROWS.value:
     limit = TINY_LIMIT_S if _TINY.value else min(ROW_LIMITS_S[name], _BUDGET.value - (time.perf_counter() - start))
     if limit < 20:
       statuses[name] = "skipped"
-      probe.Recorder(_OUT.value, name)("status", status="skipped", reason="the check's budget is spent")
+      probe.Recorder(_OUT.value, name, start)("status", status="skipped", reason="the check's budget is spent")
       continue
     command = [sys.executable, "-u", os.path.abspath(__file__), f"--row={name}", f"--limit_s={limit}",
                f"--out={_OUT.value}", f"--tiny={_TINY.value}", f"--cache_dir={_CACHE_DIR.value}",
@@ -173,9 +197,9 @@ def run_all() -> int:
     returncode, timed_out = probe.run_streaming(command, limit, on_line, cwd=REPO)
     status = "timeout" if timed_out or returncode == TIMEOUT_STATUS else "ok" if returncode == 0 else "failed"
     statuses[name] = status
-    probe.Recorder(_OUT.value, name)("status", status=status, returncode=returncode, limit_s=round(limit, 1),
-                                     wall_s=round(time.perf_counter() - row_start, 2),
-                                     tail=[] if status == "ok" else list(tail))
+    row_record = probe.Recorder(_OUT.value, name, start)
+    row_record("status", status=status, returncode=returncode, limit_s=round(limit, 1),
+               wall_s=round(time.perf_counter() - row_start, 2), tail=[] if status == "ok" else list(tail))
   record("end", wall_s=round(time.perf_counter() - start, 2), statuses=statuses)
   return 0 if all(s == "ok" for s in statuses.values()) else 1
 

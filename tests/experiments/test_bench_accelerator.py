@@ -38,6 +38,8 @@ def test_every_row_completes_at_tiny_sizes(tmp_path):
   assert statuses == {row: ["ok"] for row in ROWS}, statuses
   start = next(r for r in records if r["phase"] == "start")
   assert start["tiny"] is True and start["jax_version"]
+  environment = next(r for r in records if r["phase"] == "environment")
+  assert environment["missing"] == [] and "jax" in environment["installed"]  # setup.py's requirements, all here
   for row in ROWS:  # the version, the backend and the device kind are in the output
     backend = next(r for r in by_row[row] if r["phase"] == "backend")
     assert backend["jax_version"] and f"[{row}] backend: " in result.stdout
