@@ -16,6 +16,9 @@ import sys
 import time
 from typing import Any
 
+# the repository, two folders up: this checkout's `sao` (as in every experiments/ script)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
 # jax._src.dispatch.BACKEND_COMPILE_EVENT: one per XLA compile (a persistent-cache hit included, which then takes the
 # time of the read); jax._src.compiler records CACHE_HIT_EVENT inside that span when the cache served the executable.
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"

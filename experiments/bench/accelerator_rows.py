@@ -13,7 +13,10 @@ import sys
 import time
 from typing import Any
 
-from experiments.bench import accelerator_probe as probe
+# the repository, two folders up: this checkout's `sao` and `experiments`
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from experiments.bench import accelerator_probe as probe  # noqa: E402
 
 GB = 1e9
 H200_BYTES = 141 * GB  # one H200's HBM3e, as sold; the row uses `memory_stats()['bytes_limit']` when reported

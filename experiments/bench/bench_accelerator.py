@@ -5,10 +5,11 @@ process of its own with its own time limit, so a hang or an out-of-memory costs 
     python experiments/bench/bench_accelerator.py --tiny --out=/tmp/accel_tiny.jsonl  # every row at toy sizes, CPU
 
 The device machine (Python 3.12, its own jax; the project's pure-Python dependencies travel as wheels, fetched here
-by `experiments/bench/device_wheels.sh` into `.device_wheels/`) runs, from the repository root:
+by `experiments/bench/device_wheels.sh` into `.device_wheels/`) runs, from the repository root (not yet run on a
+GPU; docs/performance_accelerator.md):
 
-    pip install -q --no-index --no-deps .device_wheels/*.whl && PYTHONPATH=$PWD python \
-        experiments/bench/bench_accelerator.py --out=$OUT/accel.jsonl --cache_dir=$OUT/xla_cache
+    PIP_BREAK_SYSTEM_PACKAGES=1 python -m pip install -q --no-index --no-deps .device_wheels/*.whl && \
+      PYTHONPATH=$PWD python experiments/bench/bench_accelerator.py --out=$OUT/accel.jsonl --cache_dir=.bench_cache/xla
 
 Rows, in priority order (`--rows` picks some; `--tiny` shrinks each to seconds on a CPU):
 
@@ -44,8 +45,9 @@ import time
 
 from absl import app, flags, logging
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, REPO)  # this checkout's `sao` and `experiments`
+# the repository, two folders up: this checkout's `sao` and `experiments`
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+REPO = sys.path[0]
 
 from sao.engines import host_platform  # noqa: E402  (imports no JAX)
 

@@ -15,11 +15,11 @@
 #
 #   bash experiments/bench/device_wheels.sh            # → .device_wheels/*.whl, prints their total size
 #
-# The device run (not yet run on a GPU), from the repository root, one call:
+# The device run (not yet run on a GPU), from the repository root, one call of the device tool with
+# carry=[".device_wheels"] and timeout_s=590 (docs/performance_accelerator.md):
 #
-#   run(command="pip install -q --no-index --no-deps .device_wheels/*.whl && PYTHONPATH=$PWD python \
-#        experiments/bench/bench_accelerator.py --out=$OUT/accel.jsonl --cache_dir=$OUT/xla_cache", \
-#       carry=[".device_wheels"], timeout_s=600)
+#   PIP_BREAK_SYSTEM_PACKAGES=1 python -m pip install -q --no-index --no-deps .device_wheels/*.whl && \
+#     PYTHONPATH=$PWD python experiments/bench/bench_accelerator.py --out=$OUT/accel.jsonl --cache_dir=.bench_cache/xla
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
