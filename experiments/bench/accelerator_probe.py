@@ -66,12 +66,13 @@ class CompileLog:
     jax.monitoring.register_event_listener(self._on_event)
     jax.monitoring.register_event_duration_secs_listener(self._on_duration)
 
-  def _on_event(self, event: str, **kwargs) -> None:
-    del kwargs
+  def _on_event(self, event: str, *args, **kwargs) -> None:  # *args: a later jax may pass more
+    del args, kwargs
     if event == CACHE_HIT_EVENT:
       self._hits += 1
 
-  def _on_duration(self, event: str, duration: float, **kwargs) -> None:
+  def _on_duration(self, event: str, duration: float, *args, **kwargs) -> None:
+    del args
     if event == BACKEND_COMPILE_EVENT:
       name, hit = str(kwargs.get("fun_name", "?")), self._hits > 0
       self._hits = 0
@@ -92,7 +93,9 @@ def backend_info(record: Recorder, import_s: float) -> Any:
   init_s = time.perf_counter() - start
   record("backend", jax_version=jax.__version__, python=sys.version.split()[0], backend=jax.default_backend(),
          device_kind=devices[0].device_kind, device_count=len(devices), import_s=round(import_s, 3),
-         init_s=round(init_s, 3), xla_flags=os.environ.get("XLA_FLAGS", ""))
+         init_s=round(init_s, 3), xla_flags=os.environ.get("XLA_FLAGS", ""),
+         mem_fraction=os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", ""),
+         preallocate=os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", ""))
   return devices[0]
 
 
