@@ -9,8 +9,8 @@
 # for the generated gRPC code (sao/transport/*_pb2*.py), and what ml_collections and clu.metrics import beyond
 # jax / flax / numpy (absl-py, PyYAML, wrapt), in case the image lacks them. Installed with --no-deps, a wheel
 # replaces the image's copy of the same package. The check's first record (`environment`) names every runtime
-# dependency the image still lacks. Binary wheels for CPython 3.12 on x86-64 Linux, no dependency resolution (the list is
-# the resolution): `pip download --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312
+# dependency the image still lacks. Binary wheels for CPython 3.12 on x86-64 Linux, no dependency resolution (the
+# list is the resolution): `pip download --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312
 # --platform manylinux...  --no-deps`.
 #
 #   bash experiments/bench/device_wheels.sh            # → .device_wheels/*.whl, prints their total size

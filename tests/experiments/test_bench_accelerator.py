@@ -11,7 +11,7 @@ import pytest
 from experiments.bench import accelerator_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ROWS = ("dense_8x4096", "dense_1x32768", "moe_30b_a3b", "main_job", "decode_b64")
+ROWS = ("dense_8x4096", "dense_1x32768", "moe_30b_a3b", "main_job", "decode_b64", "kernels")
 LEARNER_ROWS = ("dense_8x4096", "dense_1x32768", "moe_30b_a3b")
 
 pytestmark = pytest.mark.slow
@@ -43,7 +43,7 @@ def test_every_row_completes_at_tiny_sizes(tmp_path):
   for row in ROWS:  # the version, the backend and the device kind are in the output
     backend = next(r for r in by_row[row] if r["phase"] == "backend")
     assert backend["jax_version"] and f"[{row}] backend: " in result.stdout
-  for row in LEARNER_ROWS + ("decode_b64",):
+  for row in LEARNER_ROWS + ("decode_b64", "kernels"):
     rs = by_row[row]
     backend = next(r for r in rs if r["phase"] == "backend")
     assert backend["backend"] == "cpu" and backend["device_kind"] and backend["init_s"] >= 0
@@ -71,6 +71,14 @@ def test_every_row_completes_at_tiny_sizes(tmp_path):
   assert plan["layers"] >= 1 and plan["state_gb"] <= plan["state_fraction"] * plan["capacity_gb"]
   decode = next(r for r in by_row["decode_b64"] if r["phase"] == "summary")
   assert decode["prefill_tokens_per_s"] > 0 and decode["decode_step_s"] >= 0
+  kernels = by_row["kernels"]
+  gmm = {(r["impl"], r["groups"]): r["status"] for r in kernels if r["phase"] == "grouped_matmul"}
+  assert gmm == {(impl, g): "ok" for impl in ("tiled", "xla", "ragged_dot") for g in (4,)}, gmm
+  attention = {r["impl"]: r["status"] for r in kernels if r["phase"] == "attention"}
+  # cuDNN and Pallas's Triton kernel run only on a GPU: on CPU they are recorded as skipped, not run
+  assert attention == {"sao_xla": "ok", "sao_blockwise": "ok", "cudnn": "skipped", "pallas_gpu": "skipped"}, attention
+  measured = [r for r in kernels if r["phase"] in ("grouped_matmul", "attention") and r["status"] == "ok"]
+  assert len(measured) == 5 and all(r["flops_per_s"] > 0 and r["compile_s"] >= 0 for r in measured)
   job = by_row["main_job"]
   texts = [r["text"] for r in job if r["phase"] == "line"]
   assert any(t.startswith("[sft] step") for t in texts) and any(t.startswith("[rl] step") for t in texts), texts
