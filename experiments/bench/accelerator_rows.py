@@ -162,7 +162,7 @@ def learner_row(record: probe.Recorder, device: Any, compiles: probe.CompileLog,
            **probe.peak_memory(device))
   if walls:
     wall = float(np.median(walls))
-    record("summary", batch=row.batch, seq_len=row.seq_len, timed_updates=len(walls), median_update_s=round(wall, 4),
+    record("summary", batch=row.batch, seq_len=row.seq_len, timed_updates=len(walls), median_update_s=round(wall, 6),
            tokens_per_s=round(tokens / wall, 1), flops_per_s=flops / wall, peak_flops_per_s=peak_flops,
            ratio_to_peak=round(flops / wall / peak_flops, 4), critic_epochs=epochs, critic_forwards=forwards,
            flop_convention="6·P_actor·N + K·6·P_critic·N + F·2·P_critic·N, P active params (accelerator_probe)")

@@ -63,7 +63,7 @@ def test_every_row_completes_at_tiny_sizes(tmp_path):
     summary = next(r for r in rs if r["phase"] == "summary")
     assert summary["timed_updates"] == 2 and 0 < summary["ratio_to_peak"] and math.isfinite(summary["flops_per_s"])
     assert summary["tokens_per_s"] == pytest.approx(summary["batch"] * summary["seq_len"] / summary["median_update_s"],
-                                                    rel=1e-3)
+                                                    rel=5e-3)
   moe = by_row["moe_30b_a3b"]
   params = next(r for r in moe if r["phase"] == "params")
   assert params["actor_active_params"] < params["actor_params"]  # top-2 of 8 experts
