@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -100,3 +101,34 @@ def test_moe_depth_fits_its_share_of_the_device():
   # + the router 2,048 · 128 + q/k norms 2 · 128 + two layer norms 2 · 2,048.
   assert per_layer == 2048 * 72 * 128 + 128 * 3 * 2048 * 768 + 2048 * 128 + 2 * 128 + 2 * 2048
   assert fixed[0] == 2 * 151_936 * 2048 + 2048  # untied embeddings and head, the final norm
+
+
+def _alive(pid):
+  """Whether `pid` runs (a zombie, dead but not yet reaped, does not)."""
+  try:
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except OSError:
+    return False
+
+
+def test_a_row_past_its_limit_is_stopped_with_its_output_kept():
+  """`run_streaming`, which runs each row: a process still running at the limit is stopped, process group and all
+  (a child that ignores the pipe included), and the lines it printed before are kept; a failing one keeps its status."""
+  from experiments.bench import accelerator_probe  # pylint: disable=import-outside-toplevel
+  lines = []
+  hang = ("import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; "
+          "time.sleep(60)']); print(child.pid, flush=True); time.sleep(60)")
+  returncode, timed_out = accelerator_probe.run_streaming([sys.executable, "-c", hang], 3.0, lines.append)
+  assert timed_out and returncode != 0 and len(lines) == 1
+  grandchild = int(lines[0])
+  for _ in range(50):  # killed with its group; once its parent is gone, init reaps it
+    if not _alive(grandchild):
+      break
+    time.sleep(0.1)
+  else:
+    raise AssertionError(f"process {grandchild} outlived its row")
+  lines.clear()
+  returncode, timed_out = accelerator_probe.run_streaming(
+      [sys.executable, "-c", "import sys; print('out of memory'); sys.exit(3)"], 30.0, lines.append)
+  assert (returncode, timed_out, lines) == (3, False, ["out of memory"])
