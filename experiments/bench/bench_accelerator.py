@@ -126,6 +126,8 @@ def run_row(name: str) -> int:
     capacity = probe.peak_memory(device)["bytes_limit"] or rows_lib.H200_BYTES
     layers, plan = rows_lib.moe_layers_that_fit(rows_lib.H200_BYTES if tiny else capacity)
     record("plan", layers=layers, **plan)
+    if layers < 1:
+      raise ValueError(f"moe_30b_a3b: not one layer's state fits half of {plan['capacity_gb']} GB")
     if tiny:
       config = rows_lib.tiny_config("qwen3_moe", rows_lib.TINY_MOE)
       shape = (2, 64)
