@@ -2,6 +2,9 @@
 `evaluate.py`, `reproduce.py`, `compile_tpu.py`, `simulate_fleet.py`, stay one folder up). Each script puts the
 repository first on `sys.path`, so it runs this checkout's `sao` without `pip install -e .`.
 
+  bench_accelerator  the accelerator check: every row (1.7B and 30B-A3B-layer learner updates, the main job, the
+                     engine's decode) in its own process under its own limit; --tiny on CPU (accelerator_rows,
+                     accelerator_probe: its rows and measurements; device_wheels.sh: the device's wheel set)
   bench_train        one learner update's throughput on CPU beside the measured matmul peak
   profile_train      where that update spends its time, and the matmul ceiling its shapes allow
   job_speed          the README main job's RL step time per run, and the ratio of two trees'
