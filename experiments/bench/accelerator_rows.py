@@ -96,18 +96,9 @@ class LearnerRow:
 
 
 def synthetic_trajectories(rng, batch: int, seq_len: int, vocab: int) -> list:
-  """`bench_train.py`'s layout: a prompt (first 1/8), then action tokens with one tool observation (1/8) inside."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from sao.transport.trajectory import Trajectory  # pylint: disable=g-import-not-at-top
-  out = []
-  for i in range(batch):
-    mask = np.zeros(seq_len, bool)
-    mask[seq_len // 8:] = True
-    mask[seq_len // 2: seq_len // 2 + seq_len // 8] = False
-    out.append(Trajectory(task_id=str(i), token_ids=rng.integers(0, vocab, seq_len), action_mask=mask,
-                          rollout_logprobs=np.where(mask, -2.0, 0.0).astype(np.float32),
-                          reward=float(rng.integers(0, 2))))
-  return out
+  """`experiments.bench.synthetic`'s batch (imported in the row's own process: the parent stays light)."""
+  from experiments.bench import synthetic  # pylint: disable=g-import-not-at-top
+  return synthetic.synthetic_trajectories(rng, batch, seq_len, vocab)
 
 
 def learner_row(record: probe.Recorder, device: Any, compiles: probe.CompileLog, config, row: LearnerRow,

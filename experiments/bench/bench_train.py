@@ -33,6 +33,7 @@ from absl import app, flags
 # the repository, two folders up: this checkout's `sao`
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from experiments.bench import synthetic
 from experiments.configs import sao_openswe
 
 from sao.models.config import ModelConfig
@@ -90,16 +91,7 @@ def _matmul_peak(n: int, repeats: int = 5) -> tuple[float, float]:
   return 2.0 * n ** 3 / best, 2.0 * n ** 3 / best_cpu
 
 
-def _trajectories(rng: np.random.Generator, batch: int, seq_len: int, vocab: int) -> list[Trajectory]:
-  out = []
-  for i in range(batch):
-    mask = np.zeros(seq_len, bool)
-    mask[seq_len // 8:] = True
-    mask[seq_len // 2: seq_len // 2 + seq_len // 8] = False  # a tool observation
-    out.append(Trajectory(task_id=str(i), token_ids=rng.integers(0, vocab, seq_len), action_mask=mask,
-                          rollout_logprobs=np.where(mask, -2.0, 0.0).astype(np.float32),
-                          reward=float(rng.integers(0, 2))))
-  return out
+_trajectories = synthetic.synthetic_trajectories
 
 
 def _cpu_s() -> float:

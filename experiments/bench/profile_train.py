@@ -37,12 +37,12 @@ import numpy as np
 # the repository, two folders up: this checkout's `sao`
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from experiments.bench import synthetic  # noqa: E402
 from sao.models.config import ModelConfig
 from sao.models.transformer import init_params
 from sao.train import config as config_lib
 from sao.train.learner import Learner
 from sao.train.mesh import make_mesh
-from sao.transport.trajectory import Trajectory
 
 
 def define_flags() -> None:
@@ -65,17 +65,7 @@ def _param_count(params) -> int:
   return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
 
 
-def _trajectories(rng: np.random.Generator, batch: int, seq_len: int, vocab: int) -> list[Trajectory]:
-  """bench_train.py's batch: actions from T/8 on, one tool observation of T/8 tokens at T/2."""
-  out = []
-  for i in range(batch):
-    mask = np.zeros(seq_len, bool)
-    mask[seq_len // 8:] = True
-    mask[seq_len // 2: seq_len // 2 + seq_len // 8] = False
-    out.append(Trajectory(task_id=str(i), token_ids=rng.integers(0, vocab, seq_len), action_mask=mask,
-                          rollout_logprobs=np.where(mask, -2.0, 0.0).astype(np.float32),
-                          reward=float(rng.integers(0, 2))))
-  return out
+_trajectories = synthetic.synthetic_trajectories
 
 
 # ---------------------------------------------------------------------------------------------------- HLO parsing
