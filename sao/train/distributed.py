@@ -54,8 +54,10 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   # collectives in flight at once can deadlock the job (sao.train.mesh_jit). One program at a time per process.
   if cpu_job and num_processes > 1:
     mesh_jit.serialize_executions("cpu")  # decided at the first program, once the backend exists
-  logging.info("distributed: process %d of %d, %d local / %d global devices", jax.process_index(),
-               jax.process_count(), jax.local_device_count(), jax.device_count())
+  # From the arguments only: asking JAX for its devices here would create its backends, and XLA:CPU's thread pools
+  # would be sized before `sao.engines.xla_cpu_threads.limit` (which the trainer calls next) could size them.
+  logging.info("distributed: joined as process %s of %s (coordinator %s)", process_id, num_processes,
+               coordinator_address or "detected by JAX")
 
 
 def is_coordinator() -> bool:
