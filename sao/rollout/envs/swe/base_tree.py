@@ -18,11 +18,9 @@ import pathlib
 import shutil
 import subprocess
 import tempfile
-import threading
 
 from sao.rollout.envs.swe import bwrap
 
-_LOCK = threading.Lock()
 
 
 class BaseTreeError(RuntimeError):
@@ -44,19 +42,8 @@ def object_store(source: str) -> str:
   """A git directory holding `source`'s objects: `source` itself, or for a bundle its one-time bare clone."""
   if os.path.isdir(source):
     return source
-  st = os.stat(source)
-  key = hashlib.sha256(f"{os.path.realpath(source)}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
-  dest = bwrap.cache_dir() / "swe" / "bundles" / key
-  with _LOCK:
-    if not dest.exists():
-      dest.parent.mkdir(parents=True, exist_ok=True)
-      staging = pathlib.Path(tempfile.mkdtemp(prefix="unbundle_", dir=dest.parent))
-      try:
-        _git(str(dest.parent), "clone", "-q", "--bare", "--mirror", source, str(staging / "repo.git"))
-        (staging / "repo.git").rename(dest)
-      finally:
-        shutil.rmtree(staging, ignore_errors=True)
-  return str(dest)
+  build = lambda staging: _git(str(staging.parent), "clone", "-q", "--bare", "--mirror", source, str(staging))
+  return str(bwrap.cached_build(pathlib.Path(source), "bundles", build))
 
 
 def history_upto(source: str, commit: str) -> str:

@@ -10,6 +10,7 @@ cannot create namespaces on this kernel is a clear error, not a silent fallback 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import pathlib
 import shutil
@@ -29,6 +30,29 @@ def cache_dir() -> pathlib.Path:
   """The project's per-user cache root (`$SAO_CACHE_DIR`, else `~/.cache/sao`)."""
   root = os.environ.get("SAO_CACHE_DIR")
   return pathlib.Path(root) if root else pathlib.Path.home() / ".cache" / "sao"
+
+
+_BUILD_LOCK = threading.Lock()
+
+
+def cached_build(source: pathlib.Path, kind: str, build) -> pathlib.Path:
+  """`cache_dir()/swe/<kind>/<key>`, built once from the file `source` (keyed by its resolved path, size and mtime):
+  `build(staging)` fills an empty staging directory beside it, which is then renamed into place, so a failed or
+  interrupted build leaves nothing behind. Exceptions of `build` propagate."""
+  st = source.stat()
+  key = hashlib.sha256(f"{source.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+  dest = cache_dir() / "swe" / kind / key
+  with _BUILD_LOCK:
+    if not dest.exists():
+      dest.parent.mkdir(parents=True, exist_ok=True)
+      staging = pathlib.Path(tempfile.mkdtemp(prefix=f"{kind}_", dir=dest.parent))
+      try:
+        build(staging)
+        staging.rename(dest)
+      finally:
+        if staging.exists():
+          shutil.rmtree(staging, ignore_errors=True)
+  return dest
 
 
 def _smoke_test(bwrap: str) -> str | None:
