@@ -91,63 +91,6 @@ def truncated(model_config, num_layers: int):
   return dataclasses.replace(model_config, num_layers=num_layers, layer_types=model_config.layer_types[:num_layers])
 
 
-def _fmt(value, spec: str, missing: str = "-") -> str:
-  return missing if value is None else format(value, spec)
-
-
-def format_table(rows, chip) -> str:
-  header = (f"{'program':<18}{'T':>7}{'B':>5}{'calls':>6} {'args':>8}{'temp':>9}{'out':>8}{'total':>9}"
-            f"{'/cap':>5}  {'fits':<5}{'xla TF':>11}{'program TF':>11}{'model TF':>11}{'est s':>10}{'MFU':>7}")
-  lines = [f"HBM GiB per chip ({chip.name}: {chip.hbm_bytes / GIB:.0f} GiB); TFLOPs per step over all chips; est s "
-           f"and MFU are XLA's cost-model estimate, not a measurement (r: roofline of XLA's FLOP and byte counts, "
-           f"where XLA's own time was not positive)", header, "-" * len(header)]
-  lines += [row_line(r, chip) for r in rows]
-  for r in rows:
-    if _failed(r):
-      lines.append(f"failed: {r.program} at T={r.bucket}: {r.error}")
-    elif not r.fits:
-      lines.append(f"does not fit: {r.program} at T={r.bucket}: {r.error}")
-      for b in r.largest_buffers:
-        lines.append(f"    {b['size'] / GIB:9.2f} GiB {b['kind']:<9} {b['shape']:<28} {b['instruction']} "
-                     f"{b['op_name'][-110:]}")
-  return "\n".join(lines)
-
-
-def _failed(row) -> bool:
-  return getattr(row, "status", "") == "failed"  # a `report.ReportRow` whose compile raised
-
-
-def row_line(r, chip) -> str:
-  fits = "FAIL" if _failed(r) else "yes" if r.fits else "NO"
-  return (
-        f"{r.program:<18}{r.bucket:>7}{r.batch:>5}{r.calls:>6} {r.argument_bytes / GIB:>8.2f}{r.temp_bytes / GIB:>9.2f}"
-        f"{r.output_bytes / GIB:>8.2f}{r.hbm_bytes_per_chip / GIB:>9.2f}{chip.hbm_bytes / GIB:>5.0f}  "
-        f"{fits:<5}{_fmt(r.xla_flops / 1e12 if r.xla_flops else None, '.3e'):>11}"
-        f"{r.flops / 1e12:>11.3e}{r.analytic_flops / 1e12:>11.3e}{_fmt(r.estimated_seconds, '.3e'):>10}"
-        f"{_fmt(None if r.estimated_mfu is None else 100 * r.estimated_mfu, '.1f'):>6}%"
-        f"{'' if r.estimate_source != 'roofline_of_xla_counts' else ' r'}")
-
-
-def update_summary(rows, chip, chips: int) -> list[str]:
-  """Per bucket: one update's estimated time (Σ calls · est s) and model FLOPs, when every program fits."""
-  lines = []
-  for bucket in sorted({r.bucket for r in rows}):
-    at = [r for r in rows if r.bucket == bucket and r.calls]
-    if not all(r.fits for r in at):
-      failed = [r.program for r in at if _failed(r)]
-      too_big = [r.program for r in at if not r.fits and not _failed(r)]
-      lines.append(f"update at T={bucket}: " + "; ".join(
-          ([f"does not fit ({', '.join(too_big)})"] if too_big else []) +
-          ([f"compile failed ({', '.join(failed)})"] if failed else [])))
-      continue
-    seconds = sum(r.calls * (r.estimated_seconds or 0.0) for r in at)
-    model = sum(r.calls * r.analytic_flops for r in at)
-    mfu = model / (seconds * chips * chip.peak_bf16_flops) if seconds else 0.0
-    lines.append(f"update at T={bucket}: XLA-estimated {seconds:.4g} s, {model / 1e12:.4g} model TFLOP, "
-                 f"estimated MFU {100 * mfu:.1f}%")
-  return lines
-
-
 def config_overrides(argv) -> str:
   """The config's overrides on the command line: the argument after `:` of --config, then every --config.<key>=…
   (sorted: their order does not matter)."""
@@ -188,7 +131,7 @@ def run_settings(config, model_config, topology: str, chips: int, chip) -> dict:
 
 def main(argv):
   del argv
-  from sao.aot import report, tpu_topology  # pylint: disable=g-import-not-at-top
+  from sao.aot import report, report_table, tpu_topology  # pylint: disable=g-import-not-at-top
   if (_RESUME.value or _RETRY_FAILED.value or _ALLOW_CODE_CHANGE.value) and not _OUT.value:
     raise app.UsageError("--resume, --retry_failed and --allow_code_change need --out")
   if (_RETRY_FAILED.value or _ALLOW_CODE_CHANGE.value) and not _RESUME.value:
@@ -220,7 +163,7 @@ def main(argv):
   def on_row(row):  # each row as soon as it is compiled (a full config takes many minutes per program)
     new_rows.append(row)
     print(f"  [{row.compile_seconds:.0f} s, peak RSS {row.peak_rss_bytes / GIB:.1f} GiB ({row.peak_rss_scope}), "
-          f"{time.perf_counter() - start:.0f} s elapsed] {row_line(row, chip)}", flush=True)
+          f"{time.perf_counter() - start:.0f} s elapsed] {report_table.row_line(row, chip)}", flush=True)
     if row_file:
       row_file.put(row)
 
@@ -232,12 +175,12 @@ def main(argv):
     print(f"compile_tpu: {config.name} on {_TOPOLOGY.value}: {e}", file=sys.stderr)
     sys.exit(2)
   rows = row_file.report_rows() if row_file else sorted(new_rows, key=lambda r: r.bucket)
-  print(format_table(rows, chip))
-  print("\n".join(update_summary(rows, chip, len(devices))))
+  print(report_table.format_table(rows, chip))
+  print("\n".join(report_table.update_summary(rows, chip, len(devices))))
   print(f"compiled {len(new_rows)} programs in {time.perf_counter() - start:.0f} s"
         + (f"; {len(rows) - len(new_rows)} rows resumed from {_OUT.value}" if row_file and _RESUME.value else ""))
-  bad = [f"{r.program} (T={r.bucket})" for r in rows if not r.fits and not _failed(r)]
-  failed = [f"{r.program} (T={r.bucket})" for r in rows if _failed(r)]
+  bad = [f"{r.program} (T={r.bucket})" for r in rows if not r.fits and r.status != "failed"]
+  failed = [f"{r.program} (T={r.bucket})" for r in rows if r.status == "failed"]
   if bad:
     print(f"does not fit on {_TOPOLOGY.value}: {', '.join(bad)}", file=sys.stderr)
   if failed:
