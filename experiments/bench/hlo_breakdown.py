@@ -27,7 +27,8 @@ def define_flags() -> None:
   """The command's flags, defined when it runs (not on import)."""
   global _HLO, _CHIP, _CHIPS, _TOP, _MODEL_FLOPS, _REPORT  # pylint: disable=global-statement
   _HLO = flags.DEFINE_string("hlo", None, "The program's HLO text (<program>_T<bucket>.hlo.txt.gz, or plain text).")
-  _CHIP = flags.DEFINE_enum("chip", "v5p", ["v4", "v5e", "v5p", "v6e"], "The chip the program was compiled for.")
+  _CHIP = flags.DEFINE_enum("chip", "v5p", ["v4", "v5e", "v5p", "v6e", "h100", "h200"],
+                            "The chip (TPU) or GPU the program was compiled for.")
   _CHIPS = flags.DEFINE_integer("chips", 0, "Chips the program runs on (for the MFU; 0: from --report).")
   _TOP = flags.DEFINE_integer("top", 30, "How many of the most expensive instructions to list.")
   _MODEL_FLOPS = flags.DEFINE_float("model_flops", 0.0, "Model FLOPs of the whole step over all chips (PaLM's "
@@ -121,7 +122,7 @@ def format_breakdown(result, chip, chips: int, model_flops: float, row: dict | N
 def main(argv):
   del argv
   from sao.aot import hlo_cost, tpu_topology  # pylint: disable=g-import-not-at-top
-  chip = tpu_topology.CHIPS[_CHIP.value]
+  chip = tpu_topology.chip_named(_CHIP.value)
   row = report_row(_REPORT.value, _HLO.value) if _REPORT.value else None
   chips = _CHIPS.value or (int(row["chips"]) if row and row.get("chips") else 0)
   model_flops = _MODEL_FLOPS.value or (float(row["analytic_flops"]) if row else 0.0)

@@ -34,7 +34,8 @@ import math
 import re
 from typing import TYPE_CHECKING
 
-from sao.aot.hlo_flops import conv_flops, custom_call_flops, dot_flops, kernel_name, matmul_flops
+from sao.aot.hlo_flops import (conv_flops, custom_call_flops, custom_call_target, dot_flops, kernel_name,
+                               matmul_flops)
 from sao.aot.hlo_text import Computation, Instruction, Module, read_module, trip_count
 
 if TYPE_CHECKING:  # the chip facts; imported for the type only, so that this module runs without jax
@@ -294,9 +295,9 @@ def _price(module: Module, comp: Computation, inst: Instruction, chip: Chip, cou
     flops = dot_flops(inst, comp) if inst.opcode == "dot" else conv_flops(inst, comp)
     data, kind = op_bytes(inst, comp), "matmul"
   elif inst.opcode == "custom-call":
-    target = (inst.attr("custom_call_target") or "").strip('"')
+    target = custom_call_target(inst)
     detail = kernel_name(inst) if target == "tpu_custom_call" else target
-    known = custom_call_flops(inst, comp) if target == "tpu_custom_call" else None
+    known = custom_call_flops(inst, comp)
     if known is None:
       unknown[detail] += count
     flops, data, kind = known or 0.0, op_bytes(inst, comp), "custom-call"
@@ -355,7 +356,7 @@ def _flops_once(module: Module, comp: Computation, seen: set[str]) -> float:
     elif inst.opcode == "fusion":
       total += matmul_flops(module, module.computations[inst.called["calls"][0]])
     elif inst.opcode == "custom-call":
-      total += custom_call_flops(inst, comp) or 0.0 if "tpu_custom_call" in inst.attrs else 0.0
+      total += custom_call_flops(inst, comp) or 0.0
     else:
       for key in ("body", "condition", "branch_computations", "true_computation", "false_computation", "calls",
                   "to_apply"):

@@ -9,6 +9,12 @@ prices them; pure arithmetic on shapes, no jax.
 - Pallas kernels (`tpu_custom_call`), from their operand shapes: megablox `gmm` (`[m, k] @ [G, k, n] → [m, n]`, or
   `[G, n, k]` with `transpose_rhs`) and `tgmm` (`[k, m] · [m, n] → [G, k, n]`), `2·m·k·n` each (every row of the
   ragged dimension belongs to one group); None for any other kernel, which the caller lists by name.
+- GPU library calls, from their backend config: cuBLAS / cuBLASLt gemms (`__cublas$gemm`, `__cublas$lt$matmul…`)
+  `2 · prod(result dims) · prod(lhs contracting dims)` as a dot (the result is the tuple's first array, the second
+  is cuBLAS's workspace); cuDNN's fused attention (`__cudnn$fmha…`), from the `[B, N, T, S]` score shape in its
+  config and the head dim H of the query: forward `4·B·N·T·S·H` (Q·Kᵀ and P·V), backward `10·B·N·T·S·H` (the
+  scores again, then dP, dV, dQ, dK), halved under a causal mask (the kernel skips the masked blocks). Triton gemm
+  fusions are fusions with a `dot` inside: `matmul_flops` counts them.
 """
 from __future__ import annotations
 
@@ -70,8 +76,38 @@ def kernel_name(inst: Instruction) -> str:
   return match.group(1) if match else inst.name.split(".")[0]
 
 
+def custom_call_target(inst: Instruction) -> str:
+  return (inst.attr("custom_call_target") or "").strip('"')
+
+
+def _gpu_library_flops(inst: Instruction, comp: Computation, target: str) -> float | None:
+  """FLOPs of a cuBLAS gemm or a cuDNN fused attention call (module docstring), None for another target."""
+  config = inst.attr("backend_config") or ""
+  if target.startswith("__cublas$"):
+    match = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', config)
+    if not match or not inst.shape:
+      return None
+    lhs = comp.by_name[inst.operands[0]].shape[0].dims
+    contracting = [int(d.strip().strip('"')) for d in match.group(1).split(",") if d.strip()]
+    return 2.0 * math.prod(inst.shape[0].dims) * math.prod(lhs[d] for d in contracting)
+  if target.startswith("__cudnn$fmha"):
+    scores = re.search(r'"intermediate_tensor_shape":\{.*?"dimensions":\[([^\]]*)\]', config)
+    if not scores or not inst.operands:
+      return None
+    b, n, t, s = (int(d.strip().strip('"')) for d in scores.group(1).split(","))
+    head_dim = comp.by_name[inst.operands[0]].shape[0].dims[-1]
+    mask = re.search(r'"mask_type":"(\w+)"', config)
+    causal = 0.5 if mask and "CAUSAL" in mask.group(1) else 1.0
+    matmuls = 10.0 if "Backward" in target else 4.0
+    return matmuls * b * n * t * s * head_dim * causal
+  return None
+
+
 def custom_call_flops(inst: Instruction, comp: Computation) -> float | None:
-  """FLOPs of a known Pallas kernel from its shapes, None for a kernel this does not know."""
+  """FLOPs of a known Pallas kernel or GPU library call from its shapes, None for one this does not know."""
+  target = custom_call_target(inst)
+  if target != "tpu_custom_call":
+    return _gpu_library_flops(inst, comp, target)
   kernel = kernel_name(inst)
   arrays = [comp.by_name[o].shape[0].dims for o in inst.operands if comp.by_name[o].shape]
   out = inst.shape[0].dims

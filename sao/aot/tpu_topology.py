@@ -55,6 +55,23 @@ CHIPS: dict[str, Chip] = {
     "v6e": Chip("v6e", "TPU v6 lite", 32 * GIB, 918e12, 1640e9, "default", 800e9, 4),
 }
 
+# GPUs the accelerator check runs on, for pricing their compiled programs with the same cost model (`hlo_cost`):
+# the vendor's dense bf16 peak (no sparsity) and HBM bandwidth; NVLink's 900 GB/s over 18 links.
+GPUS: dict[str, Chip] = {
+    "h200": Chip("h200", "NVIDIA H200", 141 * 10**9, 989e12, 4.8e12, "", 900e9, 18),
+    "h100": Chip("h100", "NVIDIA H100 80GB HBM3", 80 * 10**9, 989e12, 3.35e12, "", 900e9, 18),
+}
+
+
+def chip_named(name: str) -> Chip:
+  """A TPU chip (`CHIPS`) or a GPU (`GPUS`) by its short name; ValueError naming the known ones otherwise."""
+  if name in CHIPS:
+    return CHIPS[name]
+  if name in GPUS:
+    return GPUS[name]
+  raise ValueError(f"chip: unknown {name!r}; expected one of {sorted(CHIPS) + sorted(GPUS)}")
+
+
 _TOPOLOGY = re.compile(r"^(v4|v5e|v5p|v6e):(\d+(?:x\d+){1,2})$")
 
 

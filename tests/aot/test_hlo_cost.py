@@ -256,3 +256,54 @@ def test_breakdown_command_prints_shares_and_top_instructions(tmp_path):
   assert "all-reduce.1" in top and "DecoderLayer/self_attn/psum" in top
   with pytest.raises(ValueError, match="no row for actor_step_dis at T=128"):
     hlo_breakdown.report_row(str(report), str(tmp_path / "actor_step_dis_T128.hlo.txt.gz"))
+
+
+# A GPU program as XLA's GPU compiler writes it (the formats of XLA's own GPU tests): a cuBLAS gemm whose result is
+# a (product, workspace) tuple, and cuDNN's fused attention forward and backward under a causal mask, BTNH layout.
+B, T, N, H = 2, 256, 4, 64
+_FMHA_CONFIG = ('backend_config={"operation_queue_id":"0","cudnn_fmha_backend_config":{"fmha_scale":0.125,'
+                '"intermediate_tensor_shape":{"element_type":"BF16","dimensions":["%d","%d","%d","%d"],'
+                '"tuple_shapes":[],"layout":{"minor_to_major":["3","2","1","0"]}},"is_flash_attention":true,'
+                '"mask_type":"CAUSAL"}}' % (B, N, T, T))
+GPU_HLO = f"""HloModule gpu, is_scheduled=true
+
+ENTRY %main (x: bf16[512,1024], w: bf16[1024,2048], q: bf16[{B},{T},{N},{H}], k: bf16[{B},{T},{N},{H}], v: bf16[{B},{T},{N},{H}], do: bf16[{B},{T},{N},{H}]) -> bf16[512,2048] {{
+  %x = bf16[512,1024]{{1,0}} parameter(0)
+  %w = bf16[1024,2048]{{1,0}} parameter(1)
+  %q = bf16[{B},{T},{N},{H}]{{3,2,1,0}} parameter(2)
+  %k = bf16[{B},{T},{N},{H}]{{3,2,1,0}} parameter(3)
+  %v = bf16[{B},{T},{N},{H}]{{3,2,1,0}} parameter(4)
+  %do = bf16[{B},{T},{N},{H}]{{3,2,1,0}} parameter(5)
+  %gemm = (bf16[512,2048]{{1,0}}, s8[4194304]{{0}}) custom-call(%x, %w), custom_call_target="__cublas$gemm", backend_config={{"operation_queue_id":"0","gemm_backend_config":{{"alpha_real":1,"beta":0,"dot_dimension_numbers":{{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]}},"epilogue":"DEFAULT"}}}}, metadata={{op_name="jit(step)/model/DecoderLayer/mlp/up_proj/dot_general"}}
+  %fwd = (bf16[{B},{T},{N},{H}]{{3,2,1,0}}, f32[{B},{N},{T}]{{2,1,0}}, u8[0]{{0}}) custom-call(%q, %k, %v), custom_call_target="__cudnn$fmhaSoftmax", {_FMHA_CONFIG}, metadata={{op_name="jit(step)/model/DecoderLayer/self_attn/dot_product_attention"}}
+  %bwd = (bf16[{B},{T},{N},{H}]{{3,2,1,0}}, bf16[{B},{T},{N},{H}]{{3,2,1,0}}, bf16[{B},{T},{N},{H}]{{3,2,1,0}}, u8[0]{{0}}) custom-call(%q, %k, %v, %do), custom_call_target="__cudnn$fmhaSoftmaxBackward", {_FMHA_CONFIG}, metadata={{op_name="jit(step)/transpose(jvp(model))/DecoderLayer/self_attn/dot_product_attention"}}
+  ROOT %out = bf16[512,2048]{{1,0}} get-tuple-element(%gemm), index=0
+}}
+"""
+
+
+def test_gpu_library_calls_are_priced_as_the_matmuls_they_run():
+  h200 = tpu_topology_chip("h200")
+  result = hlo_cost.breakdown(hlo_text.parse_module(GPU_HLO), h200)
+  ops = _by_name(result)
+  assert set(ops) == {"gemm", "fwd", "bwd"} and not result.unknown_custom_calls
+  gemm = ops["gemm"]
+  assert gemm.flops == 2 * 512 * 2048 * 1024 and gemm.part == "MLP"
+  assert gemm.bytes == 2 * (512 * 1024 + 1024 * 2048 + 512 * 2048) + 4194304  # operands, result, workspace
+  causal = 0.5  # the kernel skips the masked half of the score blocks
+  assert ops["fwd"].flops == 4 * B * N * T * T * H * causal
+  assert ops["bwd"].flops == 10 * B * N * T * T * H * causal
+  assert (ops["fwd"].phase, ops["bwd"].phase, ops["bwd"].part) == ("forward", "backward", "attention")
+  assert result.flops_once == gemm.flops + ops["fwd"].flops + ops["bwd"].flops
+  assert gemm.seconds == pytest.approx(max(gemm.flops / 989e12, gemm.bytes / 4.8e12))
+
+
+def tpu_topology_chip(name):
+  from sao.aot import tpu_topology  # pylint: disable=g-import-not-at-top
+  return tpu_topology.chip_named(name)
+
+
+def test_an_unknown_gpu_library_call_is_listed_by_name():
+  text = GPU_HLO.replace("__cudnn$fmhaSoftmaxBackward", "__cudnn$somethingNew")
+  result = hlo_cost.breakdown(hlo_text.parse_module(text), tpu_topology_chip("h200"))
+  assert result.unknown_custom_calls == {"__cudnn$somethingNew": 1}
