@@ -42,6 +42,8 @@ REFUSED_BODIES = [
     {"input_ids": [1, "2"], "sampling_params": {"max_new_tokens": 3}},
     {"input_ids": [1, 2], "sampling_params": {"stop_token_ids": 7}},
     {"input_ids": [1, 2], "stream": "no"},
+    {"input_ids": [1, 2], "return_logprob": "yes"},
+    {"input_ids": [[1, 2], [3]], "return_logprob": [True, 1]},
 ]
 
 
@@ -227,6 +229,13 @@ def test_local_engine_refuses_what_sglang_refuses(ref, session):
   for body, status in zip(REFUSED_BODIES, got["refused"]):
     assert ref.generate_contract_error(body) is not None, f"SGLang accepts {body}: not a refusal test"
     assert status == 400, f"the local engine answered {status} to {body}, which SGLang refuses with 400"
+
+
+def test_local_engine_routes_are_sglang_routes(ref, tmp_path):
+  app = build_app(LocalEngine(save_tiny_model(str(tmp_path / "model")), EngineConfig(
+      prompt_buckets=(16,), batch_buckets=(2,), max_batch_size=2, new_token_buckets=(8,), prefix_cache_bytes=0)))
+  served = {(r.method, r.resource.canonical) for r in app.router.routes() if r.method != "HEAD"}
+  assert served and served <= ref.routes, served - ref.routes
 
 
 def test_local_engine_sampling_keys_are_sglang_keys(ref):
