@@ -102,6 +102,11 @@ async def _client_session(model_dir: str, new_dir: str) -> tuple[list[Exchange],
                                                       "top_p": 0.9, "ignore_eos": True})
       got["batch"] = await client.generate_batch([[3, 4], [5, 6, 7]], [SamplingParams(max_new_tokens=2),
                                                                       SamplingParams(max_new_tokens=3, top_k=4)])
+      try:
+        await client.update_weights_from_disk(os.path.join(new_dir, "missing"), weight_version=8)
+        got["update_refused"] = None
+      except EngineError as e:
+        got["update_refused"] = e
       got["update"] = await client.update_weights_from_disk(new_dir, weight_version=7)
       got["after"] = await client.generate([3, 4, 5], SamplingParams(max_new_tokens=2, temperature=0.0))
       got["info_after"] = await client.get_model_info()
@@ -161,7 +166,7 @@ def test_client_requests_are_what_sglang_accepts(ref, session):
     for key, value in x.request.items():
       assert key in fields, f"{x.path}: SGLang has no request field {key!r} (it would be ignored)"
       assert sglang_reference.matches(value, fields[key].annotation), (x.path, key, value, fields[key])
-  update = next(x for x in exchanges if x.path == "/update_weights_from_disk")
+  update = [x for x in exchanges if x.path == "/update_weights_from_disk"][-1]
   assert update.request["weight_version"] == "7" and update.request["flush_cache"] is True
 
 
@@ -191,8 +196,8 @@ def test_local_engine_answers_what_sglang_answers(ref, session):
       assert x.status == 200, x
       for item in x.response if isinstance(x.response, list) else [x.response]:
         _check_generate_item(ref, item)
-    elif x.path == "/update_weights_from_disk":
-      assert x.status == 200
+    elif x.path == "/update_weights_from_disk":  # SGLang: 200 with success true, else 400 with success false
+      assert x.status == (200 if x.response["success"] else 400), x
       fields = ref.update_weights_req_output
       assert set(x.response) <= set(fields) | LOCAL_UPDATE_EXTRAS
       assert {k for k, f in fields.items() if f.required} <= set(x.response)
@@ -205,6 +210,7 @@ def test_local_engine_answers_what_sglang_answers(ref, session):
       assert x.status == 200
   # What the client made of those answers.
   assert got["health"] and got["stopped"].finish_reason == "stop"
+  assert got["update_refused"].status == 400 and "missing" in got["update_refused"].message
   assert got["stopped"].token_ids == got["greedy"].token_ids[:1]
   assert [r.finish_reason for r in got["batch"]] == ["length", "length"]
   assert got["greedy"].weight_version == "0" and got["after"].weight_version == "7"
