@@ -70,6 +70,8 @@ def fetch_wheel() -> str:
   path = os.path.join(directory, SGLANG_WHEEL)
   with filelock.FileLock(path + ".lock", timeout=900):
     if not (os.path.exists(path) and _sha256(path) == SGLANG_WHEEL_SHA256):
+      if os.path.exists(path):  # pip would keep a file of that name ("already downloaded")
+        os.remove(path)
       cmd = [sys.executable, "-m", "pip", "download", f"sglang=={SGLANG_VERSION}", "--no-deps", *_PIP_PLATFORM_FLAGS,
              "--dest", directory]
       proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)

@@ -16,6 +16,7 @@ import glob
 import json
 import math
 import os
+import subprocess
 from typing import Any
 
 import pytest
@@ -141,6 +142,26 @@ def test_reference_is_the_pinned_wheel_and_refuses_what_sglang_refuses(ref):
   assert ref.update_weights_req_input["model_path"].required
   assert {("POST", "/generate"), ("GET", "/health")} <= ref.routes
   assert {"output_token_logprobs", "weight_version", "finish_reason"} <= ref.meta_info_keys
+
+
+def test_a_wheel_that_cannot_be_had_is_an_error_not_a_skip(tmp_path, monkeypatch):
+  """No package index reachable and an empty cache: `SGLangReferenceError` naming the pip command and where to put
+  the file (a contract test that skipped here would pass CI without checking anything)."""
+  monkeypatch.setenv("SAO_SGLANG_WHEEL_DIR", str(tmp_path))
+  for name, value in (("PIP_NO_INDEX", "1"), ("PIP_FIND_LINKS", ""), ("PIP_EXTRA_INDEX_URL", "")):
+    monkeypatch.setenv(name, value)
+  with pytest.raises(sglang_reference.SGLangReferenceError,
+                     match=f"(?s)pip download sglang==.*Put that file in {tmp_path}"):
+    sglang_reference.fetch_wheel()
+  # A download that brings another file (a different build under the same name) is refused by its hash.
+  def fake_pip(cmd, **kwargs):
+    (tmp_path / sglang_reference.SGLANG_WHEEL).write_bytes(b"not the pinned wheel")
+    return subprocess.CompletedProcess(cmd, 0, "", "")
+
+  monkeypatch.setattr(sglang_reference.subprocess, "run", fake_pip)
+  with pytest.raises(sglang_reference.SGLangReferenceError, match="sha256 .*, expected " +
+                     sglang_reference.SGLANG_WHEEL_SHA256):
+    sglang_reference.fetch_wheel()
 
 
 def test_client_requests_are_what_sglang_accepts(ref, session):
