@@ -21,6 +21,8 @@ import os
 import sys
 from typing import Any, Awaitable, Callable
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
 from sao.engines.sglang_client import EngineError, SGLangEngine, parse_generate_response
 
 PROMPT = [5, 6, 7, 8]
