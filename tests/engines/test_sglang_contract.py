@@ -252,10 +252,14 @@ def test_model_info_without_a_tokenizer_decodes_with_sglang_types(ref, tmp_path)
 
 
 def test_local_engine_refuses_what_sglang_refuses(ref, session):
-  _, got = session
+  exchanges, got = session
   for body, status in zip(REFUSED_BODIES, got["refused"]):
     assert ref.generate_contract_error(body) is not None, f"SGLang accepts {body}: not a refusal test"
     assert status == 400, f"the local engine answered {status} to {body}, which SGLang refuses with 400"
+  # The error body is SGLang's `{"error": {"message", "code"?}}` (its `_create_error_response`, `ErrorBody`).
+  for x in exchanges:
+    if x.request in REFUSED_BODIES:
+      assert ref.api.GenerateStreamError.from_json_value(x.response).error.message, x.response
 
 
 def test_local_engine_routes_are_sglang_routes(ref, tmp_path):
