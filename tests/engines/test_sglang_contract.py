@@ -282,7 +282,10 @@ def test_recorded_generate_bodies_decode_with_sglang_types(ref, path):
   items = body if isinstance(body, list) else [body]
   for item in items:
     decoded = ref.api.GenerateResponse.from_json_value(item)
-    assert not isinstance(decoded.meta_info.finish_reason, dict), decoded.meta_info.finish_reason
+    finish = decoded.meta_info.finish_reason
+    assert not isinstance(finish, dict), finish
+    if isinstance(finish, ref.api.FinishStop) and isinstance(finish.matched, int):
+      assert item["output_ids"][-1] == finish.matched  # the matched stop id is kept, as the local engine keeps it
   parsed = parse_generate_response(body)
   for item, result in zip(items, parsed if isinstance(parsed, list) else [parsed]):
     assert list(result.token_ids) == [e[1] for e in item["meta_info"]["output_token_logprobs"]]
