@@ -10,6 +10,8 @@ is). Installing it is not an option on CPU machines: `sglang` pins a CUDA torch 
   in isolation, as a module of its own. It is the code SGLang's server runs on every `/generate` body
   (`sglang.srt.entrypoints.api_contract.generate_contract_error` calls `GenerateRequest.from_json_value`), and it
   defines the response shapes (`GenerateResponse`, `GenerateMetaInfo`, `LogprobEntry`, `GetModelInfoResponse`).
+- `SamplingParams` of `sglang/srt/sampling/sampling_params.py` (the class whose `verify` refuses out-of-range
+  values) runs from the wheel's source, its one import of another sglang module replaced by stand-ins.
 - The rest is parsed with `ast`, not run: the fields of `GenerateReqInput`, `UpdateWeightFromDiskReqInput` and
   `UpdateWeightFromDiskReqOutput` (`sglang/srt/managers/io_struct.py`), the HTTP routes (decorators of
   `sglang/srt/entrypoints/http_server.py`) and the keys the server writes into a response's `meta_info`
@@ -42,6 +44,7 @@ API_TYPES = "sglang/api/v1/api_types.py"
 IO_STRUCT = "sglang/srt/managers/io_struct.py"
 HTTP_SERVER = "sglang/srt/entrypoints/http_server.py"
 TOKENIZER_MANAGER = "sglang/srt/managers/tokenizer_manager.py"
+SAMPLING_PARAMS = "sglang/srt/sampling/sampling_params.py"
 
 
 class SGLangReferenceError(RuntimeError):
@@ -242,6 +245,29 @@ def matches(value: Any, annotation: str | Any) -> bool:
   raise SGLangReferenceError(f"annotation {annotation!r}: no JSON rule for {tp!r}")
 
 
+def load_sampling_params_class(wheel: str) -> type:
+  """`SamplingParams` of `sglang/srt/sampling/sampling_params.py`, the class SGLang's tokenizer manager builds from
+  each request's `sampling_params` (then `normalize(tokenizer)`, `verify(vocab_size)`), run from the wheel's source.
+  Its one import of another sglang module (the watermark config) is replaced by stand-ins that refuse a watermark:
+  the requests checked here never carry one."""
+  tree = ast.parse(read_source(wheel, SAMPLING_PARAMS))
+  tree.body = [node for node in tree.body
+               if not (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sglang"))]
+
+  def normalize_watermark_request(watermark: Any) -> Any:
+    if watermark is not None:
+      raise SGLangReferenceError("a watermark is outside what the stand-in of SGLang's watermark module covers")
+    return None
+
+  name = "sglang_reference_sampling_params_" + SGLANG_VERSION.replace(".", "_")
+  module = types.ModuleType(name)
+  module.__dict__.update(WatermarkRequestConfig=_Opaque, normalize_watermark_request=normalize_watermark_request)
+  module.__file__ = f"{wheel}/{SAMPLING_PARAMS}"
+  sys.modules[name] = module  # msgspec resolves the Struct's annotations through it
+  exec(compile(tree, module.__file__, "exec"), module.__dict__)
+  return module.SamplingParams
+
+
 @dataclasses.dataclass(frozen=True)
 class SGLangReference:
   """What the contract tests read from the wheel."""
@@ -251,6 +277,18 @@ class SGLangReference:
   update_weights_req_output: dict[str, Field]
   routes: set[tuple[str, str]]
   meta_info_keys: set[str]
+  sampling_params_class: type  # sglang/srt/sampling/sampling_params.py's SamplingParams
+
+  def sampling_params_error(self, params: dict, vocab_size: int) -> str | None:
+    """What SGLang refuses in one `sampling_params` object (the tokenizer manager's `SamplingParams(**params)`,
+    `normalize`, `verify(vocab_size)`: a 400), or None."""
+    try:
+      sp = self.sampling_params_class(**params)
+      sp.normalize(None)
+      sp.verify(vocab_size)
+    except (TypeError, ValueError) as e:
+      return f"{type(e).__name__}: {e}"
+    return None
 
   def generate_contract_error(self, body: Any) -> str | None:
     """What SGLang's `/generate` answers 400 to (`sglang.srt.entrypoints.api_contract.generate_contract_error`)."""
@@ -270,4 +308,5 @@ def load_reference() -> SGLangReference:
       update_weights_req_input=class_fields(io_struct, "UpdateWeightFromDiskReqInput"),
       update_weights_req_output=class_fields(io_struct, "UpdateWeightFromDiskReqOutput"),
       routes=routes(read_source(wheel, HTTP_SERVER)),
-      meta_info_keys=meta_info_keys(read_source(wheel, TOKENIZER_MANAGER)))
+      meta_info_keys=meta_info_keys(read_source(wheel, TOKENIZER_MANAGER)),
+      sampling_params_class=load_sampling_params_class(wheel))

@@ -1,6 +1,6 @@
 """The client and the local engine against SGLang's own code (the pinned `sglang` wheel, see
-`tests/engines/sglang_reference.py`): every request `SGLangEngine` sends is one SGLang's `/generate` contract check
-and request dataclasses accept, on a route SGLang's HTTP server has; every answer of the local engine decodes with
+`tests/engines/sglang_reference.py`): every request `SGLangEngine` sends is one SGLang's `/generate` contract check,
+request dataclasses and `SamplingParams.verify` accept, on a route SGLang's HTTP server has; every answer of the local engine decodes with
 SGLang's response types, with only the `meta_info` keys SGLang's server writes; bodies SGLang refuses, the local
 engine refuses too. The client and engine talk over loopback HTTP (the real aiohttp app around an in-process
 `LocalEngine` with its real sampler on a tiny random model); a middleware records each exchange.
@@ -27,10 +27,12 @@ from sao.engines.local_engine import EngineConfig, LocalEngine
 from sao.engines.request_checks import KNOWN_SAMPLING_KEYS
 from sao.engines.sglang_client import EngineError, SGLangEngine, parse_generate_response
 from sao.models.sampling import SamplingParams
+from sao.models.tokenizer import toy_tokenizer
 from tests.engines import sglang_reference
 from tests.engines.helpers import save_tiny_model
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+VOCAB_SIZE = toy_tokenizer().vocab_size  # the tiny model's (`save_tiny_model`)
 # What the local engine answers beyond SGLang's fields (the client never reads them): its own diagnostics in
 # /get_model_info, and the version it now serves in /update_weights_from_disk's answer.
 LOCAL_MODEL_INFO_EXTRAS = {"engine", "vocab_size", "context_length", "max_batch_size", "batch_window_ms", "stats"}
@@ -46,6 +48,9 @@ REFUSED_BODIES = [
     {"input_ids": [1, 2], "return_logprob": "yes"},
     {"input_ids": [[1, 2], [3]], "return_logprob": [True, 1]},
 ]
+# Well-typed values SGLang's `SamplingParams.verify` refuses (a 400 too); the local engine must refuse them.
+REFUSED_SAMPLING = [{"top_p": 0.0}, {"top_p": 1.5}, {"temperature": -1.0}, {"max_new_tokens": -1}, {"min_p": 2.0},
+                    {"top_k": -2}]
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +65,10 @@ class Exchange:
   request: Any  # the JSON body (None: none)
   status: int
   response: Any  # the JSON body, or the text when it is not JSON
+
+
+def _refused(body: Any) -> bool:
+  return body in REFUSED_BODIES or (isinstance(body, dict) and body.get("sampling_params") in REFUSED_SAMPLING)
 
 
 def _decode(text: str) -> Any:
@@ -113,7 +122,7 @@ async def _client_session(model_dir: str, new_dir: str) -> tuple[list[Exchange],
       got["info_after"] = await client.get_model_info()
       await client.flush_cache()
       got["refused"] = []
-      for body in REFUSED_BODIES:
+      for body in REFUSED_BODIES + [{"input_ids": [1, 2], "sampling_params": sp} for sp in REFUSED_SAMPLING]:
         try:
           await client.request("POST", "/generate", body)
           got["refused"].append(None)
@@ -170,7 +179,7 @@ def test_client_requests_are_what_sglang_accepts(ref, session):
   assert {(x.method, x.path) for x in exchanges} == {
       ("GET", "/health"), ("GET", "/get_model_info"), ("POST", "/generate"), ("POST", "/update_weights_from_disk"),
       ("POST", "/flush_cache")}
-  client_calls = [x for x in exchanges if x.request not in REFUSED_BODIES]
+  client_calls = [x for x in exchanges if not _refused(x.request)]
   for x in client_calls:
     assert (x.method, x.path) in ref.routes, f"{x.method} {x.path}: not a route of SGLang's server"
     if x.path == "/generate":
@@ -179,6 +188,7 @@ def test_client_requests_are_what_sglang_accepts(ref, session):
       sampling = x.request["sampling_params"]
       for sp in sampling if isinstance(sampling, list) else [sampling]:
         assert set(sp) <= set(ref.api.SamplingParams.__struct_fields__), sp
+        assert ref.sampling_params_error(sp, VOCAB_SIZE) is None, sp
     elif x.path == "/update_weights_from_disk":
       fields = ref.update_weights_req_input
       assert {k for k, f in fields.items() if f.required} <= set(x.request)
@@ -214,7 +224,7 @@ def _check_generate_item(ref, item: Any) -> None:
 def test_local_engine_answers_what_sglang_answers(ref, session):
   exchanges, got = session
   for x in exchanges:
-    if x.path == "/generate" and x.request not in REFUSED_BODIES:
+    if x.path == "/generate" and not _refused(x.request):
       assert x.status == 200, x
       for item in x.response if isinstance(x.response, list) else [x.response]:
         _check_generate_item(ref, item)
@@ -237,6 +247,7 @@ def test_local_engine_answers_what_sglang_answers(ref, session):
   assert [r.finish_reason for r in got["batch"]] == ["length", "length"]
   assert got["greedy"].weight_version == "0" and got["after"].weight_version == "7"
   assert got["info"]["weight_version"] == "0" and got["info_after"]["weight_version"] == "7"
+  assert got["info"]["vocab_size"] == VOCAB_SIZE  # the vocabulary the sampling checks above used
 
 
 def test_model_info_without_a_tokenizer_decodes_with_sglang_types(ref, tmp_path):
@@ -254,12 +265,17 @@ def test_model_info_without_a_tokenizer_decodes_with_sglang_types(ref, tmp_path)
 
 def test_local_engine_refuses_what_sglang_refuses(ref, session):
   exchanges, got = session
+  assert len(got["refused"]) == len(REFUSED_BODIES) + len(REFUSED_SAMPLING)
   for body, status in zip(REFUSED_BODIES, got["refused"]):
     assert ref.generate_contract_error(body) is not None, f"SGLang accepts {body}: not a refusal test"
     assert status == 400, f"the local engine answered {status} to {body}, which SGLang refuses with 400"
+  for sp, status in zip(REFUSED_SAMPLING, got["refused"][len(REFUSED_BODIES):]):
+    assert ref.generate_contract_error({"input_ids": [1], "sampling_params": sp}) is None  # well-typed
+    assert ref.sampling_params_error(sp, VOCAB_SIZE) is not None, f"SGLang accepts {sp}: not a refusal test"
+    assert status == 400, f"the local engine answered {status} to {sp}, which SGLang refuses with 400"
   # The error body is SGLang's `{"error": {"message", "code"?}}` (its `_create_error_response`, `ErrorBody`).
   for x in exchanges:
-    if x.request in REFUSED_BODIES:
+    if _refused(x.request):
       assert ref.api.GenerateStreamError.from_json_value(x.response).error.message, x.response
 
 
