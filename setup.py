@@ -46,6 +46,9 @@ EXTRAS_REQUIRE = {
         # The real router in front of several local engines (launch/embedded.py, sao.engines.router) and in the
         # fleet tests; a Rust binary in a wheel that needs neither sglang nor a GPU.
         "sglang-router>=0.3.2,<0.4",
+        # Loads SGLang's generated API types (sglang/api/v1/api_types.py) from the pinned sglang wheel, which
+        # tests/engines/sglang_reference.py downloads with --no-deps: the engine contract tests run SGLang's own code.
+        "msgspec>=0.19,<1",
     ],
     # GPU hosts only: SGLang hard-pins a CUDA torch and does not install on CPU machines.
     # Nothing importable on CPU imports it.

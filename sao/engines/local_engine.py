@@ -372,7 +372,9 @@ class LocalEngine:
     if self.prefix_cache is not None:
       stats["prefix_cache"] = {**self.prefix_cache.stats, "entries": len(self.prefix_cache),
                                "bytes": self.prefix_cache.nbytes, "max_bytes": self.prefix_cache.max_bytes}
-    return {"model_path": self.model_path, "tokenizer_path": self.model_path if self.tokenizer else None,
+    # tokenizer_path: always a string, as SGLang reports it (its default, the model path, even with
+    # --skip-tokenizer-init); SGLang's GetModelInfoResponse type has no null there.
+    return {"model_path": self.model_path, "tokenizer_path": self.model_path,
             "is_generation": True, "weight_version": self.weight_version, "engine": "sao-local-jax",
             "vocab_size": self.model_config.vocab_size, "context_length": self.context_length,
             "max_batch_size": self.config.max_batch_size, "batch_window_ms": self.config.batch_window_ms,

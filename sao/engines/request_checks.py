@@ -165,6 +165,13 @@ def check_generate_body(body: Any, limits: RowLimits) -> tuple[bool, list[tuple[
   input_ids = body["input_ids"]
   batched = isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list)
   prompts: Sequence[Any] = input_ids if batched else [input_ids]
+  # Log-probs are always returned; a malformed flag is still refused, as SGLang refuses it (true/false, or a list
+  # of them, one per prompt).
+  flag = body.get("return_logprob")
+  flags = flag if isinstance(flag, list) else [flag]
+  if flag is not None and (not all(isinstance(f, bool) for f in flags)
+                           or isinstance(flag, list) and len(flag) != len(prompts)):
+    raise RequestError(f"return_logprob: expected true or false (or a list of them, one per prompt), got {flag!r}")
   sp = body.get("sampling_params")
   if sp is None:
     sp = {}

@@ -1,7 +1,8 @@
 """Async HTTP client for SGLang's native API (one server or an `sglang-router`), also spoken by the local JAX engine.
 
 Endpoints (SGLang's request/response shapes; the recorded bodies in `tests/engines/fixtures/` are what the parsers
-are tested against):
+are tested against, and `tests/engines/test_sglang_contract.py` checks every request against SGLang 0.5.23's own
+definitions, docs/fleet.md "The SGLang contract"):
   POST /generate                  {"input_ids": [int] | [[int]], "sampling_params": {...} | [{...}],
                                    "return_logprob": true}
                                   → {"text", "output_ids", "meta_info": {"output_token_logprobs":
