@@ -126,3 +126,31 @@ def explained_variance(values, returns, mask, eps=1e-8):
   if var_r <= eps:
     return 0.0
   return 1.0 - masked_var(np.asarray(returns, np.float64) - values, mask) / var_r
+
+
+def tis_loss(logp, rollout_logp, adv, mask, cap):
+  """TIS: `−(1/N) Σ m·min(k, C)·A·logp`, `k = exp(logp − logp_rollout)`; also the fraction of tokens with k > C."""
+  logp, rollout_logp, adv = (np.asarray(a, np.float64) for a in (logp, rollout_logp, adv))
+  mask = np.asarray(mask, bool)
+  total, truncated = 0.0, 0
+  for idx in zip(*np.nonzero(mask)):
+    k = np.exp(logp[idx] - rollout_logp[idx])
+    truncated += k > cap
+    total += min(k, cap) * adv[idx] * logp[idx]
+  n = max(mask.sum(), 1)
+  return -total / n, truncated / n
+
+
+def icepop_loss(logp, rollout_logp, adv, mask, low, high):
+  """IcePop: `−(1/N) Σ m·M(k)·A·logp`, `M(k) = k` for `low ≤ k ≤ high`, else 0; also the masked fraction."""
+  logp, rollout_logp, adv = (np.asarray(a, np.float64) for a in (logp, rollout_logp, adv))
+  mask = np.asarray(mask, bool)
+  total, masked = 0.0, 0
+  for idx in zip(*np.nonzero(mask)):
+    k = np.exp(logp[idx] - rollout_logp[idx])
+    if low <= k <= high:
+      total += k * adv[idx] * logp[idx]
+    else:
+      masked += 1
+  n = max(mask.sum(), 1)
+  return -total / n, masked / n
