@@ -34,8 +34,10 @@ def sft_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 
 def value_pretrain_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Value pretraining's: critic warm-up past its last step, so the actor never updates."""
-  return learner_config(config, **{"sao.critic_warmup_steps": config.recipe.value_pretrain_steps + 1})
+  """Value pretraining's: critic warm-up past its last step (and the step count deciding, not the critic's explained
+  variance), so the actor never updates."""
+  return learner_config(config, **{"sao.critic_warmup_steps": config.recipe.value_pretrain_steps + 1,
+                                   "sao.actor_start": "steps"})
 
 
 def rl_config(config: ml_collections.ConfigDict, value_init: str = "",

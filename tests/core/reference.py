@@ -154,3 +154,24 @@ def icepop_loss(logp, rollout_logp, adv, mask, low, high):
       masked += 1
   n = max(mask.sum(), 1)
   return -total / n, masked / n
+
+
+def vtrace(rewards, values, log_ratio, mask, gamma, lam, rho_bar, c_bar):
+  """V-trace targets (Espeholt et al. 2018, eq. 1 with remark 2's λ) over each row's action tokens, summed term by
+  term: `v_s = V_s + Σ_{t ≥ s} γ^{t−s} (Π_{i<t} c_i) ρ_t (r_t + γ V_{t+1} − V_t)`, indices over action tokens only."""
+  rewards, values, log_ratio = (np.asarray(a, np.float64) for a in (rewards, values, log_ratio))
+  mask = np.asarray(mask, bool)
+  out = np.zeros(rewards.shape)
+  for b in range(rewards.shape[0]):
+    idx = np.nonzero(mask[b])[0]
+    r, v, k = rewards[b, idx], values[b, idx], np.exp(log_ratio[b, idx])
+    n = len(idx)
+    rho, c = np.minimum(rho_bar, k), lam * np.minimum(c_bar, k)
+    for s in range(n):
+      total, discount = 0.0, 1.0
+      for t in range(s, n):
+        next_v = v[t + 1] if t + 1 < n else 0.0
+        total += discount * rho[t] * (r[t] + gamma * next_v - v[t])
+        discount *= gamma * c[t]
+      out[b, idx[s]] = v[s] + total
+  return out
