@@ -4,6 +4,7 @@ on the pre-update values and policy, in the one-call and the length-grouped upda
 import json
 
 import numpy as np
+import pytest
 
 from tests.core import reference as ref
 from tests.train import helpers
@@ -57,3 +58,17 @@ def test_vtrace_targets_in_the_grouped_update_and_the_plan():
   assert plan["critic_target_correction"] == "vtrace" and plan["values_before"] and plan["actor_step"]
   assert len(plan["groups"]) == 2
   assert json.loads(json.dumps(plan)) == plan  # what `coordination.agree` sends between processes
+
+
+@pytest.mark.parametrize("length_groups", [0, 2])
+def test_vtrace_programs_are_precompiled(length_groups):
+  """`Learner.precompile` compiles the actor's forward and the V-trace programs too: the updates compile nothing."""
+  from tests.train.test_precompile import _MAX_LEN, _Compiles, _config  # pylint: disable=g-import-not-at-top
+  learner = helpers.make_learner(_config("sao", **{"batching.length_groups": length_groups, **_VTRACE}))
+  assert list(learner.precompile(8, _MAX_LEN))
+  batches = [helpers.trajectories(seed=60, n=8, min_len=5, max_len=_MAX_LEN),
+             helpers.trajectories(seed=61, n=8, min_len=5, max_len=14)]
+  with _Compiles() as compiles:
+    metrics = [learner.update(batch) for batch in batches]
+  assert compiles.count == 0
+  assert all("critic/vtrace_rho_mean" in m for m in metrics)
