@@ -27,7 +27,9 @@ def sft_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The supervised warm start's: `recipe.sft_learning_rate` with 10 warm-up steps (at most half of
   `recipe.sft_steps`) and a cosine decay to 10 % over the SFT steps."""
   r = config.recipe
-  return learner_config(config, algorithm="grpo", **{
+  # actor_loss "": the RL phase's loss (e.g. "tis", which reads SAO's token advantages) need not fit GRPO; the warm
+  # start trains the "sft" loss either way.
+  return learner_config(config, algorithm="grpo", actor_loss="", **{
       "actor.optimizer.learning_rate": r.sft_learning_rate,
       "actor.optimizer.warmup_steps": min(10, r.sft_steps // 2), "actor.optimizer.total_steps": r.sft_steps + 1,
       "actor.optimizer.schedule": "cosine", "actor.optimizer.end_lr_fraction": 0.1})

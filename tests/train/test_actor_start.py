@@ -96,3 +96,18 @@ def test_config_validation_names_the_key():
     bad.sao[key] = value
     with pytest.raises(ValueError, match=f"sao.{key}"):
       config_lib.validate_learner_config(bad)
+
+
+def test_phases_keep_the_warm_starts_off_the_gate_and_the_rl_loss():
+  """Value pretraining never steps the actor whatever `sao.actor_start` says, and the supervised warm start (GRPO-
+  shaped) does not inherit an RL actor loss that reads SAO's token advantages."""
+  from sao.train import phases  # pylint: disable=g-import-not-at-top
+  from tests.train import helpers  # pylint: disable=g-import-not-at-top
+  learner = helpers.learner_config(**{"actor_loss": "tis", "sao.actor_start": "critic_ev"})
+  config = ml_collections.ConfigDict(dict(learner=learner, recipe=dict(sft_learning_rate=3e-3, sft_steps=8,
+                                                                        value_pretrain_steps=5)))
+  pretrain = phases.value_pretrain_config(config)
+  assert pretrain.sao.actor_start == "steps" and pretrain.sao.critic_warmup_steps == 6
+  assert phases.sft_config(config).actor_loss == ""
+  assert phases.rl_config(config).actor_loss == "tis" and phases.rl_config(config).sao.actor_start == "critic_ev"
+  config_lib.validate_learner_config(phases.sft_config(config))
