@@ -60,6 +60,7 @@ def test_vtrace_targets_in_the_grouped_update_and_the_plan():
   assert json.loads(json.dumps(plan)) == plan  # what `coordination.agree` sends between processes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("length_groups", [0, 2])
 def test_vtrace_programs_are_precompiled(length_groups):
   """`Learner.precompile` compiles the actor's forward and the V-trace programs too: the updates compile nothing."""
