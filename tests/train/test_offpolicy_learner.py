@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from sao.train.checkpoint import Checkpointer
 from tests.core import reference as ref
 from tests.train import helpers
 
@@ -27,7 +28,7 @@ def _check_vtrace_targets(learner, batch, metrics, traces, logprobs):
     np.testing.assert_allclose(metrics[f"critic/vtrace_{name}_clipped_fraction"], fraction, atol=1.5 / mask.sum())
 
 
-def test_vtrace_targets_and_the_ev_gate_in_the_one_call_update():
+def test_vtrace_targets_and_the_ev_gate_in_the_one_call_update(tmp_path):
   # An unreachable threshold: only the cap (update 1) opens the gate.
   learner = helpers.make_learner(**_VTRACE, **{"sao.actor_start": "critic_ev", "sao.actor_start_ev_threshold": 1.0,
                                                "sao.actor_start_ev_window": 1, "sao.actor_start_max_steps": 1})
@@ -43,6 +44,14 @@ def test_vtrace_targets_and_the_ev_gate_in_the_one_call_update():
   assert versions == [0, 1]
   assert learner.checkpoint_metadata()["actor_start"]["started_at"] == 1
   assert learner.actor_start.reason == "cap"
+  # A resumed learner keeps the opened gate (the checkpoint's metadata), not a fresh window.
+  checkpointer = Checkpointer(str(tmp_path / "ckpt"), every=1, max_to_keep=1)
+  assert learner.save_checkpoint(checkpointer)
+  checkpointer.wait()
+  resumed = helpers.make_learner(learner.config)
+  resumed.restore_checkpoint(checkpointer)
+  checkpointer.close()
+  assert resumed.actor_start.state_dict() == learner.actor_start.state_dict() and resumed.actor_start.decide(2)
 
 
 def test_vtrace_targets_in_the_grouped_update_and_the_plan():
