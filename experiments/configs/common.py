@@ -159,6 +159,10 @@ def base_config() -> ml_collections.ConfigDict:
       ),
       server=dict(host="127.0.0.1", port=0, token_env="SAO_TRAINER_TOKEN", buffer_capacity=512, max_staleness=4,
                   max_outstanding=0,  # leased + buffered samples; 0 = 2 batches, so staleness stays ~1
+                  # max_outstanding that follows the learner's log-prob mismatch (sao.transport.staleness_control):
+                  # ×shrink above `high`, +grow (0: a batch) after `calm_updates` below `low`, never under a batch
+                  adaptive_staleness=dict(enabled=False, signal="actor/logprob_mismatch", high=0.03, low=0.01,
+                                          shrink=0.5, grow=0, calm_updates=3, min_outstanding=0),
                   # Submissions outside these ranges are rejected (sao.transport.admission says why -80).
                   max_abs_reward=1e4, min_logprob=-80.0),
       learner=learner,

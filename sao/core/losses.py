@@ -1,4 +1,4 @@
-"""Policy and value losses: SAO's DIS, GSPO, the GRPO/PPO token-level clip, the token NLL, and the (clipped) value loss.
+"""Policy and value losses: SAO's DIS, the rollout-mismatch corrections TIS and IcePop, GSPO, the GRPO/PPO token-level clip, the token NLL, and the (clipped) value loss.
 
 Every loss returns `(loss, aux)`. `aux["loss_sum"]` and `aux["denominator"]` are the unreduced numerator and the
 normaliser (`loss = loss_sum / denominator`), so gradient accumulation over micro-batches can sum `loss_sum`
@@ -13,7 +13,8 @@ import jax.numpy as jnp
 
 from sao.core import checks
 
-__all__ = ["dis_policy_loss", "gspo_policy_loss", "nll_loss", "ppo_clip_policy_loss", "value_loss"]
+__all__ = ["dis_policy_loss", "gspo_policy_loss", "icepop_policy_loss", "nll_loss", "ppo_clip_policy_loss",
+           "tis_policy_loss", "value_loss"]
 
 
 def _token_inputs(names, arrays, mask):
@@ -87,6 +88,111 @@ def dis_policy_loss(
       # An empty mask reports 1 (the on-policy ratio) rather than ±inf.
       "ratio_min": jnp.where(count > 0, jnp.min(jnp.where(mask, ratio, jnp.inf)), 1.0),
       "ratio_max": jnp.where(count > 0, jnp.max(jnp.where(mask, ratio, -jnp.inf)), 1.0),
+  }
+  return loss_sum / denominator, aux
+
+
+def _rollout_ratio_inputs(logprobs, rollout_logprobs, advantages, action_mask):
+  """Checked `(logprobs, advantages [B, T], mask, ratio = exp(sg(logp_θ) − logp_rollout) [B, T] (1 off the mask),
+  count = Σ m)` in the compute dtype."""
+  (logprobs, rollout_logprobs), mask = _token_inputs(
+      ["logprobs", "rollout_logprobs"], [logprobs, rollout_logprobs], action_mask)
+  advantages = _token_advantages(advantages, logprobs.shape, logprobs.dtype)
+  ratio = jnp.exp(jnp.where(mask, jax.lax.stop_gradient(logprobs) - rollout_logprobs, 0.0))
+  return logprobs, advantages, mask, ratio, jnp.sum(mask, dtype=logprobs.dtype)
+
+
+def tis_policy_loss(
+    logprobs: jax.Array,
+    rollout_logprobs: jax.Array,
+    advantages: jax.Array,
+    action_mask: jax.Array,
+    cap: float = 2.0,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Truncated importance sampling (TIS; Yao, Liu et al. 2025, "Your efficient RL framework secretly brings you
+  off-policy RL training") on the REINFORCE loss.
+
+      k_t = exp(logp_θold(a_t) − logp_rollout(a_t))          (trainer over engine, a stop-gradient weight)
+      w_t = min(k_t, C)
+      L = −(1/N) Σ_t m_t · w_t · A_t · logp_θ(a_t),          N = Σ_t m_t
+
+  TIS multiplies the policy-gradient term by the trainer/engine ratio truncated from above only: unlike DIS and
+  IcePop no token is dropped, tokens the engine over-sampled (k < 1) are down-weighted and the rare under-sampled
+  ones (k ≫ 1) weigh at most C. SAO takes one actor step per batch, so π_θold is the policy at the step
+  (`sg(logp_θ)`), and the PPO ratio of the published objective, `π_θ/π_θold`, is 1 with gradient `∇logp_θ`:
+  this loss has the same gradient. The published cap is C = 2 (verl's `tis_imp_ratio_cap`).
+
+  Args:
+    logprobs: `[B, T]` trainer log-probs (differentiated).
+    rollout_logprobs: `[B, T]` the rollout engine's log-probs of the same tokens.
+    advantages: `[B, T]` (or `[B]`, broadcast over tokens).
+    action_mask: `[B, T]` bool/int.
+    cap: C > 0.
+
+  Returns:
+    `(loss, aux)` with `loss_sum`, `denominator`, `truncated_count` (action tokens with k > C),
+    `truncated_fraction`, `weight_sum` and `weight_mean` (Σ and mean of w over action tokens).
+  """
+  if not cap > 0:
+    raise ValueError(f"cap must be > 0, got {cap}")
+  logprobs, advantages, mask, ratio, count = _rollout_ratio_inputs(logprobs, rollout_logprobs, advantages,
+                                                                   action_mask)
+  weight = jnp.minimum(ratio, cap)
+  loss_sum = -jnp.sum(jnp.where(mask, weight * advantages * logprobs, 0.0))
+  denominator = _denominator(count)
+  truncated_count = jnp.sum(mask & (ratio > cap), dtype=logprobs.dtype)
+  weight_sum = jnp.sum(jnp.where(mask, weight, 0.0))
+  aux = {
+      "loss_sum": loss_sum,
+      "denominator": denominator,
+      "truncated_count": truncated_count,
+      "truncated_fraction": truncated_count / denominator,
+      "weight_sum": weight_sum,
+      "weight_mean": weight_sum / denominator,
+  }
+  return loss_sum / denominator, aux
+
+
+def icepop_policy_loss(
+    logprobs: jax.Array,
+    rollout_logprobs: jax.Array,
+    advantages: jax.Array,
+    action_mask: jax.Array,
+    ratio_low: float = 0.5,
+    ratio_high: float = 5.0,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """IcePop (Ling Team 2025, the Ring-1T report "Every Step Evolves"): token-level masked importance sampling.
+
+      k_t = exp(logp_θold(a_t) − logp_rollout(a_t))          (a stop-gradient weight)
+      M(k) = k if α ≤ k ≤ β else 0
+      L = −(1/N) Σ_t m_t · M(k_t) · A_t · logp_θ(a_t),       N = Σ_t m_t
+
+  Tokens whose trainer/engine ratio leaves the closed band [α, β] are dropped from the gradient (they stay in N);
+  the others are importance-weighted by k. As for TIS, one actor step per batch makes π_θold the policy at the step
+  and the report's PPO ratio 1, so this REINFORCE form has the objective's gradient. The report's band is
+  [α, β] = [0.5, 5]. It is DIS's equation (`dis_policy_loss`) with a closed band instead of an open one and its
+  own bounds: the registry keeps it as its own entry so an ablation names the published method and settings.
+
+  Args:
+    logprobs, rollout_logprobs, advantages, action_mask: as `tis_policy_loss`.
+    ratio_low, ratio_high: α, β with `0 <= α < 1 < β`.
+
+  Returns:
+    `(loss, aux)` with `loss_sum`, `denominator`, `masked_count` (action tokens outside [α, β]), `masked_fraction`.
+  """
+  if not 0.0 <= ratio_low < 1.0 < ratio_high:
+    raise ValueError(f"need 0 <= ratio_low < 1 < ratio_high, got ratio_low={ratio_low}, ratio_high={ratio_high}")
+  logprobs, advantages, mask, ratio, count = _rollout_ratio_inputs(logprobs, rollout_logprobs, advantages,
+                                                                   action_mask)
+  kept = mask & (ratio >= ratio_low) & (ratio <= ratio_high)
+  loss_sum = -jnp.sum(jnp.where(kept, ratio * advantages * logprobs, 0.0))
+  denominator = _denominator(count)
+  masked_count = count - jnp.sum(kept, dtype=logprobs.dtype)
+  aux = {
+      "loss_sum": loss_sum,
+      "denominator": denominator,
+      "masked_count": masked_count,
+      "masked_fraction": masked_count / denominator,
   }
   return loss_sum / denominator, aux
 

@@ -1,6 +1,6 @@
 """The registry of actor losses: name → loss function, the batch keys it reads, its hyper-parameters from the config.
 
-One entry is everything the learner needs to train with a loss, so adding one (TIS, a new clip rule) is one
+One entry is everything the learner needs to train with a loss, so adding one (a new clip rule) is one
 `@register(...)` here (the math itself goes to `sao.core.losses`) plus its test; `learner.actor_loss` then selects it
 (empty: the algorithm's own, `DEFAULT_FOR_ALGORITHM`). As tunix's `function_registry`:
 
@@ -156,3 +156,24 @@ def ppo_clip(logprobs, batch, *, clip_low, clip_high, ratio_base):
                                        clip_high)
   tokens = jnp.sum(batch["action_mask"].astype(bool), dtype=jnp.float32)
   return aux["loss_sum"], {"clip_fraction": Mean(total=aux["clip_count"], count=tokens)}
+
+
+@register("tis", batch_keys=(*BASE_KEYS, "rollout_logprobs", "advantages"), hparams=lambda c: {"cap": c.sao.tis_cap})
+def tis(logprobs, batch, *, cap):
+  """Truncated importance sampling on SAO's token advantages (`losses.tis_policy_loss`, weight `min(k, C)`);
+  reports `tis_truncated_fraction` and `tis_weight_mean`."""
+  _, aux = losses.tis_policy_loss(logprobs, batch["rollout_logprobs"], batch["advantages"], batch["action_mask"], cap)
+  tokens = jnp.sum(batch["action_mask"].astype(bool), dtype=jnp.float32)
+  return aux["loss_sum"], {"tis_truncated_fraction": Mean(total=aux["truncated_count"], count=tokens),
+                           "tis_weight_mean": Mean(total=aux["weight_sum"], count=tokens)}
+
+
+@register("icepop", batch_keys=(*BASE_KEYS, "rollout_logprobs", "advantages"),
+          hparams=lambda c: {"ratio_low": c.sao.icepop_ratio_low, "ratio_high": c.sao.icepop_ratio_high})
+def icepop(logprobs, batch, *, ratio_low, ratio_high):
+  """IcePop's masked importance sampling on SAO's token advantages (`losses.icepop_policy_loss`, weight k inside
+  [α, β], 0 outside); reports `icepop_masked_fraction`."""
+  _, aux = losses.icepop_policy_loss(logprobs, batch["rollout_logprobs"], batch["advantages"], batch["action_mask"],
+                                     ratio_low, ratio_high)
+  tokens = jnp.sum(batch["action_mask"].astype(bool), dtype=jnp.float32)
+  return aux["loss_sum"], {"icepop_masked_fraction": Mean(total=aux["masked_count"], count=tokens)}

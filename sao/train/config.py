@@ -19,6 +19,8 @@ ALGORITHMS = ("sao", "gspo", "grpo")
 SCHEDULES = ("constant", "cosine")
 CRITIC_INITS = ("policy", "checkpoint")
 RATIO_BASES = ("trainer", "rollout")
+CRITIC_TARGET_CORRECTIONS = ("none", "vtrace")  # sao.train.critic_correction
+ACTOR_STARTS = ("steps", "critic_ev")  # sao.train.actor_start
 
 
 def _optimizer(learning_rate: float, clip_norm: float) -> ml_collections.ConfigDict:
@@ -55,6 +57,21 @@ def default_learner_config() -> ml_collections.ConfigDict:
           critic_warmup_steps=20,  # first updates train the critic only
           dis_ratio_low=0.2,
           dis_ratio_high=4.0,
+          tis_cap=2.0,  # actor_loss "tis": weight min(π_train/π_rollout, C)
+          icepop_ratio_low=0.5,  # actor_loss "icepop": tokens with π_train/π_rollout outside [low, high] masked
+          icepop_ratio_high=5.0,
+          # Critic targets: "none" = GAE(r, V⁰, γ, λ_critic) + V⁰ (today's); "vtrace" = V-trace with the truncated
+          # per-token ratios π_θ/π_rollout (ρ̄ = vtrace_rho_bar, c̄ = vtrace_c_bar) over the action tokens
+          critic_target_correction="none",
+          vtrace_rho_bar=1.0,
+          vtrace_c_bar=1.0,
+          # When the actor starts: "steps" = after `critic_warmup_steps` updates (today's); "critic_ev" = once the
+          # critic's pre-update explained variance, averaged over the last `actor_start_ev_window` updates, reaches
+          # `actor_start_ev_threshold`, and at the latest at update `actor_start_max_steps`
+          actor_start="steps",
+          actor_start_ev_threshold=0.3,
+          actor_start_ev_window=5,
+          actor_start_max_steps=100,
       ),
       gspo=dict(clip_low=3e-4, clip_high=4e-4),
       ppo=dict(clip_low=0.2, clip_high=0.2),
@@ -169,6 +186,19 @@ def validate_learner_config(config: ml_collections.ConfigDict) -> ml_collections
   if not 0.0 <= c.sao.dis_ratio_low < 1.0 < c.sao.dis_ratio_high:
     raise ValueError(f"learner config: sao.dis_ratio_low/high must satisfy 0 <= low < 1 < high, got "
                      f"({c.sao.dis_ratio_low}, {c.sao.dis_ratio_high})")
+  positive("sao.tis_cap", c.sao.tis_cap)
+  if not 0.0 <= c.sao.icepop_ratio_low < 1.0 < c.sao.icepop_ratio_high:
+    raise ValueError(f"learner config: sao.icepop_ratio_low/high must satisfy 0 <= low < 1 < high, got "
+                     f"({c.sao.icepop_ratio_low}, {c.sao.icepop_ratio_high})")
+  choice("sao.critic_target_correction", c.sao.critic_target_correction, CRITIC_TARGET_CORRECTIONS)
+  positive("sao.vtrace_rho_bar", c.sao.vtrace_rho_bar)
+  positive("sao.vtrace_c_bar", c.sao.vtrace_c_bar)
+  choice("sao.actor_start", c.sao.actor_start, ACTOR_STARTS)
+  if not c.sao.actor_start_ev_threshold <= 1.0:
+    raise ValueError(f"learner config: sao.actor_start_ev_threshold must be <= 1 (explained variance is at most 1), "
+                     f"got {c.sao.actor_start_ev_threshold!r}")
+  positive("sao.actor_start_ev_window", c.sao.actor_start_ev_window)
+  positive("sao.actor_start_max_steps", c.sao.actor_start_max_steps, allow_zero=True)
   for name in ("gspo.clip_low", "gspo.clip_high", "ppo.clip_low", "ppo.clip_high"):
     positive(name, given[name], allow_zero=True)
   for role in ("actor", "critic"):

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Sequence
 import jax
 import numpy as np
 
-from sao.train import batching, distributed, grouped_targets, steps, targets
+from sao.train import batching, critic_correction, distributed, grouped_targets, steps, targets
 
 # pylint: disable=protected-access  (the learner's own states, steps and rng: this module is its grouped update)
 
@@ -53,9 +53,7 @@ def sao_update(learner: Any, parts: list[dict], mask: np.ndarray, want_values_be
     returns_moments, returns_var, critic_diag = grouped_targets.merge_returns(stats)
   else:
     values_before = values(learner, parts)
-    returns, stats = _unzip(grouped_targets.critic_targets(p, v, c.gamma, c.lambda_critic)
-                            for p, v in zip(parts, values_before))
-    returns_moments, critic_diag = grouped_targets.merge_critic_targets(stats)
+    returns, returns_moments, critic_diag = critic_correction.grouped_critic_targets(learner, parts, values_before)
   metrics.update(critic_diag)
   critic_parts = [dict(steps.select(p, ("input_ids", "attention_mask", "action_mask"), "critic"), returns=r,
                        old_values=v)  # old_values: unread without a clip
@@ -74,9 +72,10 @@ def sao_update(learner: Any, parts: list[dict], mask: np.ndarray, want_values_be
     advantages, final = _unzip(grouped_targets.whiten(a, p["action_mask"], advantage_moments)
                                for a, p in zip(advantages, parts))
   metrics.update(grouped_targets.merge_final(final))
-  if learner.num_updates >= c.critic_warmup_steps:
+  actor_steps = learner.actor_start.decide(learner.num_updates)
+  if actor_steps:
     metrics.update(actor_update(learner, [dict(p, advantages=a) for p, a in zip(parts, advantages)], mask))
-  metrics["actor/warmup"] = np.float32(learner.num_updates < c.critic_warmup_steps)
+  metrics["actor/warmup"] = np.float32(not actor_steps)
   per_token = {"returns": returns, "advantages": advantages}
   if values_before is not None:
     per_token["values"] = values_before

@@ -1,11 +1,13 @@
 """The learner: actor (+ critic) state on a mesh and one `update(batch)` per training step.
 
 SAO (`_update_sao`, docs/algorithm.md's stabilized recipe):
-  1. V⁰ = critic(batch);  R = GAE(r, V⁰, γ, λ_critic) + V⁰ (γ = λ_critic = 1: Monte-Carlo returns, never whitened)
+  1. V⁰ = critic(batch);  R = GAE(r, V⁰, γ, λ_critic) + V⁰ (γ = λ_critic = 1: Monte-Carlo returns, never whitened),
+     or V-trace targets with `sao.critic_target_correction` (`sao.train.critic_correction`)
   2. K critic steps on ½(V − R)²
   3. V¹ = critic(batch);  A = GAE(r, V¹, γ, λ_b = 1 − 1/(α·l_b) or a fixed `sao.lambda_policy`);  A ← whiten_m(A)
      (config flag)
-  4. one actor step with the DIS loss — skipped while `num_updates < critic_warmup_steps`.
+  4. one actor step with the DIS loss — skipped while `num_updates < critic_warmup_steps`, or with `sao.actor_start`
+     = "critic_ev" until the critic's explained variance passes a threshold (`sao.train.actor_start`).
   With λ_critic = 1 and no value clip, R does not depend on V⁰ and the loss reads no old values: step 1's critic
   forward is skipped (unless the caller asks for V⁰, `update_traced`) and its diagnostics come from step 2's first
   forward, which runs the same params (`sao.train.critic_stats`).
@@ -43,8 +45,9 @@ from jax.sharding import Mesh
 from sao.models.config import ModelConfig
 from sao.models.transformer import abstract_params, init_critic_from_policy
 from sao.train import actor_losses, batching, grouped_steps, roles, state as state_lib, steps
+from sao.train import actor_start as actor_start_lib
 from sao.train import checkpoint as ckpt_lib
-from sao.train import critic_stats
+from sao.train import critic_correction, critic_stats
 from sao.train import distributed
 from sao.train import grouped_update
 from sao.train import precompile as precompile_lib
@@ -94,6 +97,7 @@ class Learner:
     # process publishes the update's plan (`update_plan`) and a process whose plan differs stops the job, naming both.
     self.agree: Callable[[str, Any], Any] | None = None
     self._last_programs: dict | None = None  # the previous update's `ProgramLog.summary()`, part of the next plan
+    self.actor_start = actor_start_lib.ActorStart(c.sao)  # whether an SAO update takes its actor step
 
     self.actor = roles.Role("actor", abstract_params(model_config), c.actor, self.mesh)
     if actor_params is None:  # abstract learner (see Args)
@@ -203,6 +207,8 @@ class Learner:
     traces = {k: np.asarray(v, np.float32)[rows] for k, v in distributed.fetch(per_token).items()} if rows.size else {}
     metrics = critic_stats.diagnostics({k: float(v) for k, v in distributed.fetch(metrics).items()})
     self._guard(metrics)
+    self.actor_start.observe(metrics)
+    metrics.update(self.actor_start.metrics())
     self.num_updates += 1
     metrics.update(batch_metrics)
     metrics["learner/num_updates"] = float(self.num_updates)
@@ -213,7 +219,7 @@ class Learner:
                   rows: np.ndarray) -> dict[str, Any]:
     """`sao.train.update_plan.update_plan` of this learner's next update on the host `batch`."""
     return update_plan_lib.update_plan(self.config, self.num_updates, self.version, batch, groups, rows,
-                                       self._last_programs)
+                                       self._last_programs, self.actor_start.plan(self.num_updates))
 
   def _update_programs(self, batch: dict, groups: Sequence[batching.LengthGroup] | None, rows: np.ndarray
                        ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -283,6 +289,7 @@ class Learner:
         "consecutive_nonfinite": {"actor": self.actor.consecutive_nonfinite,
                                   "critic": self.critic.consecutive_nonfinite if self.critic else 0},
         "config": config_to_json(self.config),
+        "actor_start": self.actor_start.state_dict(),
         "extra": extra or {},
         ckpt_lib.LAYOUT_KEY: ckpt_lib.PARAM_LAYOUT,  # restores refuse a tree of another layout
     }
@@ -312,6 +319,7 @@ class Learner:
     self.rng = jax.device_put(np.asarray(restored.items["rng"]["key"]))
     self.num_updates = int(meta["num_updates"])
     self.version = int(meta["version"])
+    self.actor_start.load_state_dict(meta.get("actor_start"))
     logging.info("checkpoint: restored step %d from %s (version %d)", restored.step, checkpointer.directory,
                  self.version)
     return meta["extra"]
@@ -331,7 +339,7 @@ class Learner:
       returns, returns_var, critic_diag = targets.monte_carlo_returns(batch, c.gamma)
     else:
       values_before = self._critic_values(self.critic.state.params, batch)
-      returns, critic_diag = targets.critic_targets(batch, values_before, c.gamma, c.lambda_critic)
+      returns, critic_diag = critic_correction.critic_targets(self, batch, values_before)  # GAE or V-trace
     metrics.update(critic_diag)
     critic_batch = dict(steps.select(batch, ("input_ids", "attention_mask", "action_mask"), "critic"),
                         returns=returns, old_values=returns if fused else values_before)  # unread without a clip
@@ -341,9 +349,10 @@ class Learner:
     advantages, adv_diag = targets.policy_advantages(batch, values, returns, c.gamma, c.lambda_policy_alpha,
                                               c.whiten_advantages, c.lambda_policy)
     metrics.update(adv_diag)
-    if self.num_updates >= c.critic_warmup_steps:
+    actor_steps = self.actor_start.decide(self.num_updates)  # `sao.actor_start`: a step count or the critic's EV
+    if actor_steps:
       metrics.update(self._actor_update(dict(batch, advantages=advantages)))
-    metrics["actor/warmup"] = np.float32(self.num_updates < c.critic_warmup_steps)
+    metrics["actor/warmup"] = np.float32(not actor_steps)
     per_token = {"returns": returns, "advantages": advantages}
     if values_before is not None:
       per_token["values"] = values_before

@@ -27,15 +27,19 @@ def sft_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The supervised warm start's: `recipe.sft_learning_rate` with 10 warm-up steps (at most half of
   `recipe.sft_steps`) and a cosine decay to 10 % over the SFT steps."""
   r = config.recipe
-  return learner_config(config, algorithm="grpo", **{
+  # actor_loss "": the RL phase's loss (e.g. "tis", which reads SAO's token advantages) need not fit GRPO; the warm
+  # start trains the "sft" loss either way.
+  return learner_config(config, algorithm="grpo", actor_loss="", **{
       "actor.optimizer.learning_rate": r.sft_learning_rate,
       "actor.optimizer.warmup_steps": min(10, r.sft_steps // 2), "actor.optimizer.total_steps": r.sft_steps + 1,
       "actor.optimizer.schedule": "cosine", "actor.optimizer.end_lr_fraction": 0.1})
 
 
 def value_pretrain_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Value pretraining's: critic warm-up past its last step, so the actor never updates."""
-  return learner_config(config, **{"sao.critic_warmup_steps": config.recipe.value_pretrain_steps + 1})
+  """Value pretraining's: critic warm-up past its last step (and the step count deciding, not the critic's explained
+  variance), so the actor never updates."""
+  return learner_config(config, **{"sao.critic_warmup_steps": config.recipe.value_pretrain_steps + 1,
+                                   "sao.actor_start": "steps"})
 
 
 def rl_config(config: ml_collections.ConfigDict, value_init: str = "",

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from sao.train import batching, steps
+from sao.train import batching, critic_correction, steps
 from sao.train import grouped_targets, targets
 from sao.transport.trajectory import Trajectory
 
@@ -106,7 +106,7 @@ def _batch_programs(learner: Any, rows: int, lengths: Sequence[int], roles: tupl
       s = c.sao
       critic = learner.critic.abstract_state()
       values = _compiled_output(learner._critic_values.lower(critic.params, whole))  # the whole batch, as called
-      returns = _target_programs(c, whole, values)
+      returns = _target_programs(learner, whole, values)
       if "critic" in roles:
         critic_batch = dict(_ids(whole), action_mask=whole["action_mask"], returns=returns, old_values=values)
         learner._critic_step.lower(critic, critic_batch, rng).compile()
@@ -118,10 +118,16 @@ def _batch_programs(learner: Any, rows: int, lengths: Sequence[int], roles: tupl
     yield f"update [{rows}, {length}] ({', '.join(roles)})"
 
 
-def _target_programs(config: Any, whole: dict[str, Any], values: Any) -> Any:
+def _target_programs(learner: Any, whole: dict[str, Any], values: Any) -> Any:
   """Compiles the critic's targets for a whole batch (`critic_targets`; with no use for the pre-update values also
-  `monte_carlo_returns`, what an untraced update calls); returns the abstract R."""
+  `monte_carlo_returns`, what an untraced update calls; with V-trace targets the actor's forward and
+  `critic_correction.vtrace_targets` instead); returns the abstract R."""
+  config = learner.config
   s = config.sao
+  if s.critic_target_correction == "vtrace":
+    logprobs = _compiled_output(learner.actor_logprobs.lower(learner.actor.abstract_state().params, _ids(whole)), 0)
+    return _compiled_output(critic_correction.vtrace_targets.lower(
+        whole, values, logprobs, s.gamma, s.lambda_critic, s.vtrace_rho_bar, s.vtrace_c_bar), 0)
   if not targets.critic_reads_values_before(config):
     targets.monte_carlo_returns.lower(whole, s.gamma).compile()
   return _compiled_output(targets.critic_targets.lower(whole, values, s.gamma, s.lambda_critic), 0)
@@ -189,7 +195,13 @@ def _group_target_programs(learner: Any, part: dict[str, Any]) -> dict[str, Any]
   critic = learner.critic.abstract_state()
   values = _compiled_outputs(learner._critic_values.lower(critic.params, _ids(part)))
   # The targets that read V⁰ run when the config needs them and whenever `update_traced` asks for V⁰ (its traces).
-  returns, traced = _compiled_outputs(grouped_targets.critic_targets.lower(part, values, s.gamma, s.lambda_critic))
+  if s.critic_target_correction == "vtrace":  # `sao.train.critic_correction`: the actor's forward, then V-trace
+    logprobs = _compiled_outputs(learner.actor_logprobs.lower(learner.actor.abstract_state().params, _ids(part)))[0]
+    returns, (traced, counts) = _compiled_outputs(critic_correction.grouped_vtrace_targets.lower(
+        part, values, logprobs, s.gamma, s.lambda_critic, s.vtrace_rho_bar, s.vtrace_c_bar))
+    traced = dict(traced, vtrace_counts=counts)
+  else:
+    returns, traced = _compiled_outputs(grouped_targets.critic_targets.lower(part, values, s.gamma, s.lambda_critic))
   stats = traced
   if not targets.critic_reads_values_before(learner.config):
     returns, stats = _compiled_outputs(grouped_targets.monte_carlo_returns.lower(part, s.gamma))
@@ -205,6 +217,9 @@ def _merge_programs(learner: Any, stats: dict[str, Any], groups: int) -> None:
   """Compiles the merges of `groups` groups' statistics (`stats`: one group's, abstract; every group's have the
   same replicated scalars)."""
   fused = not targets.critic_reads_values_before(learner.config)
+  counts = stats["traced"].pop("vtrace_counts", None)
+  if counts is not None:  # V-trace targets: the groups' clip counts merge on their own
+    critic_correction.merge_clip_counts.lower([counts] * groups).compile()
   if fused:
     returns = _compiled_outputs(grouped_targets.merge_returns.lower([stats["returns"]] * groups))[0]
   else:

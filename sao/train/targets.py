@@ -41,9 +41,11 @@ def critic_targets(batch, values, gamma: float, lam: float):
 
 
 def critic_reads_values_before(learner_config) -> bool:
-  """Whether the critic's targets or loss read the pre-update values V⁰ (λ_critic < 1, or a value clip); if not,
-  the update computes R with `monte_carlo_returns` and skips its pre-update critic forward (`sao.train.learner`)."""
-  return learner_config.sao.lambda_critic != 1.0 or learner_config.critic.value_clip > 0
+  """Whether the critic's targets or loss read the pre-update values V⁰ (λ_critic < 1, a value clip, or V-trace
+  targets, `sao.train.critic_correction`); if not, the update computes R with `monte_carlo_returns` and skips its
+  pre-update critic forward (`sao.train.learner`)."""
+  return (learner_config.sao.lambda_critic != 1.0 or learner_config.critic.value_clip > 0
+          or learner_config.sao.critic_target_correction != "none")
 
 
 @mesh_jit.program(static_argnums=(1,))

@@ -52,7 +52,7 @@ from sao.train import stop_signal
 from sao.train import writers as writers_lib
 from sao.train.export import export_policy
 from sao.train.learner import Learner
-from sao.transport import flow
+from sao.transport import flow, staleness_control
 from sao.transport.dispenser import DispenserConfig, TaskDispenser
 from sao.transport.server import ServerConfig, TrajectoryServer
 from sao.transport.trajectory import Trajectory
@@ -100,6 +100,7 @@ class Trainer:
     self._precompilers: list[precompile_lib.Precompiler] = []
     self._precompiled_ahead = False
     self.publication: publication_lib.Publication | None = None  # process 0's, once the engines exist
+    self.staleness: staleness_control.StalenessController | None = None  # process 0's `server.adaptive_staleness`
 
   def _decide(self, tag: str, decide: Callable[[], Any]) -> Any:
     """`decide()` evaluated on process 0 and shared: every process gets process 0's answer."""
@@ -171,6 +172,8 @@ class Trainer:
   def _server(self, model_config: ModelConfig, engine_urls: Sequence[str]) -> TrajectoryServer:
     c = self.config
     group = c.rollout.group_size
+    self.staleness = staleness_control.from_run_config(c.server.get("adaptive_staleness"), c.server.max_outstanding,
+                                                       c.rollout.batch_size, group)
     dispenser = TaskDispenser(self.train_tasks, DispenserConfig(
         mode="sao" if group == 1 else "group", group_size=group, seed=c.seed, lease_ttl_s=c.rollout.lease_ttl_s,
         id_key="task_id", env_name=c.env.name, train_temperature=c.learner.temperature,
@@ -414,6 +417,9 @@ class Trainer:
         metrics = self._update(learner, trainable, step, phase) if trainable else {}
       if server is not None:
         server.mark_consumed(trajectories, step)
+      if self.staleness is not None and metrics:  # the bound follows this update's mismatch (process 0's server)
+        metrics = {**metrics, **self.staleness.step(metrics, server.stats())}
+        server.set_max_outstanding(self.staleness.allowance)
       # A checkpoint saves the dispenser state of the version just published: that publish finishes first (as does
       # the phase's last, so that its row reports it).
       checkpoint_due = checkpointer is not None and bool(trainable) and checkpointer.is_due(learner.num_updates)

@@ -65,6 +65,7 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
     self._counts: collections.Counter[str] = collections.Counter()
     self._rejected: collections.Counter[str] = collections.Counter()
     self._max_occupancy = 0
+    self._max_outstanding = config.max_outstanding  # `set_max_outstanding` (sao.transport.staleness_control) moves it
     self._log: log_lib.TrajectoryLog | None = None
     self._ledger: log_lib.ConsumedLedger | None = None
     self._quarantine = log_lib.QuarantineLedger(config.log_dir)
@@ -165,6 +166,14 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
       self._max_version = max(self._max_version, self._version)
       self.dispenser.set_policy_version(version)
 
+  def set_max_outstanding(self, samples: int) -> None:
+    """The flow-control bound from now on (`sao.transport.staleness_control`); only with flow control on."""
+    if not self.config.max_outstanding or samples <= 0:
+      raise ValueError(f"set_max_outstanding: needs flow control on and samples > 0, got {samples} (configured "
+                       f"max_outstanding {self.config.max_outstanding})")
+    with self._cond:
+      self._max_outstanding = int(samples)
+
   @property
   def policy_version(self) -> int:
     return self._version
@@ -216,7 +225,8 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
 
   def stats(self) -> dict[str, Any]:
     """Counters: accepted, duplicates, rejected (by reason), buffered, consumed (quarantined ones included),
-    in_learner, leased, occupancy, quarantined, and what the last restore lost reading the log."""
+    in_learner, leased, occupancy, quarantined, the flow-control bound now and the lease calls it refused
+    (`lease_throttled`), and what the last restore lost reading the log."""
     with self._cond:
       return {"policy_version": self._version, "accepted": self._counts["accepted"],
               "duplicates": self._counts["duplicates"], "eval_accepted": self._counts["eval_accepted"],
@@ -225,6 +235,7 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
               "consumed": self._counts["consumed"], "in_learner": self._counts["in_learner"],
               "leased": self.dispenser.num_leased, "occupancy": self._buffer.occupancy,
               "max_occupancy": self._max_occupancy, "buffer_capacity": self.config.buffer_capacity,
+              "max_outstanding": self._max_outstanding, "lease_throttled": self._counts["lease_throttled"],
               "quarantined": self._counts["quarantined"], "restore_dropped": self._counts["restore_dropped"],
               "log_skipped_spans": self._counts["log_skipped_spans"],
               "log_skipped_bytes": self._counts["log_skipped_bytes"],
@@ -241,9 +252,11 @@ class TrajectoryServer(sao_pb2_grpc.TrajectoryServiceServicer):
       # Flow control (`flow.lease_allowance`): rollouts run at most `max_outstanding` samples ahead of the learner.
       with self._cond:  # one snapshot: a sample moves from leased to buffered under this condition
         outstanding = flow.outstanding_samples(self.dispenser, self._buffer)
-      max_tasks = flow.lease_allowance(max_tasks, self.config.max_outstanding, outstanding,
-                                       self.dispenser.config.group_size)
+        bound = self._max_outstanding
+      max_tasks = flow.lease_allowance(max_tasks, bound, outstanding, self.dispenser.config.group_size)
       if max_tasks <= 0:
+        with self._cond:
+          self._counts["lease_throttled"] += 1
         return sao_pb2.LeaseResponse(policy_version=self._version, engine_urls=self.config.engine_urls,
                                      retry_after_ms=self.config.backpressure_retry_ms)
     leases = self.dispenser.lease(request.worker_id, max_tasks)

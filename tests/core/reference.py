@@ -126,3 +126,52 @@ def explained_variance(values, returns, mask, eps=1e-8):
   if var_r <= eps:
     return 0.0
   return 1.0 - masked_var(np.asarray(returns, np.float64) - values, mask) / var_r
+
+
+def tis_loss(logp, rollout_logp, adv, mask, cap):
+  """TIS: `−(1/N) Σ m·min(k, C)·A·logp`, `k = exp(logp − logp_rollout)`; also the fraction of tokens with k > C."""
+  logp, rollout_logp, adv = (np.asarray(a, np.float64) for a in (logp, rollout_logp, adv))
+  mask = np.asarray(mask, bool)
+  total, truncated = 0.0, 0
+  for idx in zip(*np.nonzero(mask)):
+    k = np.exp(logp[idx] - rollout_logp[idx])
+    truncated += k > cap
+    total += min(k, cap) * adv[idx] * logp[idx]
+  n = max(mask.sum(), 1)
+  return -total / n, truncated / n
+
+
+def icepop_loss(logp, rollout_logp, adv, mask, low, high):
+  """IcePop: `−(1/N) Σ m·M(k)·A·logp`, `M(k) = k` for `low ≤ k ≤ high`, else 0; also the masked fraction."""
+  logp, rollout_logp, adv = (np.asarray(a, np.float64) for a in (logp, rollout_logp, adv))
+  mask = np.asarray(mask, bool)
+  total, masked = 0.0, 0
+  for idx in zip(*np.nonzero(mask)):
+    k = np.exp(logp[idx] - rollout_logp[idx])
+    if low <= k <= high:
+      total += k * adv[idx] * logp[idx]
+    else:
+      masked += 1
+  n = max(mask.sum(), 1)
+  return -total / n, masked / n
+
+
+def vtrace(rewards, values, log_ratio, mask, gamma, lam, rho_bar, c_bar):
+  """V-trace targets (Espeholt et al. 2018, eq. 1 with remark 2's λ) over each row's action tokens, summed term by
+  term: `v_s = V_s + Σ_{t ≥ s} γ^{t−s} (Π_{i<t} c_i) ρ_t (r_t + γ V_{t+1} − V_t)`, indices over action tokens only."""
+  rewards, values, log_ratio = (np.asarray(a, np.float64) for a in (rewards, values, log_ratio))
+  mask = np.asarray(mask, bool)
+  out = np.zeros(rewards.shape)
+  for b in range(rewards.shape[0]):
+    idx = np.nonzero(mask[b])[0]
+    r, v, k = rewards[b, idx], values[b, idx], np.exp(log_ratio[b, idx])
+    n = len(idx)
+    rho, c = np.minimum(rho_bar, k), lam * np.minimum(c_bar, k)
+    for s in range(n):
+      total, discount = 0.0, 1.0
+      for t in range(s, n):
+        next_v = v[t + 1] if t + 1 < n else 0.0
+        total += discount * rho[t] * (r[t] + gamma * next_v - v[t])
+        discount *= gamma * c[t]
+      out[b, idx[s]] = v[s] + total
+  return out
