@@ -21,11 +21,18 @@ visible key (a padding query) has an unspecified output (the implementations dif
   over those chips once per layer (the transpose of the repeat), not once per block pair inside the loop.
 - "splash": Pallas splash attention on TPU (`splash_attention`; causal mask + segment ids for padding, GQA by
   running the MQA kernel per kv head). Only the training layout (no cache, T = S).
-- "auto" (`resolve_impl`): splash on a single TPU device for the training layout, else blockwise when one score
-  matrix has at least `BLOCKWISE_MIN_SCORES` entries (T·S), else xla. Short sequences (the toy runs, decode steps)
-  keep the reference. Splash is a per-device Pallas kernel: under a multi-device jit XLA cannot partition it (it
-  would gather q/k/v onto every device), so until it is wrapped in a shard_map over the batch / head axes "auto"
-  uses blockwise (plain jnp, which XLA partitions) whenever more than one device is present.
+- "cudnn": cuDNN's fused flash attention on NVIDIA GPUs (`sao.models.cudnn_attention`: causal mask only, exact
+  for sao's masks through a `lax.cond` on right padding, else blockwise / xla). Only the training layout.
+- "auto" chooses by the platform the program is lowered for (`lax.platform_dependent`, `platform_impls`), not by
+  `jax.default_backend()`: an ahead-of-time compile for TPU or GPU from a CPU host gets that platform's kernel. Per
+  platform (`resolve_impl`): TPU splash on a single device for the training layout; GPU (cuda) cudnn where
+  `cudnn_unusable_reason` finds nothing against it (bf16/fp16, head dim, training layout, cuDNN on the host);
+  everywhere else, and as those two's fallback, blockwise when one score matrix has at least `BLOCKWISE_MIN_SCORES`
+  entries (T·S), else xla. Short sequences (the toy runs, decode steps) keep the reference. Where every platform
+  gets the same implementation no platform switch is staged (a CPU host's programs are what they were). Splash is a
+  per-device Pallas kernel: under a multi-device jit XLA cannot partition it (it would gather q/k/v onto every
+  device), so until it is wrapped in a shard_map over the batch / head axes "auto" uses blockwise (plain jnp, which
+  XLA partitions) whenever more than one device is present. cuDNN's wrapper is custom-partitioned (batch, heads).
 """
 from __future__ import annotations
 
@@ -37,6 +44,7 @@ import jax.numpy as jnp
 
 from jax.sharding import PartitionSpec as P
 
+from sao.models import cudnn_attention
 from sao.models.config import ATTENTION_IMPLS as IMPLS
 from sao.models.mesh_axes import TENSOR_AXIS
 
@@ -71,33 +79,68 @@ class AttentionMask(NamedTuple):
     return (jnp.arange(s)[None, None, :] <= self.slots(t)[:, :, None]) & self.key_valid.astype(bool)[:, None, :]
 
 
+# The platforms "auto" stages a branch for (`lax.platform_dependent` names; "gpu" is not one).
+PLATFORMS = ("cpu", "tpu", "cuda", "rocm")
+
+
 def resolve_impl(impl: str, t: int, s: int, cached: bool, backend: str | None = None,
-                 num_devices: int | None = None) -> str:
-  """The implementation `impl` names; "auto" picks by backend, device count and size (module docstring)."""
+                 num_devices: int | None = None, cudnn_reason: str | None = "not asked") -> str:
+  """The implementation `impl` names; "auto" picks by platform (`backend`, default `jax.default_backend()`),
+  device count and size (module docstring). `cudnn_reason`: `cudnn_unusable_reason`'s answer for a cuda backend
+  (None: cuDNN can run); the default keeps the jnp rule."""
   if impl not in IMPLS:
     raise ValueError(f"attention_impl: unsupported {impl!r}; expected one of {IMPLS}")
   if impl != "auto":
     return impl
   backend = backend or jax.default_backend()
-  num_devices = jax.device_count() if num_devices is None else num_devices
+  num_devices = _device_count() if num_devices is None else num_devices
   if backend == "tpu" and num_devices == 1 and not cached and t == s and t % 128 == 0:
     return "splash"
+  if backend in ("cuda", "gpu") and cudnn_reason is None:
+    return "cudnn"
   return "blockwise" if t * s >= BLOCKWISE_MIN_SCORES else "xla"
+
+
+def _device_count() -> int:
+  """The devices the program spans: the context mesh's (`jax.set_mesh`, as the learner traces; an ahead-of-time
+  compile's target topology), else this host's."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return jax.device_count() if mesh.empty else int(mesh.size)
+
+
+def platform_impls(impl: str, q, k, cached: bool) -> dict[str, str]:
+  """{lowering platform: implementation} for these (abstract) operands; `impl` other than "auto" everywhere."""
+  reason = cudnn_attention.cudnn_unusable_reason(q, k, cached) if impl == "auto" else None
+  return {p: resolve_impl(impl, q.shape[1], k.shape[1], cached, backend=p, cudnn_reason=reason) for p in PLATFORMS}
 
 
 def attention(q: Array, k: Array, v: Array, mask: AttentionMask, impl: str = "auto", *,
               block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> Array:
   """Causal GQA attention (module docstring). q: [B, T, H, D]; k, v: [B, S, K, D]. Returns [B, T, H, D]."""
   _check_shapes(q, k, v, mask)
-  chosen = resolve_impl(impl, q.shape[1], k.shape[1], mask.query_slot is not None)
-  if chosen == "xla":
-    return dense_attention(q, k, v, mask.dense(q.shape[1]))
-  if chosen == "blockwise":
-    return blockwise_attention(q, k, v, mask, block_q=block_q, block_k=block_k)
-  if mask.query_slot is not None or q.shape[1] != k.shape[1]:
-    raise ValueError("attention_impl='splash' supports only the training layout (no KV cache, T = S); "
-                     "use 'auto' to fall back for cached decoding")
-  return splash_attention(q, k, v, mask.key_valid)
+  cached = mask.query_slot is not None
+  chosen = platform_impls(impl, q, k, cached)
+  fallback = resolve_impl("auto", q.shape[1], k.shape[1], cached, backend="cpu")  # jnp, any platform
+
+  def run(name):
+    def kernel(q, k, v):
+      if name == "xla":
+        return dense_attention(q, k, v, mask.dense(q.shape[1]))
+      if name == "blockwise":
+        return blockwise_attention(q, k, v, mask, block_q=block_q, block_k=block_k)
+      if cached or q.shape[1] != k.shape[1]:
+        raise ValueError(f"attention_impl={name!r} supports only the training layout (no KV cache, T = S); "
+                         "use 'auto' to fall back for cached decoding")
+      if name == "cudnn":
+        return cudnn_attention.cudnn_attention(q, k, v, mask.key_valid, run(fallback))
+      return splash_attention(q, k, v, mask.key_valid)
+    return kernel
+
+  kernels = {name: run(name) for name in sorted(set(chosen.values()))}
+  if len(kernels) == 1:
+    return next(iter(kernels.values()))(q, k, v)
+  # One callable per distinct implementation: platform_dependent joins the platforms sharing it into one branch.
+  return jax.lax.platform_dependent(q, k, v, **{p: kernels[name] for p, name in chosen.items()})
 
 
 def _check_shapes(q, k, v, mask):
