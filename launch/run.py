@@ -207,7 +207,8 @@ def _persistent_compilation_cache(config: ml_collections.ConfigDict, workdir: st
     return
   compilation_cache.enable(
       compilation_cache.trainer_dir(compilation_cache.run_dir(config.compilation_cache_dir, workdir)),
-      config.compilation_cache_max_gb, min_compile_time_s=0.0)
+      config.compilation_cache_max_gb, min_compile_time_s=0.0,
+      gpu_kernel_cache=config.distributed.num_processes == 1 and not config.jax_distributed)
 
 
 def work(config: ml_collections.ConfigDict, trainer_address: str, worker_index: int | None = None) -> dict[str, int]:
