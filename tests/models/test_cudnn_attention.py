@@ -15,8 +15,7 @@ import pytest
 from sao.models import attention as attn
 from sao.models import cudnn_attention as cud
 from sao.models.config import ModelConfig
-from sao.models.transformer import CausalLM
-from tests.models.helpers import random_params
+from sao.models.transformer import CausalLM, init_params
 
 CUDNN_CALL = "__cudnn$fmhaSoftmax"
 
@@ -102,7 +101,7 @@ def test_platform_impls(with_cudnn):
 
 def _bf16_model(model_type="qwen3"):
   config = dataclasses.replace(ModelConfig.tiny(model_type), dtype="bfloat16")
-  params = random_params(config)
+  params = init_params(config, jax.random.PRNGKey(0))
   ids = jax.ShapeDtypeStruct((2, 128), jnp.int32)
   mask = jax.ShapeDtypeStruct((2, 128), jnp.int32)
 
@@ -127,7 +126,7 @@ def test_model_lowered_for_cuda_uses_cudnn_and_for_cpu_keeps_its_path(with_cudnn
     assert "cudnn" not in cpu and "fmha" not in cpu
   # the cpu program computes what it computed before the platform switch: the same values as attention_impl='xla'
   config = ModelConfig.tiny("qwen3")
-  params = random_params(config)
+  params = init_params(config, jax.random.PRNGKey(0))
   ids = jnp.arange(2 * 128, dtype=jnp.int32).reshape(2, 128) % config.vocab_size
   mask = jnp.ones((2, 128), jnp.int32).at[1, 100:].set(0)
   auto = CausalLM(config).apply({"params": params}, ids, mask)[0]
