@@ -25,7 +25,8 @@ visible key (a padding query) has an unspecified output (the implementations dif
   for sao's masks through a `lax.cond` on right padding, else blockwise / xla). Only the training layout.
 - "auto" chooses by the platform the program is lowered for (`lax.platform_dependent`, `platform_impls`), not by
   `jax.default_backend()`: an ahead-of-time compile for TPU or GPU from a CPU host gets that platform's kernel. Per
-  platform (`resolve_impl`): TPU splash on a single device for the training layout; GPU (cuda) cudnn where
+  platform (`resolve_impl`): TPU splash for the training layout in a one-device program (the context mesh's size,
+  else a TPU host's device count; unknown, so never splash, when a non-TPU host traces without a mesh); GPU (cuda) cudnn where
   `cudnn_unusable_reason` finds nothing against it (bf16/fp16, head dim, training layout, cuDNN on the host);
   everywhere else, and as those two's fallback, blockwise when one score matrix has at least `BLOCKWISE_MIN_SCORES`
   entries (T·S), else xla. Short sequences (the toy runs, decode steps) keep the reference. Where every platform
@@ -102,10 +103,13 @@ def resolve_impl(impl: str, t: int, s: int, cached: bool, backend: str | None = 
 
 
 def _device_count() -> int:
-  """The devices the program spans: the context mesh's (`jax.set_mesh`, as the learner traces; an ahead-of-time
-  compile's target topology), else this host's."""
+  """The devices the program spans: the context mesh's (`jax.set_mesh`, as the learner traces, also ahead of time
+  for a TPU topology), else this TPU host's; 0 (unknown: never splash) for a program traced on another host without
+  a mesh (e.g. a block compiled ahead of time for a multi-chip topology, which would refuse the Mosaic kernel)."""
   mesh = jax.sharding.get_abstract_mesh()
-  return jax.device_count() if mesh.empty else int(mesh.size)
+  if not mesh.empty:
+    return int(mesh.size)
+  return jax.device_count() if jax.default_backend() == "tpu" else 0
 
 
 def platform_impls(impl: str, q, k, cached: bool) -> dict[str, str]:
@@ -140,7 +144,8 @@ def attention(q: Array, k: Array, v: Array, mask: AttentionMask, impl: str = "au
   if len(kernels) == 1:
     return next(iter(kernels.values()))(q, k, v)
   # One callable per distinct implementation: platform_dependent joins the platforms sharing it into one branch.
-  return jax.lax.platform_dependent(q, k, v, **{p: kernels[name] for p, name in chosen.items()})
+  return jax.lax.platform_dependent(q, k, v, default=kernels[fallback],
+                                    **{p: kernels[name] for p, name in chosen.items() if name != fallback})
 
 
 def _check_shapes(q, k, v, mask):

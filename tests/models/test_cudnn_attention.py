@@ -93,7 +93,11 @@ def test_platform_impls(with_cudnn):
   k = jax.ShapeDtypeStruct((1, 4096, 8, 128), jnp.bfloat16)
   got = attn.platform_impls("auto", q, k, cached=False)
   assert got["cuda"] == "cudnn" and got["cpu"] == "blockwise" and got["rocm"] == "blockwise"
-  assert got["tpu"] == ("splash" if jax.device_count() == 1 else "blockwise")
+  assert got["tpu"] == "blockwise"  # no mesh, not a TPU host: the target's device count is unknown, no splash
+  with jax.set_mesh(jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])):
+    assert attn.platform_impls("auto", q, k, cached=False)["tpu"] == "splash"  # a one-chip program
+  with jax.set_mesh(jax.make_mesh((2,), ("data",), devices=jax.devices()[:2])):
+    assert attn.platform_impls("auto", q, k, cached=False)["tpu"] == "blockwise"
   short = attn.platform_impls("auto", jax.ShapeDtypeStruct((1, 1, 16, 128), jnp.bfloat16), k, cached=True)
   assert set(short.values()) == {"xla"}  # a decode step: no cuDNN, no splash
   assert set(attn.platform_impls("blockwise", q, k, cached=False).values()) == {"blockwise"}
