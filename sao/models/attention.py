@@ -22,7 +22,8 @@ visible key (a padding query) has an unspecified output (the implementations dif
 - "splash": Pallas splash attention on TPU (`splash_attention`; causal mask + segment ids for padding, GQA by
   running the MQA kernel per kv head). Only the training layout (no cache, T = S).
 - "cudnn": cuDNN's fused flash attention on NVIDIA GPUs (`sao.models.cudnn_attention`: causal mask only, exact
-  for sao's masks through a `lax.cond` on right padding, else blockwise / xla). Only the training layout.
+  for any key-validity mask: rows that are not right-padded are reordered valid-first around the kernel). Only the
+  training layout.
 - "auto" chooses by the platform the program is lowered for (`lax.platform_dependent`, `platform_impls`), not by
   `jax.default_backend()`: an ahead-of-time compile for TPU or GPU from a CPU host gets that platform's kernel. Per
   platform (`resolve_impl`): TPU splash for the training layout in a one-device program (the context mesh's size,
@@ -136,7 +137,7 @@ def attention(q: Array, k: Array, v: Array, mask: AttentionMask, impl: str = "au
         raise ValueError(f"attention_impl={name!r} supports only the training layout (no KV cache, T = S); "
                          "use 'auto' to fall back for cached decoding")
       if name == "cudnn":
-        return cudnn_attention.cudnn_attention(q, k, v, mask.key_valid, run(fallback))
+        return cudnn_attention.cudnn_attention(q, k, v, mask.key_valid)
       return splash_attention(q, k, v, mask.key_valid)
     return kernel
 

@@ -1,6 +1,6 @@
 """Causal GQA attention on NVIDIA GPUs through cuDNN's fused flash-attention kernel, with sao's masks kept exact.
 
-`cudnn_attention(q, k, v, key_valid, fallback)`: q [B, T, H, D]; k, v [B, T, K, D] (training layout: no KV cache,
+`cudnn_attention(q, k, v, key_valid)`: q [B, T, H, D]; k, v [B, T, K, D] (training layout: no KV cache,
 S = T); key_valid [B, T] bool. Same contract as `sao.models.attention.attention` (module docstring there):
 
     visible[b, t, s] = s <= t ∧ key_valid[b, s]
@@ -8,12 +8,15 @@ S = T); key_valid [B, T] bool. Same contract as `sao.models.attention.attention`
 cuDNN (`jax.nn.dot_product_attention(implementation="cudnn")`) takes a causal mask, per-row sequence lengths and
 an additive bias, not an arbitrary key-validity mask. When every row's valid keys are a prefix (right padding, what
 `sao.train.batching` builds), `is_causal` alone is exact for every real query: query t < n_b sees keys s <= t, all
-valid. So a `lax.cond` on that predicate runs cuDNN with `is_causal=True` and nothing else, or `fallback` (sao's own
-jnp attention, exact for any mask) when some row has a gap or left padding. Padding queries (t >= n_b) attend
-causally to keys of their own row: finite, and unused by contract. Sequence lengths are not passed: a row with no
-real token would then have queries that see nothing, which cuDNN is not documented to keep finite.
+valid. Any other mask (left padding, gaps) is made such a prefix: each row's tokens are reordered, valid ones first
+in their order (a stable argsort of the mask), attended causally, and the outputs put back. A real query then sees
+exactly the valid keys before it, in the same order (attention does not depend on where they sit: RoPE was applied
+before). A `lax.cond` on "every row is a prefix already" skips the reordering (four gathers) in the learner's case;
+both branches are the same cuDNN kernel. Padding queries attend causally to keys of their own row: finite, and
+unused by contract. Sequence lengths are not passed: a row with no real token would then have queries that see
+nothing, which cuDNN is not documented to keep finite.
 
-Where cuDNN cannot run, `cudnn_unusable_reason` says why (the callers then keep sao's jnp path):
+Where cuDNN cannot run, `cudnn_unusable_reason` says why (`sao.models.attention` then keeps its jnp path):
 - a KV cache (decode / chunked prefill): per-query cache slots are not a causal mask cuDNN can take;
 - dtype other than bfloat16 / float16 (cuDNN's flash kernels), or q / k / v of different dtypes;
 - head dim not a multiple of 8, or above 128 (256 on Hopper and later; JAX's own check);
@@ -22,8 +25,6 @@ Where cuDNN cannot run, `cudnn_unusable_reason` says why (the callers then keep 
 - any other constraint JAX's cuDNN wrapper raises for at trace time (its message is the reason).
 """
 from __future__ import annotations
-
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -84,8 +85,22 @@ def cudnn_causal(q: Array, k: Array, v: Array, implementation: str = "cudnn") ->
                                       implementation=implementation).astype(v.dtype)
 
 
-def cudnn_attention(q: Array, k: Array, v: Array, key_valid: Array,
-                    fallback: Callable[[Array, Array, Array], Array], implementation: str = "cudnn") -> Array:
-  """cuDNN when every row's keys are a prefix, else `fallback(q, k, v)` (module docstring); [B, T, H, D]."""
-  return jax.lax.cond(keys_are_prefix(key_valid), lambda q, k, v: cudnn_causal(q, k, v, implementation),
-                      fallback, q, k, v)
+def valid_first(key_valid: Array) -> tuple[Array, Array]:
+  """(order [B, T], inverse [B, T]) int32: `order[b]` lists row b's valid slots in order, then its invalid ones (a
+  stable sort), `inverse` puts them back: x[order][inverse] = x."""
+  order = jnp.argsort(~key_valid.astype(bool), axis=1, stable=True).astype(jnp.int32)
+  return order, jnp.argsort(order, axis=1).astype(jnp.int32)
+
+
+def cudnn_attention(q: Array, k: Array, v: Array, key_valid: Array, implementation: str = "cudnn") -> Array:
+  """Causal attention under any key-validity mask through the causal-only kernel (module docstring): q [B, T, H, D],
+  k, v [B, T, K, D], key_valid [B, T] → [B, T, H, D]."""
+  def direct(q, k, v):
+    return cudnn_causal(q, k, v, implementation)
+
+  def reordered(q, k, v):
+    order, inverse = valid_first(key_valid)
+    take = lambda x, rows: jnp.take_along_axis(x, rows[:, :, None, None], axis=1)
+    return take(direct(take(q, order), take(k, order), take(v, order)), inverse)
+
+  return jax.lax.cond(keys_are_prefix(key_valid), direct, reordered, q, k, v)

@@ -43,22 +43,33 @@ def test_keys_are_prefix():
   assert not bool(cud.keys_are_prefix(jnp.array([[1, 0, 1, 0]], bool)))  # a gap
 
 
-@pytest.mark.parametrize("lengths,left", [([24, 9, 0], False), ([24, 9, 17], True)])
-def test_causal_call_and_fallback_equal_the_reference(lengths, left):
-  """Right padding (an empty row too): the causal-only call is exact for real queries, values and gradients; left
-  padding: the cond takes the fallback, also exact. The call is `cudnn_causal`'s, on JAX's reference path."""
+def test_valid_first_orders_and_restores():
+  valid = jnp.array([[0, 1, 0, 1, 1], [1, 1, 1, 0, 0]], bool)
+  order, inverse = cud.valid_first(valid)
+  np.testing.assert_array_equal(order, [[1, 3, 4, 0, 2], [0, 1, 2, 3, 4]])
+  x = jnp.arange(10).reshape(2, 5)
+  np.testing.assert_array_equal(jnp.take_along_axis(jnp.take_along_axis(x, order, 1), inverse, 1), x)
+
+
+@pytest.mark.parametrize("masks", ["right", "left", "gaps"])
+def test_causal_call_equals_the_reference_under_any_mask(masks):
+  """Right padding (an empty row too) runs the causal-only call as it is; left padding and gaps run it on rows
+  reordered valid-first. Both equal the reference on real queries, values and gradients, and stay finite. The call
+  is `cudnn_causal`'s, on JAX's reference path (no cuDNN on CPU)."""
   q, k, v = _qkv(3, 24, 4, 2, 16)
   t = np.arange(24)
-  valid = np.stack([(t >= 24 - n) if left else (t < n) for n in lengths])
+  valid = {"right": np.stack([t < 24, t < 9, t < 0]),
+           "left": np.stack([t >= 0, t >= 15, t >= 7]),
+           "gaps": np.stack([t % 3 != 1, (t < 5) | (t > 12), t >= 20])}[masks]
   mask = attn.AttentionMask(jnp.asarray(valid))
-  fallback = lambda q, k, v: attn.blockwise_attention(q, k, v, mask, block_q=8, block_k=8)
 
   def ours(q, k, v):
-    return cud.cudnn_attention(q, k, v, mask.key_valid, fallback, implementation="xla")
+    return cud.cudnn_attention(q, k, v, mask.key_valid, implementation="xla")
 
   def reference(q, k, v):
     return attn.reference_attention(q, k, v, mask.dense(24))
 
+  assert bool(cud.keys_are_prefix(mask.key_valid)) == (masks == "right")
   _valid_close(ours(q, k, v), reference(q, k, v), valid, 2e-5)
   weights = jnp.asarray(valid, jnp.float32)[:, :, None, None]  # a loss on real queries only
   grads = [jax.grad(lambda *x, f=f: jnp.sum(f(*x) * weights * v[..., :1].mean()), argnums=(0, 1, 2))(q, k, v)
@@ -120,8 +131,8 @@ def _bf16_model(model_type="qwen3"):
 
 def test_model_lowered_for_cuda_uses_cudnn_and_for_cpu_keeps_its_path(with_cudnn):
   """The bf16 model's forward and gradient, traced once: lowered for cuda they hold cuDNN's fused attention (forward
-  and backward kernels, the fallback branch behind the right-padding cond) and no ragged dot; lowered for cpu, no
-  cuDNN call and no platform switch left over from the other branches."""
+  and backward kernels, in both branches of the right-padding cond) and no ragged dot; lowered for cpu, no cuDNN
+  call, and the same values as attention_impl='xla'."""
   forward, backward = _bf16_model()
   for traced, calls in ((forward, (CUDNN_CALL,)), (backward, (CUDNN_CALL, CUDNN_CALL + "Backward"))):
     cuda = traced.lower(lowering_platforms=("cuda",)).as_text()
