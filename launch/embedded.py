@@ -138,7 +138,7 @@ class EmbeddedProcesses:
     urls = []
     for i in range(self.config.num_engines):
       env = child_env()
-      gpu_share.apply("engine", self.config.num_engines, env)  # its share of a GPU the trainer uses too
+      gpu_share.apply("engine", self.config.num_engines, env, engine_index=i)  # its share of a GPU the trainer uses
       handle, url = start_local_engine(model_dir, log_path=os.path.join(self.log_dir, f"engine{i}.log"),
                                        engine_args=args, name=f"engine {i}", env=env)
       self.engines.append(handle)
