@@ -19,16 +19,16 @@ visible key (a padding query) has an unspecified output (the implementations dif
   query head, except under a mesh whose `tensor` axis does not divide the KV heads (`replicate_kv_heads`): there
   each KV head is repeated to the query heads of its chips before the block loop, so that its gradient is summed
   over those chips once per layer (the transpose of the repeat), not once per block pair inside the loop.
-- "splash": Pallas splash attention on TPU (`splash_attention`; causal mask + segment ids for padding, GQA by
-  running the MQA kernel per kv head). Only the training layout (no cache, T = S).
+- "splash": Pallas splash attention on TPU (`sao.models.splash_attention`; causal mask + segment ids for padding,
+  GQA by running the MQA kernel per kv head). Only the training layout (no cache, T = S).
 - "cudnn": cuDNN's fused flash attention on NVIDIA GPUs (`sao.models.cudnn_attention`: causal mask only, exact
   for any key-validity mask: rows that are not right-padded are reordered valid-first around the kernel). Only the
   training layout.
 - "auto" chooses by the platform the program is lowered for (`lax.platform_dependent`, `platform_impls`), not by
   `jax.default_backend()`: an ahead-of-time compile for TPU or GPU from a CPU host gets that platform's kernel. Per
   platform (`resolve_impl`): TPU splash for the training layout in a one-device program (the context mesh's size,
-  else a TPU host's device count; unknown, so never splash, when a non-TPU host traces without a mesh); GPU (cuda) cudnn where
-  `cudnn_unusable_reason` finds nothing against it (bf16/fp16, head dim, training layout, cuDNN on the host);
+  else a TPU host's device count; unknown, so never splash, when a non-TPU host traces without a mesh); GPU (cuda)
+  cudnn where `cudnn_unusable_reason` finds nothing against it (bf16/fp16, head dim, training layout, cuDNN here);
   everywhere else, and as those two's fallback, blockwise when one score matrix has at least `BLOCKWISE_MIN_SCORES`
   entries (T·S), else xla. Short sequences (the toy runs, decode steps) keep the reference. Where every platform
   gets the same implementation no platform switch is staged (a CPU host's programs are what they were). Splash is a
@@ -47,6 +47,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from sao.models import cudnn_attention
+from sao.models.splash_attention import splash_attention, splash_kernel  # noqa: F401  (re-exported)
 from sao.models.config import ATTENTION_IMPLS as IMPLS
 from sao.models.mesh_axes import TENSOR_AXIS
 
@@ -380,38 +381,6 @@ def _flash_bwd(res, dout):
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
-
-
-# ------------------------------------------------------------------------------------------------------ splash (TPU)
-def splash_kernel(heads_per_kv: int, length: int, block: int = BLOCK_Q, interpret: bool = False):
-  """The Pallas splash-attention MQA kernel for one kv head: `heads_per_kv` query heads, causal over `length`."""
-  from jax.experimental.pallas.ops.tpu import splash_attention as splash  # TPU-only kernel; imported on use
-  blk = min(block, length)
-  sizes = splash.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk, block_kv_dkv=blk,
-                            block_kv_dkv_compute=blk, block_q_dq=blk, block_kv_dq=blk)
-  mask = splash.MultiHeadMask([splash.CausalMask((length, length))] * heads_per_kv)
-  return splash.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
-
-
-def splash_attention(q: Array, k: Array, v: Array, key_valid: Array, *, block: int = BLOCK_Q,
-                     interpret: bool = False) -> Array:
-  """Splash attention, training layout (T = S, query t at slot t). q: [B, T, H, D]; k, v: [B, T, K, D];
-  key_valid: [B, T]. Padding is a segment id (real 1, padding 0): real queries see only real keys, and a padding
-  query sees causal padding keys (at least itself), so no softmax row is empty."""
-  from jax.experimental.pallas.ops.tpu.splash_attention import SegmentIds
-  b, t, h, d = q.shape
-  kv_heads = k.shape[2]
-  kernel = splash_kernel(h // kv_heads, t, block, interpret)
-  seg = key_valid.astype(jnp.int32)
-  qs = (q * (d ** -0.5)).astype(q.dtype).reshape(b, t, kv_heads, h // kv_heads, d).transpose(0, 2, 3, 1, 4)
-  ks, vs = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, D]
-
-  def one_row(q_row, k_row, v_row, seg_row):  # [K, G, T, D], [K, T, D], [K, T, D], [T]
-    ids = SegmentIds(q=seg_row, kv=seg_row)
-    return jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=ids))(q_row, k_row, v_row)
-
-  out = jax.vmap(one_row)(qs, ks, vs, seg)  # [B, K, G, T, D]
-  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d).astype(v.dtype)
 
 
 # ------------------------------------------------------------------------------------------------------ measurement
