@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
 import sys
 import time
 from typing import Any
