@@ -20,6 +20,7 @@ from typing import Sequence
 import ml_collections
 
 from sao.engines import compilation_cache
+from sao.engines import gpu_share
 from sao.engines import processes
 from sao.rollout import worker as worker_lib
 
@@ -136,8 +137,10 @@ class EmbeddedProcesses:
         compilation_cache.run_dir(self.config.compilation_cache_dir, self.workdir)))
     urls = []
     for i in range(self.config.num_engines):
+      env = child_env()
+      gpu_share.apply("engine", self.config.num_engines, env, engine_index=i)  # its share of a GPU the trainer uses
       handle, url = start_local_engine(model_dir, log_path=os.path.join(self.log_dir, f"engine{i}.log"),
-                                       engine_args=args, name=f"engine {i}")
+                                       engine_args=args, name=f"engine {i}", env=env)
       self.engines.append(handle)
       urls.append(url)
     print(f"[embedded] engines: {urls}", flush=True)

@@ -30,7 +30,7 @@ import ml_collections
 
 from sao import run_config
 from sao.engines import compilation_cache
-from sao.engines import host_malloc
+from sao.engines import gpu_share, host_malloc
 from sao.engines import xla_cpu_threads
 from sao.rollout import envs
 from sao.rollout import harnesses as harness_lib
@@ -126,12 +126,23 @@ def join_job(config: ml_collections.ConfigDict) -> bool:
   return True
 
 
+def local_engines(config: ml_collections.ConfigDict) -> int:
+  """How many local JAX engines this process starts (and shares its host's GPU with)."""
+  return config.num_engines if config.role == "embedded" and not config.engine_urls else 0
+
+
 def train(config: ml_collections.ConfigDict, workdir: str, config_args: Sequence[str]) -> None:
   """The trainer role (embedded or alone): the recipe's phases, then the curves and a one-line summary."""
   train_tasks, validation_tasks = check_startable(config)
   from sao.train import coordination, stop_signal  # pylint: disable=g-import-not-at-top
+  # Before JAX starts its GPU client: trainer and local engines sharing a GPU each get a memory share, not 75 % each
+  # (sao.engines.gpu_share; nothing on a CPU host or over the user's own XLA_PYTHON_CLIENT_* settings).
+  shared = gpu_share.apply("trainer", local_engines(config))
   multi = join_job(config)
   xla_cpu_threads.limit(config.xla_cpu_threads)  # after jax.distributed joins, before the first computation
+  if shared:
+    print(f"[trainer] GPU shared with {local_engines(config)} local engine(s): "
+          f"{' '.join(f'{k}={v}' for k, v in shared.items())}", flush=True)
   d = config.distributed
   channel = coordination.create(d.heartbeat_timeout_s, stall_compile_budget_s=d.stall_compile_budget_s,
                                 stall_step_factor=d.stall_step_factor) if multi else coordination.LocalChannel()
@@ -196,7 +207,8 @@ def _persistent_compilation_cache(config: ml_collections.ConfigDict, workdir: st
     return
   compilation_cache.enable(
       compilation_cache.trainer_dir(compilation_cache.run_dir(config.compilation_cache_dir, workdir)),
-      config.compilation_cache_max_gb, min_compile_time_s=0.0)
+      config.compilation_cache_max_gb, min_compile_time_s=0.0,
+      gpu_kernel_cache=config.distributed.num_processes == 1 and not config.jax_distributed)
 
 
 def work(config: ml_collections.ConfigDict, trainer_address: str, worker_index: int | None = None) -> dict[str, int]:

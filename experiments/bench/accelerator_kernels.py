@@ -3,6 +3,8 @@ device, timed forward + backward in one process, so that one GPU call gives the 
 kernel by (issue 47: "measure and pick").
 
 Attention, causal GQA at the 1.7B geometry (16 q / 8 kv heads of 128), B = 1, bf16, T = 4,096 and 32,768:
+  sao_auto       `sao.models.attention.attention(..., "auto")`, what the model runs on this platform (its record
+                 names the choice: cudnn on a GPU with cuDNN, behind the right-padding cond)
   sao_xla        `sao.models.attention.dense_attention` (full scores; skipped at T = 32,768: 64 GiB of them)
   sao_blockwise  `sao.models.attention.blockwise_attention` (online softmax in jnp, its own VJP)
   cudnn          `jax.nn.dot_product_attention(implementation="cudnn")` (needs cuDNN: skipped elsewhere)
@@ -10,7 +12,8 @@ Attention, causal GQA at the 1.7B geometry (16 q / 8 kv heads of 128), B = 1, bf
 FLOPs of one forward + backward: 7·B·H·T²·D (causal: half of 4·B·H·T²·D a forward; the backward 2.5 forwards).
 
 Grouped matmul (`sao.models.grouped_matmul`), M = 16,384 rows of K = 2,048 into N = 768, G = 8, 32, 128 equal groups,
-bf16, forward + both gradients: impl "tiled", "xla" and "ragged_dot" (jax's own autodiff). FLOPs: 3 · 2·M·K·N.
+bf16, forward + both gradients: impl "auto" (the platform's choice), "tiled", "xla" and "ragged_dot" (jax's own
+autodiff). FLOPs: 3 · 2·M·K·N.
 Each measurement records its compile seconds, the compiled program's temporaries (`memory_analysis()`), the median
 of 3 timed calls and FLOP/s, or the error that stopped it (an out-of-memory costs only its measurement).
 """
@@ -70,22 +73,27 @@ def attention_kernels(record: probe.Recorder, peak: float, tiny: bool) -> None:
     k = jax.random.normal(keys[1], (1, t, kv, d), jnp.bfloat16)
     v = jax.random.normal(keys[2], (1, t, kv, d), jnp.bfloat16)
     valid = jnp.ones((1, t), bool)
+    platform = "cuda" if gpu else jax.default_backend()
+    chosen = attn.platform_impls("auto", q, k, cached=False)[platform]
     candidates = {
+        # what the model runs here ("auto": the platform's choice, `chosen`); on a GPU cuDNN behind the padding cond
+        "sao_auto": lambda q, k, v: attn.attention(q, k, v, attn.AttentionMask(valid), "auto"),
         "sao_xla": lambda q, k, v: attn.dense_attention(q, k, v, attn.AttentionMask(valid).dense(q.shape[1])),
         "sao_blockwise": lambda q, k, v: attn.blockwise_attention(q, k, v, attn.AttentionMask(valid)),
         "cudnn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"),
         "pallas_gpu": lambda q, k, v: _pallas_mha(q, k, v, d),
     }
     for name, forward in candidates.items():
-      if name == "sao_xla" and t > XLA_MAX_LENGTH:
+      if t > XLA_MAX_LENGTH and (name == "sao_xla" or (name == "sao_auto" and chosen == "xla")):
         record("attention", impl=name, status="skipped", reason=f"T > {XLA_MAX_LENGTH}: full scores", seq_len=t)
         continue
       if name in ("cudnn", "pallas_gpu") and not gpu:
         record("attention", impl=name, status="skipped", reason="not a GPU", seq_len=t)
         continue
       loss = lambda q, k, v, f=forward: jnp.sum(f(q, k, v).astype(jnp.float32))
+      extra = {"chosen": chosen} if name == "sao_auto" else {}
       _time(record, "attention", name, jax.grad(loss, argnums=(0, 1, 2)), (q, k, v), 7.0 * h * t * t * d, peak,
-            seq_len=t, heads=h, kv_heads=kv, head_dim=d)
+            seq_len=t, heads=h, kv_heads=kv, head_dim=d, **extra)
 
 
 def _pallas_mha(q, k, v, head_dim: int):
@@ -107,7 +115,7 @@ def grouped_matmul_kernels(record: probe.Recorder, peak: float, tiny: bool) -> N
     lhs = jax.random.normal(keys[0], (m, k), jnp.bfloat16)
     rhs = jax.random.normal(keys[1], (g, k, n), jnp.bfloat16)
     sizes = jnp.full((g,), m // g, jnp.int32)
-    for impl in ("tiled", "xla", "ragged_dot"):
+    for impl in ("auto", "tiled", "xla", "ragged_dot"):  # auto: the platform's choice (tiled on CPU and GPU)
       loss = lambda a, b, s, impl=impl: jnp.sum(gm.grouped_matmul(a, b, s, impl).astype(jnp.float32))
       _time(record, "grouped_matmul", impl, jax.grad(loss, argnums=(0, 1)), (lhs, rhs, sizes), 3 * 2.0 * m * k * n,
             peak, rows=m, contracting=k, out=n, groups=g)

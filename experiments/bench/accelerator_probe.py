@@ -103,7 +103,7 @@ def enable_compilation_cache(path: str) -> None:
   """JAX's persistent compilation cache in `path`, every executable kept (min compile time 0), so a second run of
   the check shows which programs it serves."""
   from sao.engines import compilation_cache  # pylint: disable=g-import-not-at-top
-  compilation_cache.enable(path, max_gb=8.0, min_compile_time_s=0.0)
+  compilation_cache.enable(path, max_gb=8.0, min_compile_time_s=0.0, gpu_kernel_cache=True)
 
 
 def matmul_peak(n: int, repeats: int = 10) -> float:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
 import sys
 import time
 from typing import Any
@@ -101,27 +100,38 @@ def synthetic_trajectories(rng, batch: int, seq_len: int, vocab: int) -> list:
   return synthetic.synthetic_trajectories(rng, batch, seq_len, vocab)
 
 
-def learner_row(record: probe.Recorder, device: Any, compiles: probe.CompileLog, config, row: LearnerRow,
-                peak_flops: float) -> None:
-  """One-device SAO learner (`bench_train.py`'s setup: mesh 1×1×1, no critic warmup, one bucket = T) on synthetic
-  trajectories: parameter init, each update's wall time and compiles, memory, tokens/s and FLOP/s vs the peak."""
+def make_learner(config, seq_len: int, device: Any) -> tuple[Any, float]:
+  """`bench_train.py`'s one-device SAO learner (mesh 1×1×1, no critic warmup, one bucket = `seq_len`) on `device`,
+  its parameters ready. Returns (learner, seconds to initialise the actor's parameters)."""
   import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
   from sao.models.transformer import init_params  # pylint: disable=g-import-not-at-top
-  from sao.train import config as config_lib, targets  # pylint: disable=g-import-not-at-top
+  from sao.train import config as config_lib  # pylint: disable=g-import-not-at-top
   from sao.train.learner import Learner  # pylint: disable=g-import-not-at-top
   from sao.train.mesh import make_mesh  # pylint: disable=g-import-not-at-top
   learner_config = config_lib.default_learner_config()
   learner_config.sao.critic_warmup_steps = 0
   learner_config.mesh.update(data=1, fsdp=1, tensor=1)
-  learner_config.batching.bucket_lengths = (row.seq_len,)
-  compiles.during = "params"
+  learner_config.batching.bucket_lengths = (seq_len,)
   start = time.perf_counter()
   actor_params = jax.block_until_ready(init_params(config, jax.random.PRNGKey(0)))
   init_s = time.perf_counter() - start
   learner = Learner(learner_config, config, actor_params, mesh=make_mesh({"data": 1, "fsdp": 1, "tensor": 1},
                                                                          [device]))
   jax.block_until_ready(learner.critic_params)
+  return learner, init_s
+
+
+def learner_row(record: probe.Recorder, device: Any, compiles: probe.CompileLog, config, row: LearnerRow,
+                peak_flops: float) -> None:
+  """One-device SAO learner (`bench_train.py`'s setup: mesh 1×1×1, no critic warmup, one bucket = T) on synthetic
+  trajectories: parameter init, each update's wall time and compiles, memory, tokens/s and FLOP/s vs the peak."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from sao.train import targets  # pylint: disable=g-import-not-at-top
+  compiles.during = "params"
+  start = time.perf_counter()
+  learner, init_s = make_learner(config, row.seq_len, device)
+  learner_config = learner.config
   p_actor, p_critic = probe.param_count(learner.actor_params), probe.param_count(learner.critic_params)
   a_actor = probe.active_params(learner.actor_params, config.num_experts, config.num_experts_per_tok)
   a_critic = probe.active_params(learner.critic_params, config.num_experts, config.num_experts_per_tok)

@@ -61,13 +61,20 @@ def max_bytes(max_gb: float) -> int:
   return int(max_gb * _GB)
 
 
-def enable(path: str, max_gb: float, min_compile_time_s: float) -> None:
+def enable(path: str, max_gb: float, min_compile_time_s: float, gpu_kernel_cache: bool = False) -> None:
   """Caches this process's XLA executables that took at least `min_compile_time_s` to compile in `path`, at most
-  `max_gb` GiB of them (least recently used evicted). Call before the first compile: JAX decides once per process
-  whether its cache is in use."""
+  `max_gb` GiB of them (least recently used evicted). Programs compiled before the call are not cached.
+
+  On GPU, XLA's own caches go beside the executables: per-fusion autotuning results always (JAX's default; process 0
+  writes, the others read), and with `gpu_kernel_cache` the compiled kernels too (`xla_gpu_kernel_cache_file`, one
+  file every writer appends to: for a process that has its directory to itself). Both serve a program never compiled
+  before (another bucket length, a changed model) with the fusions and kernels it shares with earlier ones.
+  No effect on CPU or TPU."""
   import jax  # pylint: disable=g-import-not-at-top  (the config files import `default_dir` without jax)
   size = max_bytes(max_gb)
   os.makedirs(path, exist_ok=True)
   jax.config.update("jax_compilation_cache_dir", path)
   jax.config.update("jax_compilation_cache_max_size", size)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_time_s))
+  jax.config.update("jax_persistent_cache_enable_xla_caches",
+                    "all" if gpu_kernel_cache else "xla_gpu_per_fusion_autotune_cache_dir")

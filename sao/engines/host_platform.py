@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import MutableMapping
+from typing import Mapping, MutableMapping
 
 ENV = "JAX_PLATFORMS"
 ACCELERATOR_DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*")
@@ -31,3 +31,14 @@ def pin_cpu_without_accelerator(env: MutableMapping[str, str] | None = None,
     return False
   env[ENV] = "cpu"
   return True
+
+
+def runs_on_cpu(env: Mapping[str, str] | None = None,
+                device_globs: tuple[str, ...] = ACCELERATOR_DEVICE_GLOBS) -> bool:
+  """Whether JAX in a process with environment `env` (default: this one's) computes on XLA:CPU: `JAX_PLATFORMS`
+  names cpu first, or it is unset and the host exposes no accelerator device files."""
+  env = os.environ if env is None else env
+  platforms = [p.strip() for p in env.get(ENV, "").split(",") if p.strip()]
+  if platforms:
+    return platforms[0] == "cpu"
+  return not has_accelerator(device_globs)

@@ -19,13 +19,22 @@ visible key (a padding query) has an unspecified output (the implementations dif
   query head, except under a mesh whose `tensor` axis does not divide the KV heads (`replicate_kv_heads`): there
   each KV head is repeated to the query heads of its chips before the block loop, so that its gradient is summed
   over those chips once per layer (the transpose of the repeat), not once per block pair inside the loop.
-- "splash": Pallas splash attention on TPU (`splash_attention`; causal mask + segment ids for padding, GQA by
-  running the MQA kernel per kv head). Only the training layout (no cache, T = S).
-- "auto" (`resolve_impl`): splash on a single TPU device for the training layout, else blockwise when one score
-  matrix has at least `BLOCKWISE_MIN_SCORES` entries (T·S), else xla. Short sequences (the toy runs, decode steps)
-  keep the reference. Splash is a per-device Pallas kernel: under a multi-device jit XLA cannot partition it (it
-  would gather q/k/v onto every device), so until it is wrapped in a shard_map over the batch / head axes "auto"
-  uses blockwise (plain jnp, which XLA partitions) whenever more than one device is present.
+- "splash": Pallas splash attention on TPU (`sao.models.splash_attention`; causal mask + segment ids for padding,
+  GQA by running the MQA kernel per kv head). Only the training layout (no cache, T = S).
+- "cudnn": cuDNN's fused flash attention on NVIDIA GPUs (`sao.models.cudnn_attention`: causal mask only, exact
+  for any key-validity mask: rows that are not right-padded are reordered valid-first around the kernel). Only the
+  training layout.
+- "auto" chooses by the platform the program is lowered for (`lax.platform_dependent`, `platform_impls`), not by
+  `jax.default_backend()`: an ahead-of-time compile for TPU or GPU from a CPU host gets that platform's kernel. Per
+  platform (`resolve_impl`): TPU splash for the training layout in a one-device program (the context mesh's size,
+  else a TPU host's device count; unknown, so never splash, when a non-TPU host traces without a mesh); GPU (cuda)
+  cudnn where `cudnn_unusable_reason` finds nothing against it (bf16/fp16, head dim, training layout, cuDNN here);
+  everywhere else, and as those two's fallback, blockwise when one score matrix has at least `BLOCKWISE_MIN_SCORES`
+  entries (T·S), else xla. Short sequences (the toy runs, decode steps) keep the reference. Where every platform
+  gets the same implementation no platform switch is staged (a CPU host's programs are what they were). Splash is a
+  per-device Pallas kernel: under a multi-device jit XLA cannot partition it (it would gather q/k/v onto every
+  device), so until it is wrapped in a shard_map over the batch / head axes "auto" uses blockwise (plain jnp, which
+  XLA partitions) whenever more than one device is present. cuDNN's wrapper is custom-partitioned (batch, heads).
 """
 from __future__ import annotations
 
@@ -37,6 +46,8 @@ import jax.numpy as jnp
 
 from jax.sharding import PartitionSpec as P
 
+from sao.models import cudnn_attention
+from sao.models.splash_attention import splash_attention, splash_kernel  # noqa: F401  (re-exported)
 from sao.models.config import ATTENTION_IMPLS as IMPLS
 from sao.models.mesh_axes import TENSOR_AXIS
 
@@ -71,33 +82,72 @@ class AttentionMask(NamedTuple):
     return (jnp.arange(s)[None, None, :] <= self.slots(t)[:, :, None]) & self.key_valid.astype(bool)[:, None, :]
 
 
+# The platforms "auto" stages a branch for (`lax.platform_dependent` names; "gpu" is not one).
+PLATFORMS = ("cpu", "tpu", "cuda", "rocm")
+
+
 def resolve_impl(impl: str, t: int, s: int, cached: bool, backend: str | None = None,
-                 num_devices: int | None = None) -> str:
-  """The implementation `impl` names; "auto" picks by backend, device count and size (module docstring)."""
+                 num_devices: int | None = None, cudnn_reason: str | None = "not asked") -> str:
+  """The implementation `impl` names; "auto" picks by platform (`backend`, default `jax.default_backend()`),
+  device count and size (module docstring). `cudnn_reason`: `cudnn_unusable_reason`'s answer for a cuda backend
+  (None: cuDNN can run); the default keeps the jnp rule."""
   if impl not in IMPLS:
     raise ValueError(f"attention_impl: unsupported {impl!r}; expected one of {IMPLS}")
   if impl != "auto":
     return impl
   backend = backend or jax.default_backend()
-  num_devices = jax.device_count() if num_devices is None else num_devices
+  num_devices = _device_count() if num_devices is None else num_devices
   if backend == "tpu" and num_devices == 1 and not cached and t == s and t % 128 == 0:
     return "splash"
+  if backend in ("cuda", "gpu") and cudnn_reason is None:
+    return "cudnn"
   return "blockwise" if t * s >= BLOCKWISE_MIN_SCORES else "xla"
+
+
+def _device_count() -> int:
+  """The devices the program spans: the context mesh's (`jax.set_mesh`, as the learner traces, also ahead of time
+  for a TPU topology), else this TPU host's; 0 (unknown: never splash) for a program traced on another host without
+  a mesh (e.g. a block compiled ahead of time for a multi-chip topology, which would refuse the Mosaic kernel)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty:
+    return int(mesh.size)
+  return jax.device_count() if jax.default_backend() == "tpu" else 0
+
+
+def platform_impls(impl: str, q, k, cached: bool) -> dict[str, str]:
+  """{lowering platform: implementation} for these (abstract) operands; `impl` other than "auto" everywhere."""
+  reason = cudnn_attention.cudnn_unusable_reason(q, k, cached) if impl == "auto" else None
+  return {p: resolve_impl(impl, q.shape[1], k.shape[1], cached, backend=p, cudnn_reason=reason) for p in PLATFORMS}
 
 
 def attention(q: Array, k: Array, v: Array, mask: AttentionMask, impl: str = "auto", *,
               block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> Array:
   """Causal GQA attention (module docstring). q: [B, T, H, D]; k, v: [B, S, K, D]. Returns [B, T, H, D]."""
   _check_shapes(q, k, v, mask)
-  chosen = resolve_impl(impl, q.shape[1], k.shape[1], mask.query_slot is not None)
-  if chosen == "xla":
-    return dense_attention(q, k, v, mask.dense(q.shape[1]))
-  if chosen == "blockwise":
-    return blockwise_attention(q, k, v, mask, block_q=block_q, block_k=block_k)
-  if mask.query_slot is not None or q.shape[1] != k.shape[1]:
-    raise ValueError("attention_impl='splash' supports only the training layout (no KV cache, T = S); "
-                     "use 'auto' to fall back for cached decoding")
-  return splash_attention(q, k, v, mask.key_valid)
+  cached = mask.query_slot is not None
+  chosen = platform_impls(impl, q, k, cached)
+  fallback = resolve_impl("auto", q.shape[1], k.shape[1], cached, backend="cpu")  # jnp, any platform
+
+  def run(name):
+    def kernel(q, k, v):
+      if name == "xla":
+        return dense_attention(q, k, v, mask.dense(q.shape[1]))
+      if name == "blockwise":
+        return blockwise_attention(q, k, v, mask, block_q=block_q, block_k=block_k)
+      if cached or q.shape[1] != k.shape[1]:
+        raise ValueError(f"attention_impl={name!r} supports only the training layout (no KV cache, T = S); "
+                         "use 'auto' to fall back for cached decoding")
+      if name == "cudnn":
+        return cudnn_attention.cudnn_attention(q, k, v, mask.key_valid)
+      return splash_attention(q, k, v, mask.key_valid)
+    return kernel
+
+  kernels = {name: run(name) for name in sorted(set(chosen.values()))}
+  if len(kernels) == 1:
+    return next(iter(kernels.values()))(q, k, v)
+  # One callable per distinct implementation: platform_dependent joins the platforms sharing it into one branch.
+  return jax.lax.platform_dependent(q, k, v, default=kernels[fallback],
+                                    **{p: kernels[name] for p, name in chosen.items() if name != fallback})
 
 
 def _check_shapes(q, k, v, mask):
@@ -331,38 +381,6 @@ def _flash_bwd(res, dout):
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
-
-
-# ------------------------------------------------------------------------------------------------------ splash (TPU)
-def splash_kernel(heads_per_kv: int, length: int, block: int = BLOCK_Q, interpret: bool = False):
-  """The Pallas splash-attention MQA kernel for one kv head: `heads_per_kv` query heads, causal over `length`."""
-  from jax.experimental.pallas.ops.tpu import splash_attention as splash  # TPU-only kernel; imported on use
-  blk = min(block, length)
-  sizes = splash.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk, block_kv_dkv=blk,
-                            block_kv_dkv_compute=blk, block_q_dq=blk, block_kv_dq=blk)
-  mask = splash.MultiHeadMask([splash.CausalMask((length, length))] * heads_per_kv)
-  return splash.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
-
-
-def splash_attention(q: Array, k: Array, v: Array, key_valid: Array, *, block: int = BLOCK_Q,
-                     interpret: bool = False) -> Array:
-  """Splash attention, training layout (T = S, query t at slot t). q: [B, T, H, D]; k, v: [B, T, K, D];
-  key_valid: [B, T]. Padding is a segment id (real 1, padding 0): real queries see only real keys, and a padding
-  query sees causal padding keys (at least itself), so no softmax row is empty."""
-  from jax.experimental.pallas.ops.tpu.splash_attention import SegmentIds
-  b, t, h, d = q.shape
-  kv_heads = k.shape[2]
-  kernel = splash_kernel(h // kv_heads, t, block, interpret)
-  seg = key_valid.astype(jnp.int32)
-  qs = (q * (d ** -0.5)).astype(q.dtype).reshape(b, t, kv_heads, h // kv_heads, d).transpose(0, 2, 3, 1, 4)
-  ks, vs = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, D]
-
-  def one_row(q_row, k_row, v_row, seg_row):  # [K, G, T, D], [K, T, D], [K, T, D], [T]
-    ids = SegmentIds(q=seg_row, kv=seg_row)
-    return jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=ids))(q_row, k_row, v_row)
-
-  out = jax.vmap(one_row)(qs, ks, vs, seg)  # [B, K, G, T, D]
-  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d).astype(v.dtype)
 
 
 # ------------------------------------------------------------------------------------------------------ measurement

@@ -21,7 +21,7 @@ LINEAR_ATTN_FORMS = ("chunked", "recurrent")
 MOE_IMPLS = ("routed", "dense")
 DTYPES = ("float32", "bfloat16")
 # Attention implementations (sao.models.attention): "auto" = splash on TPU, blockwise for long sequences, else xla.
-ATTENTION_IMPLS = ("auto", "xla", "blockwise", "splash")
+ATTENTION_IMPLS = ("auto", "xla", "blockwise", "splash", "cudnn")
 # Remat policies by name; values are attributes of `jax.checkpoint_policies` (None = save nothing = full remat).
 REMAT_POLICIES = {
     "none": None,

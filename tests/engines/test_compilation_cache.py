@@ -60,3 +60,25 @@ def test_enable_bounds_the_directory_and_locks_it(tmp_path):
   assert int(out[-1]) == int(1e-3 * (1 << 30))
   names = os.listdir(path)
   assert any(n.endswith("-cache") for n in names) and ".lockfile" in names  # JAX's LRU cache, locked
+
+
+
+_XLA_CACHES = """
+import sys
+import jax
+from sao.engines import compilation_cache
+compilation_cache.enable(sys.argv[1], 1e-3, min_compile_time_s=0.0, gpu_kernel_cache=sys.argv[2] == "True")
+print(jax.config.jax_persistent_cache_enable_xla_caches)
+"""
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+def test_gpu_kernel_cache_only_when_asked(tmp_path, kernels):
+  """XLA:GPU's autotuning cache always goes beside the executables; its kernel cache (one file every writer appends
+  to) only for a process that has the directory to itself."""
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+  out = subprocess.run([sys.executable, "-c", _XLA_CACHES, str(tmp_path / "c"), str(kernels)],
+                       env=dict(env, JAX_PLATFORMS="cpu", PYTHONPATH=repo), cwd=repo, capture_output=True, text=True,
+                       timeout=120, check=True).stdout.split()
+  assert out[-1] == ("all" if kernels else "xla_gpu_per_fusion_autotune_cache_dir")

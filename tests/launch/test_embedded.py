@@ -59,6 +59,28 @@ def test_started_engine_command_carries_the_queue_bound(tmp_path, monkeypatch):
   assert len(started) == 1 and "--max_queued_rows=32" in started[0]
 
 
+def test_an_engine_sharing_the_trainers_gpu_gets_its_memory_share(tmp_path, monkeypatch):
+  """On a GPU host the engine's environment has preallocation off and its own fraction, replacing the trainer's
+  (launch.run sets that in its own environment first); on this CPU host nothing is added."""
+  from sao.engines import gpu_share, local_server  # pylint: disable=g-import-not-at-top
+  envs = []
+  monkeypatch.setattr(local_server, "start_local_engine",
+                      lambda model_dir, **kw: (envs.append(kw["env"]) or object(), "http://127.0.0.1:1"))
+  config = sao_openswe.get_config("toy")
+  for name in ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE", gpu_share.SET_BY_US):
+    monkeypatch.setenv(name, "")  # recorded, so that the test ends with this process's environment as it was
+    monkeypatch.delenv(name)
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  embedded.EmbeddedProcesses(config, str(tmp_path), CONFIG_ARGS).start_engines("/model")
+  assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in envs[-1]
+  monkeypatch.setenv("JAX_PLATFORMS", "cuda")  # what a GPU host's JAX runs on
+  gpu_share.apply("trainer", config.num_engines)  # as launch.run does in the trainer process
+  embedded.EmbeddedProcesses(config, str(tmp_path), CONFIG_ARGS).start_engines("/model")
+  assert envs[-1]["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+  assert envs[-1]["XLA_PYTHON_CLIENT_MEM_FRACTION"] == f"{gpu_share.ENGINES_FRACTION / config.num_engines:.3f}"
+  assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == f"{gpu_share.TRAINER_FRACTION:.3f}"
+
+
 def test_external_engines_start_nothing(tmp_path):
   children = embedded.EmbeddedProcesses(sao_openswe.get_config("toy,engine_urls=http://a:1+http://b:2"),
                                         str(tmp_path), CONFIG_ARGS)

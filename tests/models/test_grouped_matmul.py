@@ -130,6 +130,17 @@ def test_tpu_lowering_has_no_ragged_contracting_dot():
   assert not _ragged_dots(traced.lower(lowering_platforms=("cpu",)).as_text())
 
 
+def test_gpu_lowering_is_the_tiled_kernel_not_ragged_dot():
+  """Lowered for cuda (and rocm), "auto" is the tiled kernel, forward and backward: no ragged dot, which XLA:GPU
+  runs dense over the groups (issue 47: temporaries G·M·K on an H200); the text equals "tiled"'s own lowering."""
+  for platform in ("cuda", "rocm"):
+    auto = jax.jit(_grad("auto")).trace(*_ARGS).lower(lowering_platforms=(platform,)).as_text()
+    tiled = jax.jit(_grad("tiled")).trace(*_ARGS).lower(lowering_platforms=(platform,)).as_text()
+    assert not _ragged_dots(auto) and "ragged" not in auto
+    assert auto.count("stablehlo.dot_general") == tiled.count("stablehlo.dot_general") > 0
+  assert _ragged_dots(jax.jit(_grad("xla")).trace(*_ARGS).lower(lowering_platforms=("cuda",)).as_text())
+
+
 def test_tpu_lowering_in_a_manual_mesh_uses_megablox():
   """Inside a shard_map manual over every mesh axis (check_vma=False, as the kernels' outputs carry no varying-axes
   type) the TPU lowering calls the Mosaic kernels (d_lhs gmm and d_rhs tgmm) and no ragged dot."""
