@@ -69,6 +69,15 @@ def decode(text: Any, num_layers: int, top_k: int) -> np.ndarray:
   return np.frombuffer(raw, _WIRE_DTYPE).astype(np.int32).reshape(-1, num_layers, top_k)
 
 
+def decode_rows(text: Any, num_rows: int) -> np.ndarray:
+  """`meta_info["routed_experts"]` → int32 [num_rows, L·k] without knowing the model: each token's row of L·k ids
+  (layer-major, SGLang's C order), to be reshaped to [num_rows, L, k] by whoever knows L and k (the learner)."""
+  flat = decode(text, 1, 1).reshape(-1)
+  if num_rows < 1 or flat.size % num_rows:
+    raise ValueError(f"routed_experts: {flat.size} ids do not split into {num_rows} token rows")
+  return flat.reshape(num_rows, -1)
+
+
 def check(routed: np.ndarray, num_tokens: int, num_layers: int, top_k: int, num_experts: int,
           field: str = "routed_experts") -> None:
   """Raises ValueError naming `field` unless `routed` is int [R, num_layers, top_k] with R <= num_tokens, every id in

@@ -296,8 +296,8 @@ class Sampler:
     `sao.models.prefix_state` has the layout.
     Row i's sampling key is the same as in `generate`; log-probs equal `generate`'s up to float rounding (a cached
     token's keys/values were computed in an earlier prefill or decode step, not in this prefill).
-    `return_routed_experts`: as in `generate`; a state does not keep its tokens' routing, so every prefix must then
-    be None.
+    `return_routed_experts`: as in `generate` for the rows prefilled whole (prefix None); a state does not keep its
+    tokens' routing, so a row continuing from one gets `routed_experts` None.
     """
     n = len(prompts)
     if n == 0:
@@ -306,9 +306,6 @@ class Sampler:
     prompts, sampling_params = self._checked(prompts, sampling_params)
     if len(prefixes) != n:
       raise ValueError(f"prefixes: {len(prefixes)} entries for {n} prompts")
-    if capture and any(p is not None for p in prefixes):
-      raise ValueError("prefixes: return_routed_experts needs every prompt prefilled whole (a cached state has no "
-                       "routing record)")
     reused = [0 if p is None else p.length for p in prefixes]
     for i, (p, used) in enumerate(zip(prompts, reused)):
       if not 0 <= used < p.size:
@@ -329,7 +326,8 @@ class Sampler:
     completions = [dataclasses.replace(c, cached_tokens=used)
                    for c, used in zip(self._completions(n, *outputs[:4]), reused)]
     if capture:
-      completions = self._with_routing(completions, outputs[5], suffixes, length)
+      completions = [c if used == 0 else dataclasses.replace(c, routed_experts=None) for c, used in
+                     zip(self._with_routing(completions, outputs[5], suffixes, length), reused)]
     states = prefix_state.unpack(cache, [p.size + c.token_ids.size for p, c in zip(prompts, completions)])
     return completions, states
 
