@@ -3,6 +3,10 @@
 Router (float32, in `sao.models.layers.MoE`): `p = softmax(x @ gate)` over X experts, top-k, renormalised over the k
 when `norm_topk_prob`. Experts: `y_n = Σ_{j<k} p_nj · down_e(silu(gate_e(x_n)) * up_e(x_n))` with `e = top_i[n, j]`.
 
+Routing replay (`replay_route`, `learner.routing_replay`): the k experts of a token come from the inference engine's
+record (SGLang's `routed_experts`, `sao.models.routed_experts`) instead of this router's top-k; the gates are still
+this router's probabilities at those experts (renormalised when `norm_topk_prob`), as slime / Megatron replay them.
+
 `routed_experts` computes each token only with its k experts (FLOPs ∝ N·k, not N·X) and drops nothing (any number
 of tokens may pick one expert):
   1. the N·k assignments are sorted by expert (stable argsort); row m of the sorted list is token `order[m] // k`;
