@@ -47,7 +47,7 @@ def _result_json(engine: LocalEngine, completion: Completion, version: str, prom
           "finish_reason": finish, "weight_version": version, "e2e_latency": latency_s,
           "output_token_logprobs": [[float(lp), int(t), None] for lp, t in zip(completion.logprobs.tolist(), ids)]}
   if completion.routed_experts is not None:  # SGLang's: base64 of int32 [prompt + completion − 1, layers, top_k]
-    meta["routed_experts"] = routed_experts.encode(completion.routed_experts)
+    meta["routed_experts"] = routed_experts.encode(completion.routed_experts[:-1])  # the last token is not sent
   return {"text": text, "output_ids": ids, "meta_info": meta}
 
 

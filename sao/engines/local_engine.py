@@ -33,9 +33,11 @@ values. Log-probs equal the uncached ones up to float rounding (a cached token's
 that computed them, not from a fresh prefill): tests/engines/test_prefix_cache.py bounds the difference.
 
 Routed experts (SGLang's `--enable-return-routed-experts`, `EngineConfig.enable_return_routed_experts`, an MoE model
-only): a row that asks (`return_routed_experts`) gets `Completion.routed_experts`, the experts every fed token was
-routed to in SGLang's `[prompt + completion − 1, layers, top_k]` layout (`sao.models.routed_experts`). The prefix
-cache keeps states, not routing, so such a row is prefilled whole (its finished state is still cached for others).
+only): a row that asks (`return_routed_experts`) gets `Completion.routed_experts`, the experts each of its prompt +
+completion tokens was routed to, `[P + n, layers, top_k]` (`sao.models.routed_experts`; the HTTP app sends SGLang's
+`[P + n − 1, ...]`). The prefix cache keeps each entry's routing when the batch that computed it captured routing
+(`sao.engines.routed_prefix`), so such a row continues from a cached conversation like any other; an entry without
+a record is not reused for it.
 
 Context length: a prompt must be shorter than the model's `max_position_embeddings` and fit the largest prompt
 bucket (else 400); `max_new_tokens` is clamped so prompt + completion fits the context (finish reason `length`).
@@ -57,6 +59,7 @@ import jax
 import numpy as np
 
 from sao.engines.prefix_cache import PrefixCache
+from sao.engines.routed_prefix import RoutedState
 from sao.engines.request_checks import RequestError, RowLimits, check_row
 from sao.models.config import ModelConfig
 from sao.models.streaming import load_pretrained_sharded
@@ -148,6 +151,10 @@ def _bad_completion(c: Completion) -> str | None:
 def _routing_kwargs(capture: bool) -> dict[str, bool]:
   """The Sampler's `return_routed_experts` argument, passed only when set (so a sampler without it serves the rest)."""
   return {"return_routed_experts": True} if capture else {}
+
+
+def _has_routing(state: RoutedState) -> bool:
+  return state.routing is not None
 
 
 class LocalEngine:
@@ -335,14 +342,22 @@ class LocalEngine:
     if cache is None:
       completions = self.sampler.generate(prompts, params, seed, **_routing_kwargs(capture))
       return [c if r else dataclasses.replace(c, routed_experts=None) for c, r in zip(completions, routed)]
-    hits = [None if r else cache.lookup(p, weights_key) for p, r in zip(prompts, routed)]
+    # A row asking for routed experts reuses only a prefix whose routing was recorded.
+    hits = [cache.lookup(p, weights_key, _has_routing if r else None) for p, r in zip(prompts, routed)]
     prefixes = [None if h is None else h.state.truncated(h.length) for h in hits]
-    completions, states = self.sampler.generate_continuing(prompts, params, prefixes, seed,
+    completions, states = self.sampler.generate_continuing(prompts, params, [None if p is None else p.state for p in prefixes], seed,
                                                            **_routing_kwargs(capture))
+    if capture:  # each row's whole record: the cached prefix's, then what this call fed
+      completions = [c if p is None or p.routing is None else dataclasses.replace(
+          c, routed_experts=np.concatenate([p.routing, c.routed_experts])) for c, p in zip(completions, prefixes)]
+    records = [c.routed_experts for c in completions]
     completions = [c if r else dataclasses.replace(c, routed_experts=None) for c, r in zip(completions, routed)]
-    for p, c, state, hit in zip(prompts, completions, states, hits):
+    for p, c, state, hit, record in zip(prompts, completions, states, hits, records):
       if _bad_completion(c) is None:
-        cache.insert(np.concatenate([p, c.token_ids]), state, weights_key, None if hit is None else hit.entry_id)
+        tokens = np.concatenate([p, c.token_ids])
+        whole = record is not None and len(record) == tokens.size  # else this prefix's routing is unknown
+        cache.insert(tokens, RoutedState(state, record if whole else None), weights_key,
+                     None if hit is None else hit.entry_id)
     self.stats["cached_prompt_tokens"] += sum(c.cached_tokens for c in completions)
     return completions
 

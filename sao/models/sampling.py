@@ -46,8 +46,9 @@ class SamplingParams:
 class Completion:
   """token_ids: [n] int32 (a sampled stop token is included); logprobs: [n] float32; finish_reason: stop | length;
   cached_tokens: prompt tokens whose state came from a cache instead of this call's prefill; routed_experts: when
-  asked for, the experts each fed token was routed to, [P + n − 1, L, k] int32 in SGLang's layout
-  (`sao.models.routed_experts`: the P prompt tokens, then every sampled token but the last)."""
+  asked for, the experts each token this call fed was routed to, [P − cached_tokens + n, L, k] int32
+  (`sao.models.routed_experts`: the prompt's prefilled tokens, then every sampled token, the last one included
+  since it is fed to the cache too; SGLang's record of a request drops that last row)."""
   token_ids: np.ndarray
   logprobs: np.ndarray
   finish_reason: str
@@ -255,10 +256,10 @@ class Sampler:
   @staticmethod
   def _with_routing(completions: list[Completion], routed: np.ndarray, prompts: Sequence[np.ndarray],
                     slots: int) -> list[Completion]:
-    """Row i's SGLang-layout record from the captured [B, slots + N, L, k]: its prompt (left-padded, the last
-    `len(prompt)` of the first `slots`), then its sampled tokens but the last."""
+    """Row i's record from the captured [B, slots + N, L, k]: its prompt (left-padded, the last `len(prompt)` of
+    the first `slots`), then its sampled tokens."""
     return [dataclasses.replace(c, routed_experts=np.concatenate(
-        [routed[i, slots - p.size:slots], routed[i, slots:slots + c.token_ids.size - 1]]).astype(np.int32))
+        [routed[i, slots - p.size:slots], routed[i, slots:slots + c.token_ids.size]]).astype(np.int32))
             for i, (c, p) in enumerate(zip(completions, prompts))]
 
   def generate(self, prompts: Sequence[Sequence[int] | np.ndarray],
@@ -296,8 +297,8 @@ class Sampler:
     `sao.models.prefix_state` has the layout.
     Row i's sampling key is the same as in `generate`; log-probs equal `generate`'s up to float rounding (a cached
     token's keys/values were computed in an earlier prefill or decode step, not in this prefill).
-    `return_routed_experts`: as in `generate` for the rows prefilled whole (prefix None); a state does not keep its
-    tokens' routing, so a row continuing from one gets `routed_experts` None.
+    `return_routed_experts`: as in `generate`, covering the tokens this call feeds (a row with a prefix: its
+    suffix and sampled tokens; the prefix's routing is the caller's to keep, `sao.engines.routed_prefix`).
     """
     n = len(prompts)
     if n == 0:
@@ -326,8 +327,7 @@ class Sampler:
     completions = [dataclasses.replace(c, cached_tokens=used)
                    for c, used in zip(self._completions(n, *outputs[:4]), reused)]
     if capture:
-      completions = [c if used == 0 else dataclasses.replace(c, routed_experts=None) for c, used in
-                     zip(self._with_routing(completions, outputs[5], suffixes, length), reused)]
+      completions = self._with_routing(completions, outputs[5], suffixes, length)
     states = prefix_state.unpack(cache, [p.size + c.token_ids.size for p, c in zip(prompts, completions)])
     return completions, states
 

@@ -44,8 +44,7 @@ from sao.models.config import ModelConfig
 from sao.models.transformer import abstract_params, init_critic_from_policy
 from sao.train import actor_losses, batching, grouped_steps, roles, state as state_lib, steps
 from sao.train import checkpoint as ckpt_lib
-from sao.train import critic_stats
-from sao.train import routing_replay
+from sao.train import critic_stats, routing_replay
 from sao.train import distributed
 from sao.train import grouped_update
 from sao.train import precompile as precompile_lib

@@ -52,11 +52,11 @@ def _trainer_routing(model_dir: str, tokens: list[int]) -> np.ndarray:
 
 def test_routed_experts_round_trip_through_http_and_client(moe_dir):
   """Raw body: base64 of int32 [P + n − 1, L, k], −1 on the dense layer; client: the same rows flattened per token;
-  the second turn (its prompt extends the first conversation, which the prefix cache holds) is still covered from
-  token 0; both name the experts the trainer's own forward routes those tokens to (same weights, float32)."""
+  the second turn continues from the first conversation in the prefix cache (its routing kept beside the state) and
+  is still covered from token 0; both name the experts the trainer's own forward routes those tokens to (same weights, float32)."""
   config, _ = load_pretrained(moe_dir)
   engine = LocalEngine(moe_dir, EngineConfig(enable_return_routed_experts=True, **BUCKETS))
-  prompt = [3, 14, 15, 92, 65]
+  prompt = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79, 50, 28]  # > one 16-token cache block
   sp = {"max_new_tokens": 6, "temperature": 0.0}
 
   async def talk(url):
@@ -74,6 +74,9 @@ def test_routed_experts_round_trip_through_http_and_client(moe_dir):
     return raw, plain, first, second_prompt, second
 
   raw, plain, first, second_prompt, second = asyncio.run(_with_server(engine, talk))
+  # Cached prompt tokens: `plain` reused `raw`'s entry (P − 1) and replaced it by one without routing, which `first`
+  # (asking) skipped; the second turn continued from `first`'s whole conversation (P + 6), its routing recorded.
+  assert engine.stats["cached_prompt_tokens"] == (len(prompt) - 1) + (len(prompt) + 6)
   assert "routed_experts" not in plain["meta_info"]  # only rows that ask
   tokens = prompt + raw["output_ids"]
   wire = routing.decode(raw["meta_info"]["routed_experts"], config.num_layers, config.num_experts_per_tok)

@@ -162,15 +162,16 @@ def _engine_rows(config, params, prompts, completions, length):
   replay = np.full((rows, length, config.num_layers, config.num_experts_per_tok), -1, np.int32)
   for i, (p, c) in enumerate(zip(prompts, completions)):
     n = p.size + c.token_ids.size
-    assert c.routed_experts.shape == (n - 1, config.num_layers, config.num_experts_per_tok)  # SGLang's S − 1 rows
+    assert c.routed_experts.shape == (n, config.num_layers, config.num_experts_per_tok)  # every token it fed
     ids[i, :n], mask[i, :n], action[i, p.size:n] = np.concatenate([p, c.token_ids]), 1, True
     engine_lp[i, p.size:n] = c.logprobs
-    replay[i] = routing.padded(c.routed_experts, length, config.num_layers, config.num_experts_per_tok)
+    # What SGLang sends (and the trajectory keeps): every token but the last.
+    replay[i] = routing.padded(c.routed_experts[:-1], length, config.num_layers, config.num_experts_per_tok)
   return ids, mask, action, engine_lp, replay
 
 
 def test_engine_capture_is_the_trainers_routing_in_float32():
-  """Same weights and dtype: the Sampler's record (prompt + every sampled token but the last, SGLang's rows) names
+  """Same weights and dtype: the Sampler's record (prompt + every sampled token; SGLang's rows drop the last) names
   the experts the trainer's forward routes those tokens to, and replaying it leaves the log-probs unchanged."""
   config = ModelConfig.tiny("qwen3_moe")
   params = random_params(config, seed=5)
