@@ -50,3 +50,31 @@ def test_trajectory_carries_the_last_turns_record():
 def test_a_record_of_the_wrong_length_fails_the_episode():
   traj = _episode(RoutingEngine(extra_rows=1))
   assert traj.status == Status.ENV_ERROR and "routed_experts" in traj.metadata["error"]
+
+
+def test_the_proxy_keeps_the_last_turns_record_too():
+  """The token-capturing proxy (proxied scaffolds) follows the same rule per segment."""
+  from sao.rollout.proxy import TokenCapturingProxy  # pylint: disable=g-import-not-at-top
+  from tests.rollout.test_proxy import ScriptedEngine  # pylint: disable=g-import-not-at-top
+
+  class RoutingScripted(ScriptedEngine):
+    async def generate(self, input_ids, sampling_params):
+      result = await super().generate(input_ids, sampling_params)
+      fed = list(input_ids) + list(result.token_ids)[:-1]
+      return dataclasses.replace(result, routed_experts=np.repeat(np.asarray(fed, np.int32)[:, None], COLUMNS, 1))
+
+  env = envs.make("number_search")
+  messages = env.reset(env.tasks("train", 1, 0)[0])
+  proxy = TokenCapturingProxy(RoutingScripted(TOKENIZER, ["lower?", "higher?"]), TOKENIZER)
+
+  async def main():
+    first = await proxy.chat_completion("s", {"model": "m", "messages": messages})
+    follow = messages + [first["choices"][0]["message"], {"role": "user", "content": "go on"}]
+    await proxy.chat_completion("s", {"model": "m", "messages": follow})
+    return proxy.trajectories("s")
+
+  (traj,) = asyncio.run(main())
+  assert traj.num_turns == 2
+  last_action = traj.reward_token_index()
+  assert traj.routed_experts.shape == (last_action, COLUMNS)
+  np.testing.assert_array_equal(traj.routed_experts[:, 0], traj.token_ids[:last_action])
