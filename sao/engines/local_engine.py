@@ -345,8 +345,8 @@ class LocalEngine:
     # A row asking for routed experts reuses only a prefix whose routing was recorded.
     hits = [cache.lookup(p, weights_key, _has_routing if r else None) for p, r in zip(prompts, routed)]
     prefixes = [None if h is None else h.state.truncated(h.length) for h in hits]
-    completions, states = self.sampler.generate_continuing(prompts, params, [None if p is None else p.state for p in prefixes], seed,
-                                                           **_routing_kwargs(capture))
+    states_in = [None if p is None else p.state for p in prefixes]
+    completions, states = self.sampler.generate_continuing(prompts, params, states_in, seed, **_routing_kwargs(capture))
     if capture:  # each row's whole record: the cached prefix's, then what this call fed
       completions = [c if p is None or p.routing is None else dataclasses.replace(
           c, routed_experts=np.concatenate([p.routing, c.routed_experts])) for c, p in zip(completions, prefixes)]

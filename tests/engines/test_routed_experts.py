@@ -53,7 +53,8 @@ def _trainer_routing(model_dir: str, tokens: list[int]) -> np.ndarray:
 def test_routed_experts_round_trip_through_http_and_client(moe_dir):
   """Raw body: base64 of int32 [P + n − 1, L, k], −1 on the dense layer; client: the same rows flattened per token;
   the second turn continues from the first conversation in the prefix cache (its routing kept beside the state) and
-  is still covered from token 0; both name the experts the trainer's own forward routes those tokens to (same weights, float32)."""
+  is still covered from token 0; both name the experts the trainer's own forward routes those tokens to (same
+  weights, float32)."""
   config, _ = load_pretrained(moe_dir)
   engine = LocalEngine(moe_dir, EngineConfig(enable_return_routed_experts=True, **BUCKETS))
   prompt = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79, 50, 28]  # > one 16-token cache block

@@ -118,7 +118,8 @@ def test_model_with_replay():
   other[0, 5, 1] = -1  # one token keeps its own routing
   replayed = np.asarray(lp(params, other))
   assert np.abs(replayed - plain)[:, 3:].max() > 1e-3  # tokens after a changed route see it
-  np.testing.assert_allclose(replayed[:, :3], plain[:, :3], atol=1e-6)  # causal: tokens up to 2 predicted before the change
+  # Causal: tokens 0..2 are scored from positions 0..1, before the first changed route (position 2).
+  np.testing.assert_allclose(replayed[:, :3], plain[:, :3], atol=1e-6)
   for variant in (config.replace(moe_impl="dense"), config.replace(scan_layers=True)):
     got = jax.jit(lambda p, r: token_logprobs(p, variant, ids, mask, routed_experts=r))(params, other)
     np.testing.assert_allclose(np.asarray(got), replayed, atol=5e-5)
