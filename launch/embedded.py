@@ -90,7 +90,9 @@ def engine_args(config: ml_collections.ConfigDict, cache_dir: str) -> list[str]:
           # experiment start in seconds.
           f"--compilation_cache_dir={cache_dir}",
           f"--compilation_cache_max_gb={config.compilation_cache_max_gb}",
-          f"--xla_cpu_threads={config.xla_cpu_threads}"]
+          f"--xla_cpu_threads={config.xla_cpu_threads}"] + (
+              # MoE routing replay: the workers ask for SGLang's routed experts (`learner.routing_replay`)
+              ["--enable-return-routed-experts"] if config.learner.routing_replay else [])
 
 
 def child_env(env: dict[str, str] | None = None) -> dict[str, str]:

@@ -19,7 +19,8 @@ from aiohttp import web
 
 from sao.engines import auth
 from sao.engines.local_engine import EngineOverloadedError, LocalEngine
-from sao.engines.request_checks import RequestError, check_generate_body
+from sao.engines.request_checks import RequestError, check_generate_body, routed_experts_flags
+from sao.models import routed_experts
 from sao.models.sampling import Completion
 
 log = logging.getLogger(__name__)
@@ -42,12 +43,12 @@ def _result_json(engine: LocalEngine, completion: Completion, version: str, prom
   text = ""
   if engine.tokenizer is not None:
     text = engine.tokenizer.decode(ids, skip_special_tokens=bool(params.get("skip_special_tokens", True)))
-  return {"text": text, "output_ids": ids,
-          "meta_info": {"prompt_tokens": prompt_tokens, "completion_tokens": len(ids),
-                        "cached_tokens": completion.cached_tokens,
-                        "finish_reason": finish, "weight_version": version, "e2e_latency": latency_s,
-                        "output_token_logprobs": [[float(lp), int(t), None]
-                                                  for lp, t in zip(completion.logprobs.tolist(), ids)]}}
+  meta = {"prompt_tokens": prompt_tokens, "completion_tokens": len(ids), "cached_tokens": completion.cached_tokens,
+          "finish_reason": finish, "weight_version": version, "e2e_latency": latency_s,
+          "output_token_logprobs": [[float(lp), int(t), None] for lp, t in zip(completion.logprobs.tolist(), ids)]}
+  if completion.routed_experts is not None:  # SGLang's: base64 of int32 [prompt + completion − 1, layers, top_k]
+    meta["routed_experts"] = routed_experts.encode(completion.routed_experts[:-1])  # the last token is not sent
+  return {"text": text, "output_ids": ids, "meta_info": meta}
 
 
 async def _read_json(request: web.Request) -> Any:
@@ -69,11 +70,13 @@ def build_app(engine: LocalEngine, api_key: str | None = None) -> web.Applicatio
   async def generate(request: web.Request) -> web.Response:
     start = time.monotonic()
     try:
-      batched, rows, sps = check_generate_body(await _read_json(request), engine.limits)
+      body = await _read_json(request)
+      batched, rows, sps = check_generate_body(body, engine.limits)
+      routed = routed_experts_flags(body, len(rows))
     except RequestError as e:
       return _error(400, str(e))
     try:
-      results = await engine.generate(rows)
+      results = await engine.generate(rows, routed)
     except RequestError as e:
       return _error(400, str(e))
     except EngineOverloadedError as e:

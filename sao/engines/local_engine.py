@@ -32,6 +32,13 @@ cache is cleared on every weight update and keyed by the served weights, so a ne
 values. Log-probs equal the uncached ones up to float rounding (a cached token's keys/values come from the step
 that computed them, not from a fresh prefill): tests/engines/test_prefix_cache.py bounds the difference.
 
+Routed experts (SGLang's `--enable-return-routed-experts`, `EngineConfig.enable_return_routed_experts`, an MoE model
+only): a row that asks (`return_routed_experts`) gets `Completion.routed_experts`, the experts each of its prompt +
+completion tokens was routed to, `[P + n, layers, top_k]` (`sao.models.routed_experts`; the HTTP app sends SGLang's
+`[P + n − 1, ...]`). The prefix cache keeps each entry's routing when the batch that computed it captured routing
+(`sao.engines.routed_prefix`), so such a row continues from a cached conversation like any other; an entry without
+a record is not reused for it.
+
 Context length: a prompt must be shorter than the model's `max_position_embeddings` and fit the largest prompt
 bucket (else 400); `max_new_tokens` is clamped so prompt + completion fits the context (finish reason `length`).
 Stop ids: the request's `stop_token_ids` plus the tokenizer's eos ids (when the model directory has a tokenizer),
@@ -52,6 +59,7 @@ import jax
 import numpy as np
 
 from sao.engines.prefix_cache import PrefixCache
+from sao.engines.routed_prefix import RoutedState
 from sao.engines.request_checks import RequestError, RowLimits, check_row
 from sao.models.config import ModelConfig
 from sao.models.streaming import load_pretrained_sharded
@@ -90,6 +98,8 @@ class EngineConfig:
   # buckets of the prompt part it does not cover (empty: the prompt buckets).
   prefix_cache_bytes: int = 256 * 2**20
   suffix_buckets: tuple[int, ...] = ()
+  # SGLang's `--enable-return-routed-experts`: rows may ask for the experts their tokens were routed to.
+  enable_return_routed_experts: bool = False
 
   def __post_init__(self):
     if self.max_batch_size < 1:
@@ -112,6 +122,7 @@ class _Row:
   prompt: np.ndarray  # [P] int32
   params: SamplingParams
   future: asyncio.Future  # → (Completion, weight_version)
+  routed: bool = False  # return_routed_experts
 
 
 def _load_eos_ids(model_path: str) -> tuple[tuple[int, ...], Any]:
@@ -137,6 +148,15 @@ def _bad_completion(c: Completion) -> str | None:
   return None
 
 
+def _routing_kwargs(capture: bool) -> dict[str, bool]:
+  """The Sampler's `return_routed_experts` argument, passed only when set (so a sampler without it serves the rest)."""
+  return {"return_routed_experts": True} if capture else {}
+
+
+def _has_routing(state: RoutedState) -> bool:
+  return state.routing is not None
+
+
 class LocalEngine:
   """The batching core behind the HTTP handlers (usable without HTTP: `await engine.generate(...)`)."""
 
@@ -145,6 +165,8 @@ class LocalEngine:
     self.model_path = model_path
     # Streamed tensor by tensor onto the default device (the host never holds the whole model).
     self.model_config, params = load_pretrained_sharded(model_path, dtype=config.dtype)
+    if config.enable_return_routed_experts and not self.model_config.num_experts:
+      raise ValueError(f"enable_return_routed_experts: the model at {model_path!r} has no MoE layers")
     self.eos_ids, self.tokenizer = _load_eos_ids(model_path)
     self.sampler = Sampler(self.model_config, params, prompt_buckets=config.prompt_buckets,
                            batch_buckets=config.batch_buckets, new_token_buckets=config.new_token_buckets,
@@ -199,12 +221,19 @@ class LocalEngine:
     raises `RequestError` naming the field."""
     return check_row(f"input_ids[{i}]" if i >= 0 else "input_ids", input_ids, params, self.limits)
 
-  async def generate(self, rows: Sequence[tuple[np.ndarray, SamplingParams]]) -> list[tuple[Completion, str]]:
-    """Queues checked rows for the batch loop; returns (completion, weight_version) per row, in order. Raises
-    `RequestError` for more rows than `max_queued_rows` and `EngineOverloadedError` (nothing queued) when the rows
-    waiting for a batch would exceed it."""
+  async def generate(self, rows: Sequence[tuple[np.ndarray, SamplingParams]],
+                     routed: Sequence[bool] | None = None) -> list[tuple[Completion, str]]:
+    """Queues checked rows for the batch loop; returns (completion, weight_version) per row, in order. `routed[i]`:
+    row i returns its routed experts (needs `enable_return_routed_experts`). Raises `RequestError` for more rows
+    than `max_queued_rows` or routed experts the server was not started for, and `EngineOverloadedError` (nothing
+    queued) when the rows waiting for a batch would exceed the bound."""
     if self._queue is None:
       raise RuntimeError("LocalEngine.start() was not awaited")
+    routed = [False] * len(rows) if routed is None else [bool(r) for r in routed]
+    if len(routed) != len(rows):
+      raise ValueError(f"routed: {len(routed)} flags for {len(rows)} rows")
+    if any(routed) and not self.config.enable_return_routed_experts:
+      raise RequestError("return_routed_experts: the server was started without --enable-return-routed-experts")
     bound = self.config.max_queued_rows
     if len(rows) > bound:
       raise RequestError(f"input_ids: {len(rows)} prompts, more than the engine queues (max_queued_rows={bound})")
@@ -213,7 +242,7 @@ class LocalEngine:
       raise EngineOverloadedError(f"engine overloaded: {self._queue.qsize()} rows wait for a batch and this request "
                                   f"adds {len(rows)} (max_queued_rows={bound}); retry later")
     loop = asyncio.get_running_loop()
-    pending = [_Row(p, sp, loop.create_future()) for p, sp in rows]
+    pending = [_Row(p, sp, loop.create_future(), r) for (p, sp), r in zip(rows, routed)]
     self.stats["requests"] += 1
     for row in pending:
       self._queue.put_nowait(row)
@@ -268,7 +297,7 @@ class LocalEngine:
     try:
       completions = await loop.run_in_executor(
           self._executor, self._sample, [r.prompt for r in batch], [r.params for r in batch],
-          next(self._seeds) % (2**31), weights_key)
+          next(self._seeds) % (2**31), weights_key, [r.routed for r in batch])
     except Exception as e:  # noqa: BLE001 — which row caused it is found by re-running them one by one
       if len(batch) == 1:
         log.exception("engine row failed")
@@ -287,7 +316,7 @@ class LocalEngine:
         continue
       try:
         (c,) = await loop.run_in_executor(self._executor, self._sample, [r.prompt], [r.params],
-                                          next(self._seeds) % (2**31), weights_key)
+                                          next(self._seeds) % (2**31), weights_key, [r.routed])
       except Exception as e:  # noqa: BLE001 — this row's own failure: its request gets it (500)
         log.exception("engine row %d of %d failed alone", k, len(batch))
         outcomes[k] = e
@@ -302,20 +331,33 @@ class LocalEngine:
     """Names the params being served: the version, and the count of updates (a reused version string differs)."""
     return f"{self.stats['weight_updates']}:{self.weight_version}"
 
-  def _sample(self, prompts: list[np.ndarray], params: list[SamplingParams], seed: int,
-              weights_key: str) -> list[Completion]:
+  def _sample(self, prompts: list[np.ndarray], params: list[SamplingParams], seed: int, weights_key: str,
+              routed: list[bool]) -> list[Completion]:
     """One Sampler call (in the worker thread). With the prefix cache: each row continues from the longest cached
-    state its prompt extends, and the state after its prompt + completion is cached for the next turn."""
+    state its prompt extends (a row that asks for routed experts: from none), and the state after its prompt +
+    completion is cached for the next turn. Routed experts are kept only on the rows that asked."""
     self.stats["prompt_tokens"] += sum(p.size for p in prompts)
+    capture = any(routed)
     cache = self.prefix_cache
     if cache is None:
-      return self.sampler.generate(prompts, params, seed)
-    hits = [cache.lookup(p, weights_key) for p in prompts]
+      completions = self.sampler.generate(prompts, params, seed, **_routing_kwargs(capture))
+      return [c if r else dataclasses.replace(c, routed_experts=None) for c, r in zip(completions, routed)]
+    # A row asking for routed experts reuses only a prefix whose routing was recorded.
+    hits = [cache.lookup(p, weights_key, _has_routing if r else None) for p, r in zip(prompts, routed)]
     prefixes = [None if h is None else h.state.truncated(h.length) for h in hits]
-    completions, states = self.sampler.generate_continuing(prompts, params, prefixes, seed)
-    for p, c, state, hit in zip(prompts, completions, states, hits):
+    states_in = [None if p is None else p.state for p in prefixes]
+    completions, states = self.sampler.generate_continuing(prompts, params, states_in, seed, **_routing_kwargs(capture))
+    if capture:  # each row's whole record: the cached prefix's, then what this call fed
+      completions = [c if p is None or p.routing is None else dataclasses.replace(
+          c, routed_experts=np.concatenate([p.routing, c.routed_experts])) for c, p in zip(completions, prefixes)]
+    records = [c.routed_experts for c in completions]
+    completions = [c if r else dataclasses.replace(c, routed_experts=None) for c, r in zip(completions, routed)]
+    for p, c, state, hit, record in zip(prompts, completions, states, hits, records):
       if _bad_completion(c) is None:
-        cache.insert(np.concatenate([p, c.token_ids]), state, weights_key, None if hit is None else hit.entry_id)
+        tokens = np.concatenate([p, c.token_ids])
+        whole = record is not None and len(record) == tokens.size  # else this prefix's routing is unknown
+        cache.insert(tokens, RoutedState(state, record if whole else None), weights_key,
+                     None if hit is None else hit.entry_id)
     self.stats["cached_prompt_tokens"] += sum(c.cached_tokens for c in completions)
     return completions
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -102,8 +102,9 @@ class PrefixCache:
       self.version = str(version)
       self.stats["clears"] += 1
 
-  def lookup(self, tokens: np.ndarray, version: str) -> PrefixHit | None:
-    """The cached state to continue `tokens` [P] from, or None (module docstring: when a hit happens)."""
+  def lookup(self, tokens: np.ndarray, version: str, accept: Callable[[Any], bool] | None = None) -> PrefixHit | None:
+    """The cached state to continue `tokens` [P] from, or None (module docstring: when a hit happens). `accept`:
+    only entries whose state it accepts are candidates (the engine's routed-experts rows need recorded routing)."""
     tokens = np.asarray(tokens, np.int64).reshape(-1)
     with self._lock:
       self.stats["lookups"] += 1
@@ -116,6 +117,8 @@ class PrefixCache:
         best, best_id = 0, None
         for entry_id in candidates:
           entry = self._entries[entry_id]
+          if accept is not None and not accept(entry.state):
+            continue
           common = _common_prefix(entry.tokens, usable_tokens)
           if self.truncatable:
             usable = common

@@ -184,3 +184,13 @@ def check_generate_body(body: Any, limits: RowLimits) -> tuple[bool, list[tuple[
   rows = [check_row(f"input_ids[{i}]" if batched else "input_ids", p, s, limits)
           for i, (p, s) in enumerate(zip(prompts, sps))]
   return batched, rows, sps
+
+
+def routed_experts_flags(body: Mapping[str, Any], num_rows: int) -> list[bool]:
+  """`return_routed_experts` per row (SGLang's request field: one bool for every row, or a list of one per row;
+  absent: False). RequestError naming the field for anything else."""
+  value = body.get("return_routed_experts", False)
+  values = value if isinstance(value, list) else [value] * num_rows
+  if len(values) != num_rows or not all(isinstance(v, bool) for v in values):
+    raise RequestError(f"return_routed_experts: expected a boolean or a list of {num_rows} booleans, got {value!r}")
+  return values

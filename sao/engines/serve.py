@@ -8,12 +8,15 @@ send as `Authorization: Bearer <token>` (`SGLangEngine(url, api_key=...)` does; 
 `--port=0` takes a free port. When it is serving it prints one line,
 `SAO_ENGINE_READY url=http://HOST:PORT`, which `local_server.start_local_engine` waits for. `--max_queued_rows`
 bounds the rows waiting for a batch; beyond it `/generate` answers 503 (see `sao.engines.local_engine`).
+`--enable-return-routed-experts` (SGLang's spelling; `--enable_return_routed_experts` too; an MoE model) lets a
+request ask for `return_routed_experts`: `meta_info["routed_experts"]`, base64 of int32 [tokens − 1, layers, top_k].
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
+import sys
 
 from sao.engines import host_platform
 
@@ -55,6 +58,8 @@ def define_flags() -> None:
                       "later runs; sao.engines.compilation_cache).")
   flags.DEFINE_float("compilation_cache_max_gb", 4.0, "Bound of the compilation cache directory in GiB (least "
                      "recently used entries evicted).")
+  flags.DEFINE_bool("enable_return_routed_experts", False, "SGLang's --enable-return-routed-experts (that spelling "
+                    "works too): requests may ask for return_routed_experts (an MoE model only).")
   flags.DEFINE_integer("xla_cpu_threads", 0, "Threads of XLA:CPU's pools in this process (0: one per CPU it may "
                        "run on); fewer when other busy processes share its cores (sao.engines.xla_cpu_threads).")
 
@@ -99,9 +104,15 @@ def main(argv: list[str]) -> None:
       new_token_buckets=_buckets(f.new_token_buckets, defaults.new_token_buckets),
       suffix_buckets=_buckets(f.suffix_buckets, defaults.suffix_buckets),
       prefix_cache_bytes=defaults.prefix_cache_bytes if f.prefix_cache_bytes is None else f.prefix_cache_bytes,
-      seed=f.seed, dtype=f.dtype)
+      seed=f.seed, dtype=f.dtype, enable_return_routed_experts=f.enable_return_routed_experts)
   asyncio.run(_serve(f.model_path, config, f.weight_version, f.host, f.port, api_key))
+
+def sglang_spelling(argv: list[str]) -> list[str]:
+  """argv with SGLang's dashed `--enable-return-routed-experts` as this server's flag name (absl flags use `_`)."""
+  return [a.replace("--enable-return-routed-experts", "--enable_return_routed_experts", 1)
+          if a.startswith("--enable-return-routed-experts") else a for a in argv]
+
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, argv=sglang_spelling(sys.argv))

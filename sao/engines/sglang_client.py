@@ -8,7 +8,12 @@ definitions, docs/fleet.md "The SGLang contract"):
                                   → {"text", "output_ids", "meta_info": {"output_token_logprobs":
                                      [[logprob, token_id, text_or_null], ...], "finish_reason": {"type": "stop" |
                                      "length" | "abort", "matched"?/"length"?/"message"?}, "prompt_tokens",
-                                     "completion_tokens", "weight_version"?, ...}}  (a list of those for a batch)
+                                     "completion_tokens", "weight_version"?, "routed_experts"?, ...}}
+                                  (a list of those for a batch). With `"return_routed_experts": true` (the client's
+                                  `return_routed_experts`; a server started with --enable-return-routed-experts),
+                                  meta_info.routed_experts is base64 of int32 [prompt + completion − 1, layers,
+                                  top_k] (`sao.models.routed_experts`), decoded to one row of layers·top_k ids per
+                                  token
   POST /update_weights_from_disk  {"model_path", "weight_version"?, "flush_cache"?} → {"success", "message", ...}
   GET  /health                    200 when the server can serve
   GET  /get_model_info            {"model_path", "weight_version"?, ...}
@@ -43,6 +48,7 @@ from typing import Any, Mapping, Sequence
 import aiohttp
 
 from sao.engines import auth
+from sao.models import routed_experts as routing
 from sao.models.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -77,7 +83,9 @@ class EngineOverloadedError(EngineTimeoutError):
 class GenerateResult:
   """One completion. token_ids: [n] sampled ids (a matched stop token included, as SGLang returns it);
   logprobs: [n] the engine's log-prob of each (None entries are not allowed); finish_reason: stop | length | abort.
-  weight_version: the weights that sampled it, as the server reports it (None if it does not)."""
+  weight_version: the weights that sampled it, as the server reports it (None if it does not). routed_experts: when
+  asked for, int32 [prompt_tokens + n − 1, layers·top_k], the experts each fed token was routed to (SGLang's rows,
+  each token's [layers, top_k] flattened)."""
   token_ids: tuple[int, ...]
   logprobs: tuple[float, ...]
   finish_reason: str
@@ -85,6 +93,7 @@ class GenerateResult:
   prompt_tokens: int = 0
   text: str | None = None
   finish_detail: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  routed_experts: Any = None  # np.ndarray [prompt_tokens + n − 1, layers·top_k] int32, or None
 
 
 def sampling_params_to_json(params: SamplingParams | Mapping[str, Any]) -> dict[str, Any]:
@@ -99,8 +108,9 @@ def _fail(endpoint: str, detail: str) -> EngineError:
   return EngineError(endpoint, f"malformed response: {detail}")
 
 
-def parse_generate_item(item: Any, endpoint: str = "/generate") -> GenerateResult:
-  """One `/generate` result object → `GenerateResult`; raises `EngineError` naming the field that is wrong."""
+def parse_generate_item(item: Any, endpoint: str = "/generate", routed_experts: bool = False) -> GenerateResult:
+  """One `/generate` result object → `GenerateResult`; raises `EngineError` naming the field that is wrong.
+  `routed_experts`: the request asked for them, so meta_info.routed_experts must be there."""
   if not isinstance(item, Mapping):
     raise _fail(endpoint, f"expected an object, got {type(item).__name__}")
   meta = item.get("meta_info")
@@ -129,17 +139,27 @@ def parse_generate_item(item: Any, endpoint: str = "/generate") -> GenerateResul
   if not isinstance(finish, Mapping) or finish.get("type") not in FINISH_REASONS:
     raise _fail(endpoint, f"meta_info.finish_reason {finish!r}: expected {{'type': one of {FINISH_REASONS}}}")
   version = meta.get("weight_version")
+  prompt_tokens = int(meta.get("prompt_tokens", 0) or 0)
+  routed = None
+  if routed_experts:
+    if "routed_experts" not in meta:
+      raise _fail(endpoint, "missing meta_info.routed_experts (was the server started with "
+                  "--enable-return-routed-experts?)")
+    try:
+      routed = routing.decode_rows(meta["routed_experts"], prompt_tokens + len(token_ids) - 1)
+    except ValueError as e:
+      raise _fail(endpoint, f"meta_info.{e} (prompt_tokens {prompt_tokens}, {len(token_ids)} output tokens)") from e
   return GenerateResult(token_ids=tuple(token_ids), logprobs=tuple(logprobs), finish_reason=finish["type"],
-                        weight_version=None if version is None else str(version),
-                        prompt_tokens=int(meta.get("prompt_tokens", 0) or 0), text=item.get("text"),
-                        finish_detail=dict(finish))
+                        weight_version=None if version is None else str(version), prompt_tokens=prompt_tokens,
+                        text=item.get("text"), finish_detail=dict(finish), routed_experts=routed)
 
 
-def parse_generate_response(body: Any, endpoint: str = "/generate") -> GenerateResult | list[GenerateResult]:
+def parse_generate_response(body: Any, endpoint: str = "/generate",
+                            routed_experts: bool = False) -> GenerateResult | list[GenerateResult]:
   """A `/generate` body: one object (single request) or a list of them (batch request)."""
   if isinstance(body, list):
-    return [parse_generate_item(x, endpoint) for x in body]
-  return parse_generate_item(body, endpoint)
+    return [parse_generate_item(x, endpoint, routed_experts) for x in body]
+  return parse_generate_item(body, endpoint, routed_experts)
 
 
 def error_message(body: Any, text: str) -> str:
@@ -186,10 +206,12 @@ def retry_after_seconds(value: str | None, now: datetime.datetime | None = None)
 class SGLangEngine:
   """Client for one SGLang-compatible server. Use as `async with SGLangEngine(url) as engine: ...` or call
   `close()`; the aiohttp session is created lazily in the running event loop. `api_key`: the server's token
-  (None: `$SAO_ENGINE_API_KEY` if set, else no Authorization header)."""
+  (None: `$SAO_ENGINE_API_KEY` if set, else no Authorization header). `return_routed_experts`: every generate
+  request asks for the routed experts (SGLang's request field) and each result carries them (MoE routing replay)."""
 
   def __init__(self, base_url: str, timeout_s: float = 300.0, max_retries: int = 3, backoff_s: float = 0.2,
-               max_backoff_s: float = 5.0, connection_limit: int = 512, api_key: str | None = None):
+               max_backoff_s: float = 5.0, connection_limit: int = 512, api_key: str | None = None,
+               return_routed_experts: bool = False):
     if max_retries < 0:
       raise ValueError(f"max_retries: must be >= 0, got {max_retries}")
     if timeout_s <= 0:
@@ -200,6 +222,7 @@ class SGLangEngine:
     self.backoff_s = float(backoff_s)
     self.max_backoff_s = float(max_backoff_s)
     self.connection_limit = int(connection_limit)
+    self.return_routed_experts = bool(return_routed_experts)
     api_key = auth.token_from_env(api_key)
     self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     self._session: aiohttp.ClientSession | None = None
@@ -279,14 +302,18 @@ class SGLangEngine:
       await asyncio.sleep(wait)
       delay = min(delay * 2, self.max_backoff_s)
 
+  def _routing_field(self) -> dict[str, Any]:
+    return {"return_routed_experts": True} if self.return_routed_experts else {}
+
   # ---- endpoints ----------------------------------------------------------------------------------------------
 
   async def generate(self, input_ids: Sequence[int], sampling_params: SamplingParams | Mapping[str, Any],
                      timeout_s: float | None = None, **extra: Any) -> GenerateResult:
     """Samples one completion of `input_ids` with `return_logprob: true`. `extra` fields go into the request."""
     payload = {"input_ids": [int(i) for i in input_ids], "sampling_params": sampling_params_to_json(sampling_params),
-               "return_logprob": True, **extra}
-    result = parse_generate_response(await self.request("POST", "/generate", payload, timeout_s))
+               "return_logprob": True, **self._routing_field(), **extra}
+    result = parse_generate_response(await self.request("POST", "/generate", payload, timeout_s), "/generate",
+                                     bool(payload.get("return_routed_experts")))
     if isinstance(result, list):
       raise _fail("/generate", "a list came back for a single request")
     return result
@@ -302,8 +329,9 @@ class SGLangEngine:
       if len(sp) != len(input_ids):
         raise ValueError(f"sampling_params: {len(sp)} entries for {len(input_ids)} prompts")
     payload = {"input_ids": [[int(i) for i in p] for p in input_ids], "sampling_params": sp,
-               "return_logprob": True, **extra}
-    result = parse_generate_response(await self.request("POST", "/generate", payload, timeout_s))
+               "return_logprob": True, **self._routing_field(), **extra}
+    result = parse_generate_response(await self.request("POST", "/generate", payload, timeout_s), "/generate",
+                                     bool(payload.get("return_routed_experts")))
     if not isinstance(result, list) or len(result) != len(input_ids):
       raise _fail("/generate", f"expected a list of {len(input_ids)} results")
     return result

@@ -262,14 +262,23 @@ class MoE(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x: Array) -> Array:
+  def __call__(self, x: Array, replayed: Array | None = None) -> Array:
+    """x [B, T, E] → [B, T, E]. `replayed` [B, T, k] int32: expert ids to use instead of this router's top-k
+    (routing replay, `moe.replay_route`; a row with a negative id keeps its own top-k). The experts used are sown
+    into the `routing` collection as `routed_experts` [B, T, k] int32 (kept only when the caller makes it mutable: the
+    engine's capture for SGLang's `routed_experts`)."""
     cfg = self.config
     dtype, param_dtype = dtypes(cfg)
     # The router runs in float32 whatever the compute dtype (bf16 logits would flip near-tied top-k choices).
     router_logits = Linear(cfg.num_experts, (None, "embed"), dtype=jnp.float32, param_dtype=param_dtype,
                            name="gate")(x)
-    weights, experts = moe.route(router_logits.reshape(-1, cfg.num_experts), cfg.num_experts_per_tok,
-                                 cfg.norm_topk_prob)  # [B·T, k]
+    logits = router_logits.reshape(-1, cfg.num_experts)
+    if replayed is None:
+      weights, experts = moe.route(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob)  # [B·T, k]
+    else:
+      weights, experts = moe.replay_route(logits, replayed.reshape(-1, replayed.shape[-1]), cfg.num_experts_per_tok,
+                                          cfg.norm_topk_prob)
+    self.sow("routing", "routed_experts", experts.reshape(*x.shape[:-1], -1))
     w_gate, w_up, w_down = ExpertWeights(cfg, name="experts")()
     apply = moe.routed_experts if cfg.moe_impl == "routed" else moe.dense_experts
     out = apply(x.reshape(-1, x.shape[-1]).astype(dtype), weights, experts, w_gate, w_up, w_down).reshape(x.shape)

@@ -79,14 +79,17 @@ def logprobs_from_hidden(hidden: Array, unembed: Array, input_ids: Array, attent
 
 def token_logprobs(params: dict, config: ModelConfig, input_ids: Array, attention_mask: Array | None = None,
                    temperature: float | Array = 1.0, chunk_size: int = 128,
-                   return_entropy: bool = False) -> Array | tuple[Array, Array]:
+                   return_entropy: bool = False, routed_experts: Array | None = None) -> Array | tuple[Array, Array]:
   """Policy log-probs of `input_ids` [B, T] → [B, T] float32 (and entropy [B, T]); see the module docstring.
 
   `params` is the policy tree (`{'model', 'lm_head'?}`); temperature must be > 0 (greedy rollouts use 1).
+  `routed_experts` [B, T, L, k] int32: MoE routing replay (the engine's expert ids per token and layer, −1 where
+  none; `sao.models.moe.replay_route`), or None for the model's own routing.
   Differentiable; jit it from the caller (config is a static, hashable dataclass).
   """
   if isinstance(temperature, (int, float)) and temperature <= 0:
     raise ValueError(f"temperature: must be > 0, got {temperature}")
-  hidden, _ = CausalLM(config).apply({"params": params}, input_ids, attention_mask, method=CausalLM.hidden)
+  hidden, _ = CausalLM(config).apply({"params": params}, input_ids, attention_mask, None, routed_experts,
+                                     method=CausalLM.hidden)
   return logprobs_from_hidden(hidden, unembedding(params, config), input_ids, attention_mask, temperature,
                               chunk_size, return_entropy, dtype=jnp.dtype(config.dtype))

@@ -3,6 +3,10 @@
 Router (float32, in `sao.models.layers.MoE`): `p = softmax(x @ gate)` over X experts, top-k, renormalised over the k
 when `norm_topk_prob`. Experts: `y_n = Σ_{j<k} p_nj · down_e(silu(gate_e(x_n)) * up_e(x_n))` with `e = top_i[n, j]`.
 
+Routing replay (`replay_route`, `learner.routing_replay`): the k experts of a token come from the inference engine's
+record (SGLang's `routed_experts`, `sao.models.routed_experts`) instead of this router's top-k; the gates are still
+this router's probabilities at those experts (renormalised when `norm_topk_prob`), as slime / Megatron replay them.
+
 `routed_experts` computes each token only with its k experts (FLOPs ∝ N·k, not N·X) and drops nothing (any number
 of tokens may pick one expert):
   1. the N·k assignments are sorted by expert (stable argsort); row m of the sorted list is token `order[m] // k`;
@@ -64,6 +68,30 @@ def route(router_logits: Array, k: int, norm_topk_prob: bool) -> tuple[Array, Ar
   if norm_topk_prob:
     weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
   return weights, experts.astype(jnp.int32)
+
+
+def replay_route(router_logits: Array, replayed: Array, k: int, norm_topk_prob: bool) -> tuple[Array, Array]:
+  """Routing replay (R3): the experts an inference engine chose, weighted by this router's probabilities.
+
+  router_logits [N, X]; replayed [N, k] int32 expert ids in [0, X) (SGLang's `routed_experts` rows), where a row
+  holding any negative id (−1: nothing recorded for that token, e.g. padding or a token the engine never fed)
+  keeps this router's own top-k. → (weights [N, k] float32, experts [N, k] int32) with, per row,
+    e = replayed if every replayed id >= 0 else top_k(p),   p = softmax(router_logits) (float32),
+    w_j = p[e_j]  (/ Σ_j p[e_j] when norm_topk_prob).
+  The gates are this router's (so its gradient flows through them, as without replay); only the choice of experts
+  is the engine's -- what slime's and Megatron's routing replay do (`probs = scores.gather(1, top_indices)`; with
+  Megatron's softmax over the k gathered logits when the top-k is renormalised, the same numbers). Valid ids are the
+  caller's contract (the learner checks them on the host): an id >= X would be clamped by the gather."""
+  own_weights, own_experts = route(router_logits, k, norm_topk_prob)
+  if replayed.shape != own_experts.shape:
+    raise ValueError(f"routed_experts: {replayed.shape} replayed ids for routing of shape {own_experts.shape}")
+  use = jnp.all(replayed >= 0, axis=-1, keepdims=True)  # [N, 1]
+  experts = jnp.where(use, replayed.astype(jnp.int32), own_experts)
+  probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
+  weights = jnp.take_along_axis(probs, experts, axis=-1, mode="clip")
+  if norm_topk_prob:
+    weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+  return jnp.where(use, weights, own_weights), experts
 
 
 def dense_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up: Array, w_down: Array) -> Array:

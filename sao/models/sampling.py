@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sao.models import prefix_state
+from sao.models import routed_experts as routing
 from sao.models.config import ModelConfig
 from sao.models.prefix_state import RowState
 from sao.models.transformer import CausalLM, init_cache
@@ -44,11 +45,15 @@ class SamplingParams:
 @dataclasses.dataclass(frozen=True)
 class Completion:
   """token_ids: [n] int32 (a sampled stop token is included); logprobs: [n] float32; finish_reason: stop | length;
-  cached_tokens: prompt tokens whose state came from a cache instead of this call's prefill."""
+  cached_tokens: prompt tokens whose state came from a cache instead of this call's prefill; routed_experts: when
+  asked for, the experts each token this call fed was routed to, [P − cached_tokens + n, L, k] int32
+  (`sao.models.routed_experts`: the prompt's prefilled tokens, then every sampled token, the last one included
+  since it is fed to the cache too; SGLang's record of a request drops that last row)."""
   token_ids: np.ndarray
   logprobs: np.ndarray
   finish_reason: str
   cached_tokens: int = 0
+  routed_experts: np.ndarray | None = None
 
 
 def _bucket(n: int, buckets: Sequence[int], name: str) -> int:
@@ -100,26 +105,41 @@ def _row_keys(seed: jax.Array, batch: int) -> jax.Array:
 
 
 def _prefill_and_decode(params, cache, prompt_ids, prompt_mask, temperature, top_p, top_k, stop_ids,
-                        max_new_tokens, seed, config: ModelConfig, max_new: int):
+                        max_new_tokens, seed, config: ModelConfig, max_new: int, capture_routing: bool = False):
   """Prefills prompt_ids [B, P] (left-padded, mask [B, P]) on top of `cache`, then decodes up to max_new tokens.
 
   Returns (ids [B, N], logprobs [B, N], lengths [B], stopped [B], final cache) with N = max_new; the final cache
   holds every real token fed (the cache's own, the prompt's, and every generated token, the last one included).
-  `seed`: an int32 scalar; row i samples with `_row_keys(seed, B)[i]`.
+  `seed`: an int32 scalar; row i samples with `_row_keys(seed, B)[i]`. `capture_routing` (an MoE model): a sixth
+  result, the experts of every token fed, [B, P + N, L, k] int32 (slot P + s: the token sampled at step s).
   """
   model = CausalLM(config)
   variables = {"params": params}
   batch = prompt_ids.shape[0]
   row_keys = _row_keys(seed, batch)
-  hidden, cache = model.apply(variables, prompt_ids, prompt_mask, cache, method=CausalLM.hidden)
+
+  def hidden_of(ids, mask, cache):
+    """(hidden, cache, experts [B, t, L, k] or None) of feeding ids [B, t]."""
+    if not capture_routing:
+      return (*model.apply(variables, ids, mask, cache, method=CausalLM.hidden), None)
+    (hidden, cache), captured = model.apply(variables, ids, mask, cache, method=CausalLM.hidden,
+                                            mutable=[routing.COLLECTION])
+    return hidden, cache, routing.stack_captured(config, captured, ids.shape)
+
+  hidden, cache, prompt_routing = hidden_of(prompt_ids, prompt_mask, cache)
   logits = model.apply(variables, hidden[:, -1], method=CausalLM.logits)  # left padding: last slot is real
+  routed = None
+  if capture_routing:
+    routed = jnp.full((batch, prompt_ids.shape[1] + max_new, config.num_layers, config.num_experts_per_tok),
+                      routing.MISSING, jnp.int32)
+    routed = routed.at[:, :prompt_ids.shape[1]].set(prompt_routing)
 
   def cond(state):
-    step, _, _, _, _, done, _, _ = state
+    step, _, _, _, _, done, _, _, _ = state
     return (step < max_new) & ~jnp.all(done)
 
   def body(state):
-    step, cache, logits, out_ids, out_lp, done, lengths, stopped = state
+    step, cache, logits, out_ids, out_lp, done, lengths, stopped, routed = state
     keys = jax.vmap(lambda key: jax.random.fold_in(key, step))(row_keys)
     tokens, lp = sample_tokens(logits, keys, temperature, top_p, top_k)
     live = ~done
@@ -129,32 +149,37 @@ def _prefill_and_decode(params, cache, prompt_ids, prompt_mask, temperature, top
     lengths = lengths + live.astype(jnp.int32)
     stopped = stopped | is_stop
     done = done | is_stop | (lengths >= max_new_tokens)
-    hidden, cache = model.apply(variables, tokens[:, None], live[:, None].astype(jnp.int32), cache,
-                                method=CausalLM.hidden)
+    hidden, cache, step_routing = hidden_of(tokens[:, None], live[:, None].astype(jnp.int32), cache)
+    if capture_routing:
+      routed = jax.lax.dynamic_update_slice_in_dim(routed, step_routing, prompt_ids.shape[1] + step, axis=1)
     logits = model.apply(variables, hidden[:, 0], method=CausalLM.logits)
-    return step + 1, cache, logits, out_ids, out_lp, done, lengths, stopped
+    return step + 1, cache, logits, out_ids, out_lp, done, lengths, stopped, routed
 
   state = (jnp.int32(0), cache, logits, jnp.zeros((batch, max_new), jnp.int32),
            jnp.zeros((batch, max_new), jnp.float32), max_new_tokens <= 0, jnp.zeros((batch,), jnp.int32),
-           jnp.zeros((batch,), bool))
-  _, cache, _, out_ids, out_lp, _, lengths, stopped = jax.lax.while_loop(cond, body, state)
+           jnp.zeros((batch,), bool), routed)
+  _, cache, _, out_ids, out_lp, _, lengths, stopped, routed = jax.lax.while_loop(cond, body, state)
+  if capture_routing:
+    return out_ids, out_lp, lengths, stopped, cache, routed
   return out_ids, out_lp, lengths, stopped, cache
 
 
-@functools.partial(jax.jit, static_argnames=("config", "max_new"))
+@functools.partial(jax.jit, static_argnames=("config", "max_new", "capture_routing"))
 def _generate(params, prompt_ids, prompt_mask, temperature, top_p, top_k, stop_ids, max_new_tokens, seed,
-              config: ModelConfig, max_new: int):
+              config: ModelConfig, max_new: int, capture_routing: bool = False):
   """prompt_ids/mask: [B, P] left-padded; stop_ids: [B, S] (−1 = none); max_new_tokens: [B] (0 = empty row).
 
-  Returns (ids [B, N], logprobs [B, N], lengths [B], stopped [B]) with N = max_new.
+  Returns (ids [B, N], logprobs [B, N], lengths [B], stopped [B]) with N = max_new, and with `capture_routing` the
+  experts of every fed token [B, P + N, L, k].
   """
   cache = init_cache(config, prompt_ids.shape[0], prompt_ids.shape[1] + max_new)
-  return _prefill_and_decode(params, cache, prompt_ids, prompt_mask, temperature, top_p, top_k, stop_ids,
-                             max_new_tokens, seed, config, max_new)[:4]
+  out = _prefill_and_decode(params, cache, prompt_ids, prompt_mask, temperature, top_p, top_k, stop_ids,
+                            max_new_tokens, seed, config, max_new, capture_routing)
+  return out[:4] + out[5:]
 
 
-# Continues from a given cache (`sao.models.prefix_state.pack`); returns the final cache too.
-_generate_continuing = jax.jit(_prefill_and_decode, static_argnames=("config", "max_new"))
+# Continues from a given cache (`sao.models.prefix_state.pack`); returns the final cache too (then the routing).
+_generate_continuing = jax.jit(_prefill_and_decode, static_argnames=("config", "max_new", "capture_routing"))
 
 
 class Sampler:
@@ -223,24 +248,42 @@ class Sampler:
                        logprobs=np.asarray(out_lp[i, :lengths[i]], np.float32),
                        finish_reason="stop" if stopped[i] else "length") for i in range(n)]
 
+  def _check_routing(self, return_routed_experts: bool) -> bool:
+    if return_routed_experts and not self.config.num_experts:
+      raise ValueError("return_routed_experts: the model has no MoE layers (num_experts = 0)")
+    return bool(return_routed_experts)
+
+  @staticmethod
+  def _with_routing(completions: list[Completion], routed: np.ndarray, prompts: Sequence[np.ndarray],
+                    slots: int) -> list[Completion]:
+    """Row i's record from the captured [B, slots + N, L, k]: its prompt (left-padded, the last `len(prompt)` of
+    the first `slots`), then its sampled tokens."""
+    return [dataclasses.replace(c, routed_experts=np.concatenate(
+        [routed[i, slots - p.size:slots], routed[i, slots:slots + c.token_ids.size]]).astype(np.int32))
+            for i, (c, p) in enumerate(zip(completions, prompts))]
+
   def generate(self, prompts: Sequence[Sequence[int] | np.ndarray],
                sampling_params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
-               seed: int = 0) -> list[Completion]:
-    """Samples a completion for every prompt (token id lists). Row i uses PRNG key fold_in(PRNGKey(seed), i)."""
+               seed: int = 0, return_routed_experts: bool = False) -> list[Completion]:
+    """Samples a completion for every prompt (token id lists). Row i uses PRNG key fold_in(PRNGKey(seed), i).
+    `return_routed_experts` (an MoE model): each completion carries its `routed_experts`."""
     n = len(prompts)
     if n == 0:
       return []
+    capture = self._check_routing(return_routed_experts)
     prompts, sampling_params = self._checked(prompts, sampling_params)
     batch = _bucket(n, self.batch_buckets, "batch size")
     length = _bucket(max(p.size for p in prompts), self.prompt_buckets, "prompt length")
     max_new = _bucket(max(sp.max_new_tokens for sp in sampling_params), self.new_token_buckets, "max_new_tokens")
     inputs = self._row_inputs(prompts, sampling_params, batch, length, seed)
-    outputs = jax.device_get(_generate(self.params, *inputs, config=self.config, max_new=max_new))
-    return self._completions(n, *outputs)
+    outputs = jax.device_get(_generate(self.params, *inputs, config=self.config, max_new=max_new,
+                                       capture_routing=capture))
+    completions = self._completions(n, *outputs[:4])
+    return self._with_routing(completions, outputs[4], prompts, length) if capture else completions
 
   def generate_continuing(self, prompts: Sequence[Sequence[int] | np.ndarray],
                           sampling_params: SamplingParams | Sequence[SamplingParams],
-                          prefixes: Sequence[RowState | None], seed: int = 0
+                          prefixes: Sequence[RowState | None], seed: int = 0, return_routed_experts: bool = False
                           ) -> tuple[list[Completion], list[RowState]]:
     """`generate`, where row i's first `prefixes[i].length` prompt tokens are not prefilled: their state is given
     (a `RowState` of exactly those tokens, or None). Returns the completions and, per row, the state after
@@ -254,10 +297,13 @@ class Sampler:
     `sao.models.prefix_state` has the layout.
     Row i's sampling key is the same as in `generate`; log-probs equal `generate`'s up to float rounding (a cached
     token's keys/values were computed in an earlier prefill or decode step, not in this prefill).
+    `return_routed_experts`: as in `generate`, covering the tokens this call feeds (a row with a prefix: its
+    suffix and sampled tokens; the prefix's routing is the caller's to keep, `sao.engines.routed_prefix`).
     """
     n = len(prompts)
     if n == 0:
       return [], []
+    capture = self._check_routing(return_routed_experts)
     prompts, sampling_params = self._checked(prompts, sampling_params)
     if len(prefixes) != n:
       raise ValueError(f"prefixes: {len(prefixes)} entries for {n} prompts")
@@ -275,10 +321,13 @@ class Sampler:
     max_new = _bucket(max(sp.max_new_tokens for sp in sampling_params), self.new_token_buckets, "max_new_tokens")
     cache = prefix_state.pack(self.config, prefixes, batch, prefix_slots, prefix_slots + length + max_new)
     inputs = self._row_inputs(suffixes, sampling_params, batch, length, seed)
-    *outputs, cache = jax.device_get(_generate_continuing(self.params, cache, *inputs, config=self.config,
-                                                          max_new=max_new))
+    outputs = jax.device_get(_generate_continuing(self.params, cache, *inputs, config=self.config, max_new=max_new,
+                                                  capture_routing=capture))
+    cache = outputs[4]
     completions = [dataclasses.replace(c, cached_tokens=used)
-                   for c, used in zip(self._completions(n, *outputs), reused)]
+                   for c, used in zip(self._completions(n, *outputs[:4]), reused)]
+    if capture:
+      completions = self._with_routing(completions, outputs[5], suffixes, length)
     states = prefix_state.unpack(cache, [p.size + c.token_ids.size for p, c in zip(prompts, completions)])
     return completions, states
 

@@ -91,9 +91,10 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, positions: Array, mask: AttentionMask, token_mask: Array, write_index: Array | None,
-               cache: dict[str, Array] | None) -> tuple[Array, dict[str, Array] | None]:
+               cache: dict[str, Array] | None, replayed: Array | None = None) -> tuple[Array, dict[str, Array] | None]:
     """x: [B, T, E]; positions, token_mask: [B, T]; mask: full attention's visibility; cache: this layer's
-    entry or None. Returns (y [B, T, E], updated entry or None)."""
+    entry or None; replayed: [B, T, k] expert ids for an MoE layer's routing replay (`MoE`) or None. Returns
+    (y [B, T, E], updated entry or None)."""
     cfg = self.config
     kind = cfg.layer_types[self.layer_idx]
     h = norm(cfg, "input_layernorm")(x)
@@ -105,8 +106,9 @@ class DecoderLayer(nn.Module):
       raise ValueError(f"layer_types[{self.layer_idx}]: unsupported block type {kind!r}")
     x = x + h
     h = norm(cfg, "post_attention_layernorm")(x)
-    mlp = MoE(cfg, name="mlp") if cfg.is_moe_layer(self.layer_idx) else MLP(cfg, name="mlp")
-    return x + mlp(h), cache
+    if cfg.is_moe_layer(self.layer_idx):
+      return x + MoE(cfg, name="mlp")(h, replayed), cache
+    return x + MLP(cfg, name="mlp")(h), cache
 
 
 class Backbone(nn.Module):
@@ -114,11 +116,13 @@ class Backbone(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, input_ids: Array, attention_mask: Array | None = None,
-               cache: Cache | None = None) -> tuple[Array, Cache | None]:
-    """input_ids, attention_mask: [B, T] (mask 1 = real token). Returns (hidden [B, T, E] after the final norm,
-    updated cache or None)."""
+  def __call__(self, input_ids: Array, attention_mask: Array | None = None, cache: Cache | None = None,
+               routed_experts: Array | None = None) -> tuple[Array, Cache | None]:
+    """input_ids, attention_mask: [B, T] (mask 1 = real token); routed_experts: [B, T, L, k] int32 expert ids to
+    replay (SGLang's `routed_experts` layout per row; −1 where nothing is replayed) or None. Returns (hidden
+    [B, T, E] after the final norm, updated cache or None)."""
     cfg = self.config
+    replays = layer_replays(cfg, routed_experts, input_ids.shape)
     dtype, param_dtype = dtypes(cfg)
     if attention_mask is None:
       attention_mask = jnp.ones(input_ids.shape, jnp.int32)
@@ -131,8 +135,8 @@ class Backbone(nn.Module):
       # Init and cached (sampling) calls take the unrolled loop: the former creates the per-layer tree, the latter
       # threads a per-layer cache.
       layers = nn.meta.unbox(self.variables["params"])
-      x = _scanned_layers(cfg, [layers[f"layers_{i}"] for i in range(cfg.num_layers)], x, positions, mask,
-                          attention_mask)
+      x = _scanned_layers(cfg, [(layers[f"layers_{i}"], replays[i]) for i in range(cfg.num_layers)], x, positions,
+                          mask, attention_mask)
     else:
       layer_cls = DecoderLayer
       if cfg.remat != "none":
@@ -141,7 +145,7 @@ class Backbone(nn.Module):
       for i in range(cfg.num_layers):
         name = f"layers_{i}"
         entry = None if cache is None else cache["layers"][name]
-        x, entry = layer_cls(cfg, i, name=name)(x, positions, mask, attention_mask, write_index, entry)
+        x, entry = layer_cls(cfg, i, name=name)(x, positions, mask, attention_mask, write_index, entry, replays[i])
         new_layers[name] = entry
     x = norm(cfg, "norm")(x)
     new_cache = None
@@ -150,18 +154,32 @@ class Backbone(nn.Module):
     return x, new_cache
 
 
-def _scanned_layers(cfg: ModelConfig, layer_params: list[dict], x: Array, positions: Array, mask: AttentionMask,
-                    token_mask: Array) -> Array:
+def layer_replays(cfg: ModelConfig, routed_experts: Array | None, ids_shape: tuple[int, ...]) -> list[Array | None]:
+  """Per layer: its slice `routed_experts[:, :, i]` [B, T, k] for an MoE layer, None for a dense one or without
+  replay. routed_experts: [B, T, L, k] (ids_shape = (B, T)) or None."""
+  if routed_experts is None:
+    return [None] * cfg.num_layers
+  expected = (*ids_shape, cfg.num_layers, cfg.num_experts_per_tok)
+  if not cfg.num_experts or routed_experts.shape != expected:
+    raise ValueError(f"routed_experts: shape {routed_experts.shape}, expected [B, T, layers, top_k] = {expected}"
+                     + ("" if cfg.num_experts else " (and a model with MoE layers)"))
+  return [routed_experts[:, :, i] if cfg.is_moe_layer(i) else None for i in range(cfg.num_layers)]
+
+
+def _scanned_layers(cfg: ModelConfig, layer_inputs: list[tuple[dict, Array | None]], x: Array, positions: Array,
+                    mask: AttentionMask, token_mask: Array) -> Array:
   """The decoder layers without a cache as `sao.models.scan` runs them: one `lax.scan` over the periods of layer
-  kinds, then the layers that do not fill a period, each layer applied functionally to its own params (remat per
-  layer as `cfg.remat` says). x: [B, T, E] → [B, T, E]; the same function of the params as the unrolled loop."""
+  kinds, then the layers that do not fill a period, each layer applied functionally to its own params and replayed
+  experts (`layer_replays`; stacked per period like the params) with remat per layer as `cfg.remat` says.
+  x: [B, T, E] → [B, T, E]; the same function of the params as the unrolled loop."""
   policy = None if cfg.remat == "none" else getattr(jax.checkpoint_policies, REMAT_POLICIES[cfg.remat])
 
   def layer_fn(i: int, in_scan: bool):
     module = DecoderLayer(cfg, i, parent=None)  # unbound: applied to the params it is given
 
-    def apply(params: dict, h: Array) -> Array:
-      return module.apply({"params": params}, h, positions, mask, token_mask, None, None)[0]
+    def apply(layer_input: tuple[dict, Array | None], h: Array) -> Array:
+      params, replayed = layer_input
+      return module.apply({"params": params}, h, positions, mask, token_mask, None, None, replayed)[0]
     # Inside a scan body XLA cannot CSE the recomputation into the forward pass, so `prevent_cse` is only needed
     # for the layers after the scan.
     return apply if policy is None else jax.checkpoint(apply, policy=policy, prevent_cse=not in_scan)
@@ -169,9 +187,9 @@ def _scanned_layers(cfg: ModelConfig, layer_params: list[dict], x: Array, positi
   period = scan.layer_period(cfg)
   num_scanned = cfg.num_layers // period * period
   x = scan.scan_periods([layer_fn(j, True) for j in range(period)],
-                        scan.stack_periods(layer_params[:num_scanned], period), x)
+                        scan.stack_periods(layer_inputs[:num_scanned], period), x)
   for i in range(num_scanned, cfg.num_layers):
-    x = layer_fn(i, False)(layer_params[i], scan.shard_residual(x))
+    x = layer_fn(i, False)(layer_inputs[i], scan.shard_residual(x))
   return x
 
 
@@ -185,15 +203,15 @@ class CausalLM(nn.Module):
     if not cfg.tie_word_embeddings:
       self.lm_head = LMHead(cfg)
 
-  def __call__(self, input_ids: Array, attention_mask: Array | None = None,
-               cache: Cache | None = None) -> tuple[Array, Cache | None]:
-    hidden, cache = self.model(input_ids, attention_mask, cache)
+  def __call__(self, input_ids: Array, attention_mask: Array | None = None, cache: Cache | None = None,
+               routed_experts: Array | None = None) -> tuple[Array, Cache | None]:
+    hidden, cache = self.model(input_ids, attention_mask, cache, routed_experts)
     return self.logits(hidden), cache
 
-  def hidden(self, input_ids: Array, attention_mask: Array | None = None,
-             cache: Cache | None = None) -> tuple[Array, Cache | None]:
-    """(hidden [B, T, E] after the final norm, cache)."""
-    return self.model(input_ids, attention_mask, cache)
+  def hidden(self, input_ids: Array, attention_mask: Array | None = None, cache: Cache | None = None,
+             routed_experts: Array | None = None) -> tuple[Array, Cache | None]:
+    """(hidden [B, T, E] after the final norm, cache); `routed_experts` [B, T, L, k]: routing replay (`Backbone`)."""
+    return self.model(input_ids, attention_mask, cache, routed_experts)
 
   def logits(self, hidden: Array) -> Array:
     """hidden [..., E] → float32 logits [..., V] = hidden @ W_unembedᵀ, W_unembed `[V, E]`."""

@@ -18,6 +18,10 @@ never exceeds it); `limits.timeout_s` wall-clock seconds or an engine request ti
 environment or chat template (`env_error`, the message in `metadata["error"]`). The loop never raises for these;
 timeout/env_error trajectories may lack action tokens and are not trained on (`Trajectory.is_trainable`).
 
+Routed experts (MoE routing replay, an engine client with `return_routed_experts`): each turn's record covers the
+whole stream up to that turn's last token (SGLang's rows: prompt + completion − 1), so the trajectory keeps the last
+turn's; tokens after it (the closing and last observation) have no row and are never replayed.
+
 Policy version: each turn's `meta_info.weight_version` (an integer string; else `policy_version_fn()`, else 0); the
 trajectory records the minimum over its turns, so staleness is never under-reported.
 """
@@ -115,6 +119,7 @@ class _Episode(TokenStream):
   tool_s: float = 0.0
   status: Status = Status.OK
   error: str = ""
+  routed_experts: Any = None  # the last turn's record, int32 [rows, layers·top_k] (the engine's, when asked for)
 
 
 def message_boundaries(tokenizer: Tokenizer, messages: Sequence[dict], tools: Any, prompt: Sequence[int]) -> list[int]:
@@ -175,6 +180,12 @@ async def _play(ep: _Episode, engine: Engine, tokenizer: Tokenizer, env: envs.En
       raise EngineError("/generate", f"the engine returned no tokens (finish {result.finish_detail or 'empty'})")
     if len(result.logprobs) != len(result.token_ids):
       raise EngineError("/generate", "token ids and log-probs differ in length")
+    if result.routed_experts is not None:
+      rows = len(ep.token_ids) + len(result.token_ids) - 1
+      if len(result.routed_experts) != rows:
+        raise EngineError("/generate", f"routed_experts: {len(result.routed_experts)} rows for a stream of {rows} "
+                          "fed tokens")
+      ep.routed_experts = result.routed_experts
     ep.append(result.token_ids, result.logprobs)
     ep.num_turns += 1
     version = parse_weight_version(result.weight_version)
@@ -252,7 +263,7 @@ async def run_episode(engine: Engine, tokenizer: Tokenizer, env: envs.Env, task:
       metrics={"num_action_tokens": float(sum(ep.action_mask)), "num_tokens": float(len(ep.token_ids)),
                "length_capped_turns": float(ep.length_turns),
                "policy_version_max": float(max(ep.versions)) if ep.versions else float(version)},
-      metadata=metadata)
+      metadata=metadata, routed_experts=ep.routed_experts)
 
 
 async def run_episodes(engine: Engine, tokenizer: Tokenizer, env_factory: str | Callable[[], envs.Env],

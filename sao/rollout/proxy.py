@@ -98,16 +98,17 @@ class Segment(TokenStream):
   status: Status = Status.OK
   metadata: dict[str, str] = dataclasses.field(default_factory=dict)
   generate_s: float = 0.0
+  routed_experts: Any = None  # the last model turn's record (MoE routing replay; `sao.rollout.agent`'s rule)
 
   def checkpoint(self) -> tuple:
     """What `rollback` needs to undo a request that failed (messages, seen and pending_close are replaced by a
     request, never mutated; the token lists only grow)."""
     return (len(self.token_ids), len(self.boundaries), len(self.versions), self.messages, self.seen,
-            self.pending_close, self.num_turns, self.status)
+            self.pending_close, self.num_turns, self.status, self.routed_experts)
 
   def rollback(self, checkpoint: tuple) -> None:
     (n_tokens, n_boundaries, n_versions, self.messages, self.seen, self.pending_close, self.num_turns,
-     self.status) = checkpoint
+     self.status, self.routed_experts) = checkpoint
     del self.token_ids[n_tokens:], self.action_mask[n_tokens:], self.logprobs[n_tokens:]
     del self.boundaries[n_boundaries:], self.versions[n_versions:]
 
@@ -266,6 +267,12 @@ class TokenCapturingProxy:
     if not ids or len(result.logprobs) != len(ids):
       seg.status = Status.ENV_ERROR
       raise EngineError("/generate", f"unusable result (finish {result.finish_reason}, {len(ids)} tokens)")
+    if result.routed_experts is not None:  # covers the stream up to this turn's last token
+      if len(result.routed_experts) != len(seg.token_ids) + len(ids) - 1:
+        seg.status = Status.ENV_ERROR
+        raise EngineError("/generate", f"routed_experts: {len(result.routed_experts)} rows for a stream of "
+                          f"{len(seg.token_ids) + len(ids) - 1} fed tokens")
+      seg.routed_experts = result.routed_experts
     seg.append(ids, result.logprobs)
     seg.num_turns += 1
     version = parse_weight_version(result.weight_version)
@@ -303,7 +310,8 @@ class TokenCapturingProxy:
           rollout_logprobs=seg.logprobs, reward=reward, policy_version=min(seg.versions, default=0),
           turn_boundaries=tuple(b for b in seg.boundaries if b < len(seg.token_ids)), num_turns=seg.num_turns,
           status=seg.status, harness=self.harness, timings={"generate_s": seg.generate_s},
-          metrics={"num_action_tokens": float(sum(seg.action_mask))}, metadata=metadata))
+          metrics={"num_action_tokens": float(sum(seg.action_mask))}, metadata=metadata,
+          routed_experts=seg.routed_experts))
     return out
 
   def pop_session(self, session_id: str) -> Session | None:

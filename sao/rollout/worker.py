@@ -73,6 +73,8 @@ class WorkerConfig:
   harness_weights: Sequence[float] = ()  # empty = equal weights
   eval_harness: str = ""  # "" = harnesses[0]
   harness_seed: int = 0
+  # MoE routing replay (`learner.routing_replay`): ask the engines for routed experts; trajectories carry them.
+  return_routed_experts: bool = False
 
   def __post_init__(self):
     if self.concurrency < 1:
@@ -128,7 +130,8 @@ class RolloutWorker:
     url = urls[self._next_engine % len(urls)]
     self._next_engine += 1
     if url not in self._engines:
-      self._engines[url] = SGLangEngine(url, timeout_s=self.config.episode_timeout_s)
+      self._engines[url] = SGLangEngine(url, timeout_s=self.config.episode_timeout_s,
+                                        return_routed_experts=self.config.return_routed_experts)
     return self._engines[url]
 
   async def _episode(self, leased, sample_index: int, engine: SGLangEngine) -> None:
@@ -310,7 +313,8 @@ def worker_config(config: ml_collections.ConfigDict, trainer_address: str, worke
       env_kwargs={config.env.name: env_kwargs} if env_kwargs else None,
       # No names: the chat template's own format, `xml_json` (as the demonstrations and evaluation use).
       harnesses=tuple(r.harnesses) or ("xml_json",), harness_weights=tuple(float(w) for w in r.harness_weights),
-      eval_harness=r.eval_harness, harness_seed=config.seed)
+      eval_harness=r.eval_harness, harness_seed=config.seed,
+      return_routed_experts=bool(config.learner.routing_replay))
 
 
 def command(config_args: Sequence[str], trainer_address: str, worker_index: int | None = None,

@@ -10,6 +10,9 @@ Batch fields (numpy):
   rewards [B] float32, token_rewards [B, T] float32 (the reward on the last action token), group_ids [B] int32
   (first-appearance index of each trajectory's `group_id`; padding rows −1, −2, …), policy_version [B] int32,
   valid [B] bool (a real trajectory).
+With MoE routing replay (`Batcher(routing=...)`, `learner.routing_replay`) also routed_experts [B, T, L, k] int32:
+each trajectory's engine record (`Trajectory.routed_experts` [R, L·k] reshaped) in its first R rows, −1 elsewhere
+(nothing replayed: padding, tokens after the last model turn, a trajectory without a record).
 """
 from __future__ import annotations
 
@@ -20,10 +23,17 @@ from typing import Sequence
 import numpy as np
 from absl import logging
 
+from sao.models import routed_experts as routing
 from sao.transport.trajectory import Trajectory
 
 FIELDS = ("input_ids", "attention_mask", "action_mask", "rollout_logprobs", "rewards", "token_rewards", "group_ids",
           "policy_version", "valid")
+ROUTED_EXPERTS = "routed_experts"  # the optional field of routing replay
+
+
+def fields(batch: dict) -> tuple[str, ...]:
+  """`FIELDS`, and `routed_experts` when the batch has it: the fields an update copies to the device."""
+  return FIELDS + ((ROUTED_EXPERTS,) if ROUTED_EXPERTS in batch else ())
 
 
 @dataclasses.dataclass
@@ -54,9 +64,11 @@ class Batcher:
     bucket_lengths: increasing candidate `T`s (`config.batching.bucket_lengths`).
     batch_multiple: `B` is padded to a multiple of this (batch shards × micro-batch size).
     pad_batch_to: minimum `B` after padding (0 = off).
+    routing: (layers, top_k, num_experts) of the policy's MoE for routing replay (adds `routed_experts`), or None.
   """
 
-  def __init__(self, bucket_lengths: Sequence[int], batch_multiple: int = 1, pad_batch_to: int = 0):
+  def __init__(self, bucket_lengths: Sequence[int], batch_multiple: int = 1, pad_batch_to: int = 0,
+               routing: tuple[int, int, int] | None = None):
     if not bucket_lengths or list(bucket_lengths) != sorted(set(bucket_lengths)):
       raise ValueError(f"batching.bucket_lengths: must be strictly increasing, got {tuple(bucket_lengths)}")
     if batch_multiple < 1:
@@ -64,6 +76,7 @@ class Batcher:
     self.bucket_lengths = tuple(int(b) for b in bucket_lengths)
     self.batch_multiple = int(batch_multiple)
     self.pad_batch_to = int(pad_batch_to)
+    self.routing = routing
     self.seen_shapes: set[tuple[int, int]] = set()
 
   def padded_rows(self, num_trajectories: int) -> int:
@@ -103,6 +116,8 @@ class Batcher:
         "policy_version": np.zeros((rows,), np.int32),
         "valid": np.zeros((rows,), bool),
     }
+    if self.routing is not None:
+      batch[ROUTED_EXPERTS] = np.full((rows, num_tokens, *self.routing[:2]), routing.MISSING, np.int32)
     group_index: dict[str, int] = {}
     for i, traj in enumerate(kept):
       n = traj.num_tokens
@@ -117,12 +132,25 @@ class Batcher:
       # The outcome reward on the last action token (`sao.core.advantages.place_terminal_reward`, here in numpy: on
       # the host, the jnp version dispatched ~10 eager ops per batch and compiled them for every new T).
       batch["token_rewards"][i, traj.reward_token_index()] = traj.reward
+      if self.routing is not None and traj.routed_experts is not None:
+        batch[ROUTED_EXPERTS][i, :len(traj.routed_experts)] = self._routed(traj)
     shape = (rows, num_tokens)
     if shape not in self.seen_shapes:
       self.seen_shapes.add(shape)
       logging.info("batching: new padded shape [B, T] = %s (the learner's steps compile for it)", shape)
     stats = BatchStats(len(kept), dropped_status, dropped_empty, rows - len(kept), max_length, shape, tuple(source))
     return batch, stats
+
+  def _routed(self, traj: Trajectory) -> np.ndarray:
+    """The trajectory's record as [R, L, k]; ValueError naming it when it does not fit this policy's MoE."""
+    layers, top_k, num_experts = self.routing
+    record = traj.routed_experts
+    if record.shape[1] != layers * top_k:
+      raise ValueError(f"routed_experts of task {traj.task_id!r}: rows of {record.shape[1]} ids, the policy routes "
+                       f"{layers} layers × top-{top_k} = {layers * top_k}")
+    record = record.reshape(len(record), layers, top_k)
+    routing.check(record, traj.num_tokens, layers, top_k, num_experts, f"routed_experts of task {traj.task_id!r}")
+    return record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,7 +217,7 @@ def digest(batch: dict[str, np.ndarray]) -> str:
   """A short hash of a host batch's `FIELDS` present in it (names, dtypes, shapes and bytes): two processes that
   hold the same batch get the same digest."""
   h = hashlib.blake2b(digest_size=12)
-  for key in FIELDS:
+  for key in fields(batch):
     if key in batch:
       value = np.ascontiguousarray(batch[key])
       h.update(f"{key}:{value.dtype}:{value.shape};".encode())
@@ -209,6 +237,9 @@ def check_batch(batch: dict[str, np.ndarray]) -> None:
                                              "token_rewards") else (rows,)
     if shape != expected:
       raise ValueError(f"batch: field {name!r} has shape {shape}, expected {expected}")
+  if ROUTED_EXPERTS in batch and np.shape(batch[ROUTED_EXPERTS])[:2] != (rows, num_tokens):
+    raise ValueError(f"batch: field {ROUTED_EXPERTS!r} has shape {np.shape(batch[ROUTED_EXPERTS])}, expected "
+                     f"({rows}, {num_tokens}, layers, top_k)")
   for name in ("rollout_logprobs", "rewards", "token_rewards"):
     if not np.all(np.isfinite(batch[name])):
       raise ValueError(f"batch: field {name!r} has non-finite values")
@@ -231,7 +262,7 @@ def split_unbatchable(trajectories: Sequence[Trajectory], batcher: Batcher
     check_batch(batcher(trajectories)[0])
     return list(trajectories), []
   except Exception as whole:  # pylint: disable=broad-except  (attributed per record below, or re-raised)
-    probe = Batcher(batcher.bucket_lengths)
+    probe = Batcher(batcher.bucket_lengths, routing=batcher.routing)
     usable, unusable = [], []
     for traj in trajectories:
       try:

@@ -105,6 +105,10 @@ def default_learner_config() -> ml_collections.ConfigDict:
       ),
       mesh=dict(data=1, fsdp=-1, expert=1, tensor=1),  # sao.models.mesh_axes.MESH_AXES; −1 = the remaining devices
       logprob_chunk_size=128,  # time chunk of the fused unembedding + log-softmax
+      # MoE routing replay (R3): workers ask the engines for SGLang's routed experts, trajectories carry them, and the
+      # actor's log-probs route each recorded token to the engine's experts (gates from the trainer's router;
+      # `sao.models.moe.replay_route`, docs/models.md). Off: the trainer's own top-k.
+      routing_replay=False,
       nan_guard_limit=3,  # consecutive non-finite updates (per role) before the run stops
       checkpoint=dict(max_to_keep=3, async_save=True),  # how often: the run's `checkpoint_every`
   ))

@@ -22,10 +22,11 @@ from sao.train import batching, critic_correction, distributed, grouped_targets,
 
 
 def cut(learner: Any, batch: dict[str, np.ndarray], groups: Sequence[batching.LengthGroup]) -> list[dict]:
-  """The host batch's `batching.FIELDS` as one device batch per group: `batch[k][rows, :T_g]` (`[b_g]` per row)."""
-  host = {k: np.asarray(batch[k]) for k in batching.FIELDS}
-  return [learner._device({k: v[g.rows, :g.length] if v.ndim == 2 else v[g.rows] for k, v in host.items()},
-                          batching.FIELDS) for g in groups]
+  """The host batch's `batching.fields` as one device batch per group: `batch[k][rows, :T_g]` (`[b_g]` per row)."""
+  keys = batching.fields(batch)
+  host = {k: np.asarray(batch[k]) for k in keys}
+  return [learner._device({k: v[g.rows, :g.length] if v.ndim >= 2 else v[g.rows] for k, v in host.items()}, keys)
+          for g in groups]
 
 
 def uncut(per_group: dict[str, list[jax.Array]], groups: Sequence[batching.LengthGroup],

@@ -47,7 +47,7 @@ from sao.models.transformer import abstract_params, init_critic_from_policy
 from sao.train import actor_losses, batching, grouped_steps, roles, state as state_lib, steps
 from sao.train import actor_start as actor_start_lib
 from sao.train import checkpoint as ckpt_lib
-from sao.train import critic_correction, critic_stats
+from sao.train import critic_correction, critic_stats, routing_replay
 from sao.train import distributed
 from sao.train import grouped_update
 from sao.train import precompile as precompile_lib
@@ -80,14 +80,16 @@ class Learner:
     self.model_config = model_config
     self.mesh = mesh if mesh is not None else mesh_lib.make_mesh(dict(config.mesh))
     c = config
-    self.actor_loss = actor_losses.get(c.actor_loss or actor_losses.DEFAULT_FOR_ALGORITHM[c.algorithm])
+    self.actor_loss = routing_replay.actor_loss(
+        actor_losses.get(c.actor_loss or actor_losses.DEFAULT_FOR_ALGORITHM[c.algorithm]), c)
     targets.check_loss_fits_algorithm(self.actor_loss, c.algorithm)
     shards = mesh_lib.batch_parallel_size(self.mesh)
     mbs = c.batching.micro_batch_size
     if mbs and mbs % shards:
       raise ValueError(f"batching.micro_batch_size: {mbs} must be a multiple of the batch shards (data×fsdp×expert "
                        f"= {shards})")
-    self.batcher = batching.Batcher(c.batching.bucket_lengths, mbs or shards, c.batching.pad_batch_to)
+    self.batcher = batching.Batcher(c.batching.bucket_lengths, mbs or shards, c.batching.pad_batch_to,
+                                    routing_replay.batcher_routing(c, model_config))
     rng = jax.random.PRNGKey(c.seed)
     rng, critic_rng = jax.random.split(rng)
     self.rng = rng
@@ -172,7 +174,7 @@ class Learner:
 
   def policy_logprobs(self, batch: dict) -> tuple[jax.Array, jax.Array]:
     """Trainer log-probs and entropies `[B, T]` of the current policy."""
-    return self.actor_logprobs(self.actor_params, self._device(batch, ("input_ids", "attention_mask")))
+    return self.actor_logprobs(self.actor_params, self._device(batch, routing_replay.logprob_keys(batch)))
 
   def update(self, batch: dict | Sequence[Trajectory]) -> dict[str, float]:
     """One training step on a host batch (`make_batch` output) or a list of trajectories. Returns float metrics."""
@@ -234,8 +236,8 @@ class Learner:
         metrics, per_token = grouped_update.group_update(self, batch, parts, groups, mask), {}
       return metrics, (grouped_update.uncut(per_token, groups, mask.shape) if rows.size else {})
     if self.config.algorithm == "sao":
-      return self._update_sao(self._device(batch, batching.FIELDS), want_values_before=bool(rows.size))
-    return self._update_group(self._device(batch, batching.FIELDS)), {}
+      return self._update_sao(self._device(batch, batching.fields(batch)), want_values_before=bool(rows.size))
+    return self._update_group(self._device(batch, batching.fields(batch))), {}
 
   def precompile(self, batch_size: int, max_tokens: int, roles: Sequence[str] | None = None) -> Iterator[str]:
     """Compiles the update's programs for every shape a batch of `batch_size` trajectories of at most `max_tokens`

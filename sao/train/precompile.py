@@ -61,17 +61,21 @@ class AbstractBatches:
     self._dtypes.update(returns=np.float32, old_values=np.float32, values=np.float32, advantages=np.float32,
                         seq_advantages=np.float32)
     self._per_row = {k for k, v in host.items() if np.ndim(v) == 1} | {"seq_advantages"}
+    self._trailing = {k: np.shape(v)[2:] for k, v in host.items()}  # routed_experts' [L, k]
+    self.fields = batching.fields(host)  # the fields an update's device batch holds
     self._sharding = learner._batch_sharding  # pylint: disable=protected-access
 
   def __call__(self, keys: Sequence[str], b: int, length: int) -> dict[str, jax.ShapeDtypeStruct]:
-    return {k: jax.ShapeDtypeStruct((b,) if k in self._per_row else (b, length), self._dtypes[k],
+    return {k: jax.ShapeDtypeStruct((b,) if k in self._per_row else (b, length, *self._trailing.get(k, ())),
+                                    self._dtypes[k],
                                     sharding=self._sharding) for k in keys}
 
 
 def abstract_batch(learner: Any, batch_size: int, length: int) -> dict[str, jax.ShapeDtypeStruct]:
   """The abstract device batch an update of `learner` gets from `batch_size` trajectories padded to `length` tokens:
-  every `batching.FIELDS` at `[B]` or `[B, length]`, `B` padded as the learner's batcher pads."""
-  return AbstractBatches(learner)(batching.FIELDS, learner.batcher.padded_rows(batch_size), length)
+  every `batching.fields` at `[B]` or `[B, length, ...]`, `B` padded as the learner's batcher pads."""
+  batches = AbstractBatches(learner)
+  return batches(batches.fields, learner.batcher.padded_rows(batch_size), length)
 
 
 def _programs(learner: Any, batch_size: int, max_tokens: int, roles: tuple[str, ...]) -> Iterator[str]:
@@ -99,7 +103,7 @@ def _batch_programs(learner: Any, rows: int, lengths: Sequence[int], roles: tupl
   rng = jax.ShapeDtypeStruct(np.shape(learner.rng), learner.rng.dtype)  # shape and dtype only: no data is read
   loss = learner.actor_loss
   for length in lengths:
-    whole = batch(batching.FIELDS, rows, length)
+    whole = batch(batch.fields, rows, length)
     if learner.critic is None:
       extra = {"seq_advantages": _compiled_output(targets.group_advantages.lower(whole, c.group.normalize_std), 0)}
     else:
@@ -156,7 +160,7 @@ def _group_programs(learner: Any, rows: int, max_tokens: int, roles: tuple[str, 
     else:
       state = learner.critic.abstract_state()
       for b, length in shapes:
-        learner._critic_values.lower(state.params, _ids(batch(batching.FIELDS, b, length))).compile()
+        learner._critic_values.lower(state.params, _ids(batch(batch.fields, b, length))).compile()
         learner._grouped_critic_step.precompile(state, batch(steps.CRITIC_KEYS, b, length))
         yield f"critic values and step [{b}, {length}]"
   if learner.critic is None:
@@ -164,7 +168,7 @@ def _group_programs(learner: Any, rows: int, max_tokens: int, roles: tuple[str, 
   else:
     stats = {}
     for b, length in shapes:
-      stats = _group_target_programs(learner, batch(batching.FIELDS, b, length))
+      stats = _group_target_programs(learner, batch(batch.fields, b, length))
       yield f"targets [{b}, {length}]"
     groups = batching.group_count(rows, c.batching.length_groups, batcher.batch_multiple)
     _merge_programs(learner, stats, groups)

@@ -91,9 +91,10 @@ def _constrain(tree: Any, mesh: Mesh) -> Any:
 
 
 def policy_logprobs(params, model_config: ModelConfig, batch, temperature: float, chunk: int):
-  """(logprobs, entropy), both `[B, T]` float32, aligned with the scored token."""
+  """(logprobs, entropy), both `[B, T]` float32, aligned with the scored token; with the batch's `routed_experts`
+  `[B, T, L, k]` (MoE routing replay) each recorded token is routed to the engine's experts."""
   return token_logprobs(params, model_config, batch["input_ids"], batch["attention_mask"], temperature, chunk,
-                        return_entropy=True)
+                        return_entropy=True, routed_experts=batch.get("routed_experts"))
 
 
 def critic_values_fn(params, model_config: ModelConfig, batch) -> jax.Array:

@@ -22,7 +22,7 @@ ADVANTAGES_FOR_ALGORITHM = {"sao": "advantages", "gspo": "seq_advantages", "grpo
 
 
 def check_loss_fits_algorithm(loss: actor_losses.ActorLoss, algorithm: str) -> None:
-  available = set(batching.FIELDS) | {ADVANTAGES_FOR_ALGORITHM[algorithm]}
+  available = set(batching.FIELDS) | {batching.ROUTED_EXPERTS, ADVANTAGES_FOR_ALGORITHM[algorithm]}
   missing = [k for k in loss.batch_keys if k not in available]
   if missing:
     raise ValueError(f"learner config: actor_loss {loss.name!r} reads {missing}, which algorithm {algorithm!r} does "

@@ -66,7 +66,7 @@ REJECT_REASON_FUTURE_POLICY: RejectReason
 REJECT_REASON_WRONG_WORKER: RejectReason
 
 class Trajectory(_message.Message):
-    __slots__ = ("task_id", "sample_index", "group_id", "policy_version", "token_ids", "action_mask", "rollout_logprobs", "reward", "turn_boundaries", "num_turns", "status", "harness", "timings", "metrics", "lease_id", "metadata")
+    __slots__ = ("task_id", "sample_index", "group_id", "policy_version", "token_ids", "action_mask", "rollout_logprobs", "reward", "turn_boundaries", "num_turns", "status", "harness", "timings", "metrics", "lease_id", "metadata", "routed_experts", "routed_experts_columns")
     class TimingsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +104,8 @@ class Trajectory(_message.Message):
     METRICS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_EXPERTS_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     sample_index: int
     group_id: str
@@ -120,7 +122,9 @@ class Trajectory(_message.Message):
     metrics: _containers.ScalarMap[str, float]
     lease_id: str
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, task_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., group_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., action_mask: _Optional[bytes] = ..., rollout_logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., turn_boundaries: _Optional[_Iterable[int]] = ..., num_turns: _Optional[int] = ..., status: _Optional[_Union[TrajectoryStatus, str]] = ..., harness: _Optional[str] = ..., timings: _Optional[_Mapping[str, float]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., lease_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    routed_experts: bytes
+    routed_experts_columns: int
+    def __init__(self, task_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., group_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., action_mask: _Optional[bytes] = ..., rollout_logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., turn_boundaries: _Optional[_Iterable[int]] = ..., num_turns: _Optional[int] = ..., status: _Optional[_Union[TrajectoryStatus, str]] = ..., harness: _Optional[str] = ..., timings: _Optional[_Mapping[str, float]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., lease_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., routed_experts: _Optional[bytes] = ..., routed_experts_columns: _Optional[int] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
     __slots__ = ("worker_id", "max_tasks")

@@ -8,6 +8,9 @@ Shapes (T tokens, prompt + model turns + tool observations, unpadded):
   token_ids:        [T] int32
   action_mask:      [T] bool     True on tokens the policy sampled (trained on), False on prompt/observations
   rollout_logprobs: [T] float32  the engine's log-prob of each sampled token; exactly 0 where action_mask is False
+  routed_experts:   [R, C] int32 or None  MoE routing replay: the experts the engine routed tokens 0..R−1 to, each
+                    row its C = layers·top_k ids (SGLang's `routed_experts` rows, `sao.models.routed_experts`; −1 where
+                    none), R <= T (the last model turn's record covers the stream before its last token)
 """
 from __future__ import annotations
 
@@ -139,6 +142,7 @@ class Trajectory:
     metrics: extra scalar diagnostics.
     lease_id: the lease under which the task was run (the transport matches it to the dispenser's lease).
     metadata: free-form string annotations.
+    routed_experts: see the module docstring (None: not recorded).
   """
   task_id: str
   token_ids: np.ndarray
@@ -156,8 +160,18 @@ class Trajectory:
   metrics: dict[str, float] = dataclasses.field(default_factory=dict)
   lease_id: str = ""
   metadata: dict[str, str] = dataclasses.field(default_factory=dict)
+  routed_experts: np.ndarray | None = None
 
   def __post_init__(self):
+    if self.routed_experts is not None:
+      routed = np.asarray(self.routed_experts)
+      if routed.ndim != 2 or routed.dtype.kind not in "iu" or routed.shape[1] < 1:
+        raise TrajectoryError("routed_experts", ReasonCode.INVALID_FIELD,
+                              f"expected int [tokens, layers·top_k], got {routed.dtype} {routed.shape}")
+      if routed.size and (routed.min() < -1 or routed.max() > _INT32_MAX):
+        raise TrajectoryError("routed_experts", ReasonCode.INVALID_FIELD,
+                              f"ids in [{routed.min()}, {routed.max()}], outside [-1, int32]")
+      self.routed_experts = routed.astype(np.int32)
     self.token_ids = _int_array("token_ids", self.token_ids)
     self.action_mask = _bool_array("action_mask", self.action_mask)
     self.rollout_logprobs = _float_array("rollout_logprobs", self.rollout_logprobs)
@@ -177,8 +191,8 @@ class Trajectory:
       return NotImplemented
     for f in dataclasses.fields(self):
       a, b = getattr(self, f.name), getattr(other, f.name)
-      if isinstance(a, np.ndarray):
-        if not _arrays_equal(a, b):
+      if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and _arrays_equal(a, b)):
           return False
       elif a != b:
         return False
@@ -238,6 +252,9 @@ class Trajectory:
           raise TrajectoryError(f"{name}[{key!r}]", ReasonCode.NON_FINITE, f"must be finite, got {value}")
     self._validate_arrays(vocab_size)
     self._validate_turn_boundaries()
+    if self.routed_experts is not None and len(self.routed_experts) > self.num_tokens:
+      raise TrajectoryError("routed_experts", ReasonCode.LENGTH_MISMATCH,
+                            f"{len(self.routed_experts)} rows for {self.num_tokens} tokens")
 
   def _validate_arrays(self, vocab_size: int) -> None:
     t = self.num_tokens
@@ -301,7 +318,14 @@ class Trajectory:
         metrics=self.metrics,
         lease_id=self.lease_id,
         metadata=self.metadata,
+        **self._routed_experts_fields(),
     )
+
+  def _routed_experts_fields(self) -> dict[str, Any]:
+    if self.routed_experts is None:
+      return {}
+    return {"routed_experts": self.routed_experts.astype("<i4").tobytes(),
+            "routed_experts_columns": self.routed_experts.shape[1]}
 
   @classmethod
   def from_proto(cls, msg: sao_pb2.Trajectory) -> Trajectory:
@@ -326,6 +350,7 @@ class Trajectory:
         metrics=dict(msg.metrics),
         lease_id=msg.lease_id,
         metadata=dict(msg.metadata),
+        routed_experts=_routed_experts_from_proto(msg),
     )
 
   def to_bytes(self) -> bytes:
@@ -337,6 +362,17 @@ class Trajectory:
     msg = sao_pb2.Trajectory()
     msg.ParseFromString(data)
     return cls.from_proto(msg)
+
+
+def _routed_experts_from_proto(msg: sao_pb2.Trajectory) -> np.ndarray | None:
+  """The wire's routed experts as int32 [R, C], or None when the message carries none."""
+  columns, raw = msg.routed_experts_columns, msg.routed_experts
+  if columns == 0 and not raw:
+    return None
+  if columns < 1 or len(raw) % (4 * columns):
+    raise TrajectoryError("routed_experts", ReasonCode.INVALID_FIELD,
+                          f"{len(raw)} bytes do not split into rows of {columns} int32 ids")
+  return np.frombuffer(raw, "<i4").astype(np.int32).reshape(-1, columns)
 
 
 def reject_result(error: TrajectoryError, retry_after_ms: int = 0) -> sao_pb2.SubmitResult:

@@ -142,4 +142,4 @@ class ProxiedHarness(Harness):
                  "total_s": time.monotonic() - start},
         metrics={"num_action_tokens": action_tokens,
                  "num_tokens": float(len(seg.token_ids)) if seg is not None else 0.0},
-        metadata=metadata)
+        metadata=metadata, routed_experts=seg.routed_experts if seg is not None else None)
