@@ -28,10 +28,12 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
+from experiments.configs import sao_openswe
+from launch import run as run_lib
 from sao.models import gguf, hf
 from sao.models.logprobs import token_logprobs
 from sao.models.tokenizer import Tokenizer
-from sao.rollout import envs, harnesses
+from sao.rollout import harnesses
 from sao.rollout.tool_format import ToolCallError
 from tests.e2e.test_train_e2e import Run, _metrics, _records, cache_dir, runs  # noqa: F401  (fixtures)
 
@@ -44,10 +46,11 @@ MAX_TOTAL_TOKENS = 256
 # the largest difference seen was 3.4e-5 (2026-12-04).
 LOGPROB_ATOL = 5e-4
 # One agent loop: the engine compiles its programs for batches of one row only.
-ARG = (f"sao_openswe.py:smollm2,total_steps=1,recipe.value_pretrain_steps=1,learner.sao.critic_warmup_steps=0,"
-       f"learner.sao.critic_epochs=1,rollout.batch_size=2,rollout.concurrency=1,env.num_validation_tasks=1,rollout.max_turns={MAX_TURNS},"
-       f"rollout.max_new_tokens={MAX_NEW_TOKENS},rollout.max_total_tokens={MAX_TOTAL_TOKENS},checkpoint_every=100,"
-       f"learner.batching.bucket_lengths={MAX_TOTAL_TOKENS},learner.batching.length_groups=0,keep_policy_exports=10")
+VARIANT = ("smollm2,total_steps=1,recipe.value_pretrain_steps=1,learner.sao.critic_warmup_steps=0,"
+           "learner.sao.critic_epochs=1,rollout.batch_size=2,rollout.concurrency=1,env.num_validation_tasks=1,"
+           f"rollout.max_turns={MAX_TURNS},rollout.max_new_tokens={MAX_NEW_TOKENS},"
+           f"rollout.max_total_tokens={MAX_TOTAL_TOKENS},checkpoint_every=100,"
+           f"learner.batching.bucket_lengths={MAX_TOTAL_TOKENS},learner.batching.length_groups=0")
 
 
 def _replay(trajectory, tok: Tokenizer, harness, env, tasks: dict) -> dict[str, int]:
@@ -94,15 +97,21 @@ def _replay(trajectory, tok: Tokenizer, harness, env, tasks: dict) -> dict[str, 
 
 def test_smollm2_rl_through_every_process(tmp_path, runs, cache_dir):  # noqa: F811
   workdir = str(tmp_path / "run")
-  run = Run(ARG, workdir, cache_dir, "smollm2")
+  run = Run(f"sao_openswe.py:{VARIANT}", workdir, cache_dir, "smollm2")
   runs.append(run)
-  out = run.finish(1800)  # ≈ 15 min on a 2-core machine at load average 13
+  out = run.finish(1800)  # 519 s on a 2-core machine at load average 10 (2026-12-04)
   assert "[done] sao_openswe_smollm2" in out
+  check_run(workdir)
 
-  base_dir = gguf.smollm2_checkpoint()  # the run's cached conversion ($SAO_CACHE_DIR is shared with the run)
+
+def check_run(workdir: str) -> None:
+  """The module docstring's checks on a finished run of `VARIANT` in `workdir`."""
+  config = sao_openswe.get_config(VARIANT)  # the run's config: its cached conversion ($SAO_CACHE_DIR is shared)
+  base_dir = config.model.hf_path
+  assert base_dir == gguf.smollm2_checkpoint()
   tok = Tokenizer.from_pretrained(base_dir)
   assert tok.eos_token_ids == (tok.token_to_id("<|im_end|>"),)
-  env = envs.make("number_search", n=16, sizes=tuple(range(8, 17)), show_interval=True, spare_turns=0)
+  env = run_lib.make_env(config)
   tasks = {t["key"]: t for t in env.task_pool()}
   harness = harnesses.get("xml_json_system")
   records = _records(workdir)
@@ -115,13 +124,14 @@ def test_smollm2_rl_through_every_process(tmp_path, runs, cache_dir):  # noqa: F
   print(f"[smollm2 e2e] {len(records)} episodes, {totals}")
 
   # The engine's log-probs against the trainer's function on the base weights, for the base policy's samples.
-  config, params = hf.load_pretrained(base_dir, dtype="float32", scan_layers=True)
+  model_config, params = hf.load_pretrained(base_dir, dtype="float32", scan_layers=True)
   base_policy = [r.trajectory for r in records if r.trajectory.policy_version == 0]
   assert len(base_policy) >= 4, [r.trajectory.policy_version for r in records]  # value pretraining's + RL step 0's
   ids = np.zeros((len(base_policy), MAX_TOTAL_TOKENS), np.int32)
   for row, t in enumerate(base_policy):
     ids[row, :len(t.token_ids)] = t.token_ids
-  ours = np.asarray(jax.jit(lambda p, x: token_logprobs(p, config, x, jnp.ones_like(x)))(params, jnp.asarray(ids)))
+  score = jax.jit(lambda p, x: token_logprobs(p, model_config, x, jnp.ones_like(x)))
+  ours = np.asarray(score(params, jnp.asarray(ids)))
   worst = 0.0
   for row, t in enumerate(base_policy):
     mask = np.asarray(t.action_mask, bool)
