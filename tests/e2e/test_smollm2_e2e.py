@@ -99,7 +99,7 @@ def test_smollm2_rl_through_every_process(tmp_path, runs, cache_dir):  # noqa: F
   workdir = str(tmp_path / "run")
   run = Run(f"sao_openswe.py:{VARIANT}", workdir, cache_dir, "smollm2")
   runs.append(run)
-  out = run.finish(1800)  # 519 s on a 2-core machine at load average 10 (2026-12-04)
+  out = run.finish(1800)  # 380–519 s on a 2-core machine at load average 8–11 (2026-12-04)
   assert "[done] sao_openswe_smollm2" in out
   check_run(workdir)
 
