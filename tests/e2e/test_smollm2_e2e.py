@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -102,6 +103,8 @@ def test_smollm2_rl_through_every_process(tmp_path, runs, cache_dir):  # noqa: F
   out = run.finish(1800)  # 380–519 s on a 2-core machine at load average 8–11 (2026-12-04)
   assert "[done] sao_openswe_smollm2" in out
   check_run(workdir)
+  # 3.3 GB: the final checkpoint holds both 135M-parameter roles with their AdamW moments. A failed run stays.
+  shutil.rmtree(workdir)
 
 
 def check_run(workdir: str) -> None:
