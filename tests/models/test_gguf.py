@@ -217,3 +217,43 @@ def test_unmapped_gguf_tensor_is_an_error(tmp_path):
   _write_tiny_gguf(path, _tiny_hf_tensors(), extra={"blk.0.attn_qkv.weight": np.zeros((4, 4), np.float32)})
   with pytest.raises(KeyError, match="blk.0.attn_qkv.weight"):
     gguf_convert.convert_gguf_to_hf(path, str(tmp_path / "hf"))
+
+
+def test_cached_conversion_converts_once(tmp_path, monkeypatch):
+  """The first call converts, later calls (and other dtypes or a changed file) find their own directory; a losing
+  concurrent conversion is discarded, never mixed into the winner's."""
+  path = str(tmp_path / "tiny.gguf")
+  _write_tiny_gguf(path, _tiny_hf_tensors())
+  root = str(tmp_path / "cache")
+  first = gguf_convert.cached_conversion(path, root)
+  assert os.path.dirname(first) == os.path.join(root, "gguf") and os.path.basename(first).startswith("tiny-float32-")
+  assert Tokenizer.from_pretrained(first).encode("ab") == [259]
+  calls = []
+  monkeypatch.setattr(gguf_convert, "convert_gguf_to_hf", lambda *a: calls.append(a))
+  assert gguf_convert.cached_conversion(path, root) == first and not calls
+  monkeypatch.undo()
+  half = gguf_convert.cached_conversion(path, root, dtype="float16")
+  assert half != first and os.path.isfile(os.path.join(half, "model.safetensors"))
+  os.utime(path, ns=(0, 0))  # a changed file: a new conversion
+  assert gguf_convert.cached_conversion(path, root) not in (first, half)
+  with pytest.raises(ValueError, match="int8"):
+    gguf_convert.cached_conversion(path, root, dtype="int8")
+  with pytest.raises(FileNotFoundError, match="nope.gguf"):
+    gguf_convert.cached_conversion(str(tmp_path / "nope.gguf"), root)
+
+
+def test_cached_conversion_loses_a_race_cleanly(tmp_path, monkeypatch):
+  path = str(tmp_path / "tiny.gguf")
+  _write_tiny_gguf(path, _tiny_hf_tensors())
+  root = str(tmp_path / "cache")
+  convert = gguf_convert.convert_gguf_to_hf
+  winner = {}
+
+  def convert_while_another_process_wins(gguf_path, out_dir, dtype="float32"):
+    target = out_dir.rsplit(".staging-", 1)[0]
+    winner["dir"] = convert(gguf_path, target, dtype)  # the other process renames its conversion first
+    return convert(gguf_path, out_dir, dtype)
+
+  monkeypatch.setattr(gguf_convert, "convert_gguf_to_hf", convert_while_another_process_wins)
+  assert gguf_convert.cached_conversion(path, root) == winner["dir"]
+  assert os.listdir(os.path.join(root, "gguf")) == [os.path.basename(winner["dir"])]  # no staging directory left

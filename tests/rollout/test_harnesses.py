@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 
 import numpy as np
 import pytest
@@ -81,6 +82,48 @@ def test_number_search_episode_tokenizes_compactly(name, tokenizer):
   assert len(tokenizer.encode(call_text)) <= 5, [tokenizer.decode([i]) for i in tokenizer.encode(call_text)]
   if name != "xml_json":  # the template's tools header would teach the other syntax
     assert tools is None and "<tool_call>" not in prompt
+
+
+@pytest.mark.parametrize("call", CALLS, ids=lambda c: f"{c.name}{len(c.arguments)}")
+def test_xml_json_system_round_trips_and_reads_smollm2_lists(call):
+  harness = harnesses.get("xml_json_system")
+  text = harness.format_text(call)
+  assert text == tool_format.format_tool_call(call)
+  assert harness.parse_call("Reasoning first.\n" + text + "\n", TOOLS) == call
+  inner = text.removeprefix(tool_format.OPEN_TAG).removesuffix(tool_format.CLOSE_TAG)  # the escaped JSON object
+  listed = f"{tool_format.OPEN_TAG}[{inner}]{tool_format.CLOSE_TAG}"
+  assert harness.parse_call(listed, TOOLS) == call
+
+
+@pytest.mark.parametrize("text, code", [
+    ("no call here", ToolCallErrorCode.NO_TOOL_CALL),
+    ("<tool_call>[]</tool_call>", ToolCallErrorCode.BAD_STRUCTURE),
+    ("<tool_call>[1]</tool_call>", ToolCallErrorCode.BAD_STRUCTURE),
+    ('<tool_call>[{"name": "compare", "arguments": {"guess": 1}}, {"name": "compare", "arguments": {"guess": 2}}]'
+     "</tool_call>", ToolCallErrorCode.MULTIPLE_CALLS),
+    ('<tool_call>[{"name": "nope", "arguments": {}}]</tool_call>', ToolCallErrorCode.UNKNOWN_TOOL),
+    ('<tool_call>{"name": "compare", "arguments": [1]}</tool_call>', ToolCallErrorCode.BAD_STRUCTURE),
+    ('</tool_call> <tool_call>[{"name": "compare", "arguments": {"guess": "x"}}]</tool_call>',
+     ToolCallErrorCode.BAD_ARGUMENTS),
+    ("<tool_call>{}", ToolCallErrorCode.UNTERMINATED),
+])
+def test_xml_json_system_errors(text, code):
+  result = harnesses.get("xml_json_system").parse_call(text, TOOLS)
+  assert isinstance(result, ToolCallError) and result.code == code, result
+
+
+def test_xml_json_system_lists_the_tools_in_the_system_message(tokenizer):
+  """For templates without a tools header (SmolLM2's): the template gets no tools, the system message lists them."""
+  env = envs.make("number_search", n=16)
+  messages, tools = harnesses.get("xml_json_system").present(env.reset(env.tasks("train", 1, 0)[0]),
+                                                             env.tool_schemas)
+  assert tools is None and messages[0]["role"] == "system"
+  system = messages[0]["content"]
+  assert system.startswith(env.system_prompt) and "<tools>\n" in system and "</tools>" in system
+  assert json.dumps(env.tool_schemas[0]["function"]) in system and "<tool_call>" in system
+  traj = asyncio.run(expert.demonstrate(harnesses.get("xml_json_system"), env, env.tasks("train", 1, 0)[0],
+                                        tokenizer))
+  assert traj.reward == 1.0 and traj.harness == "xml_json_system"
 
 
 def test_function_call_signatures():

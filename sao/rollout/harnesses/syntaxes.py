@@ -5,12 +5,16 @@ same tool semantics, different text conventions the policy must follow.
 
 - `xml_json` (Qwen style, the chat template's own): tools rendered by the template's tools header, calls as
   `<tool_call>{"name": "compare", "arguments": {"guess": 5}}</tool_call>`.
+- `xml_json_system`: the same `<tool_call>{json}</tool_call>` calls, for chat templates without a tools header
+  (SmolLM2's): the tools are listed as JSON schemas inside `<tools>...</tools>` in the system message, as
+  SmolLM2-1.7B-Instruct's function-calling instructions do, and a call may also be their one-element list
+  `<tool_call>[{"name": ..., "arguments": {...}}]</tool_call>`.
 - `json_block`: tools listed as JSON schemas in the system message, calls as a fenced block
   ```` ```json\\n{"name": "compare", "arguments": {"guess": 5}}\\n``` ````.
 - `function_call`: tools listed as Python-style signatures in the system message, calls as `compare(guess=5)`
   (keyword arguments, Python literals).
 
-In the last two the template gets no `tools` (its tools header would teach the `<tool_call>` format); the harness
+In all but `xml_json` the template gets no `tools` (its tools header would teach the `<tool_call>` format); the harness
 writes the tool list into the system message instead. Parsing never raises: a malformed call is a `ToolCallError`
 that the environment answers with an error observation, as in `tool_format`.
 """
@@ -34,9 +38,13 @@ TOOLS_HEADER = "\n\nTools:\n"
 JSON_BLOCK_OPEN = "```json\n"
 JSON_BLOCK_CLOSE = "\n```"
 JSON_BLOCK_INSTRUCTION = 'Call a tool with ```json\n{"name": NAME, "arguments": ARGS}\n```.'
+XML_TOOLS_OPEN = "\n\nYou have access to the following tools:\n<tools>\n"
+XML_TOOLS_CLOSE = "\n</tools>\n"
+XML_JSON_INSTRUCTION = 'Call a tool with <tool_call>{"name": NAME, "arguments": ARGS}</tool_call>.'
 FUNCTION_CALL_INSTRUCTION = "Call a tool as a Python call: NAME(ARG=VALUE, ...)."
 
 _JSON_BLOCK_RE = re.compile(r"```json[ \t]*\n(.*?)\n?```", re.DOTALL)
+_XML_CALL_RE = re.compile(re.escape(tool_format.OPEN_TAG) + r"(.*?)" + re.escape(tool_format.CLOSE_TAG), re.DOTALL)
 _CALL_START_RE = re.compile(r"(?<![A-Za-z0-9_.])([A-Za-z_][A-Za-z0-9_]*)\(")
 
 
@@ -85,6 +93,33 @@ class XmlJson(SyntaxHarness):
 
   def parse_call(self, text, tool_schemas):
     return tool_format.parse_tool_call(text, tool_schemas)
+
+  def format_text(self, call):
+    return tool_format.format_tool_call(call)
+
+
+@register
+class XmlJsonSystem(SyntaxHarness):
+  """`<tool_call>{json}</tool_call>` calls with the tools in the system message (`<tools>` JSON schemas, one a line),
+  for templates that render no tools (SmolLM2-Instruct's ChatML). A one-element JSON list inside the tags (the
+  format of SmolLM2-1.7B-Instruct's function-calling instructions) is read as its one call; a longer list is
+  `MULTIPLE_CALLS`."""
+  name = "xml_json_system"
+
+  def present(self, messages, tool_schemas):
+    listing = "\n".join(json.dumps(t["function"]) for t in tool_schemas)
+    return with_tool_list(messages, f"{XML_TOOLS_OPEN}{listing}{XML_TOOLS_CLOSE}{XML_JSON_INSTRUCTION}"), None
+
+  def parse_call(self, text, tool_schemas):
+    call = tool_format.parse_tool_call(text, tool_schemas)
+    if not (isinstance(call, ToolCallError) and call.code is ToolCallErrorCode.BAD_STRUCTURE):
+      return call
+    payload = json.loads(_XML_CALL_RE.search(text).group(1))  # parsed once already: valid JSON, not a call object
+    if not isinstance(payload, list) or not payload:
+      return call
+    if len(payload) > 1:
+      return ToolCallError(ToolCallErrorCode.MULTIPLE_CALLS, "one tool call per turn")
+    return tool_format.call_from_json(json.dumps(payload[0]), tool_schemas)
 
   def format_text(self, call):
     return tool_format.format_tool_call(call)
