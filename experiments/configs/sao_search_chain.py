@@ -1,5 +1,5 @@
 r"""SAO's stabilized recipe on `search_chain` (sao.rollout.envs.search_chain), the toy task where the critic matters:
-five number searches in a row (ranges 1..8 to 1..15) on one shared budget of 22 turns, a 0/1 reward for the whole
+four number searches in a row (ranges 1..8 to 1..15) on one shared budget of 18 turns, a 0/1 reward for the whole
 chain, and observations that carry the slack (turns left minus binary search's worst case for the rest) — how
 promising the episode still is. Whole plans (sequences of ranges) are held out for validation and test.
 
@@ -25,15 +25,22 @@ def get_config(arg: str | None = None):
   config.name = f"sao_search_chain_{variant}"
   common.stabilized_sao(config)
   config.env.name = "search_chain"
-  # 8^5 = 32,768 plans of 5 rounds, one target tuple each; 60 / 20 / 20 % of the plans train / validate / test.
-  config.env.kwargs = dict(sizes=tuple(range(8, 16)), rounds=5, spare_turns=2, targets_per_plan=1)
+  # 8^4 = 4,096 plans of 4 rounds, one target tuple each; 60 / 20 / 20 % of the plans train / validate / test.
+  config.env.kwargs = dict(sizes=tuple(range(8, 16)), rounds=4, spare_turns=2, targets_per_plan=1)
   config.env.num_validation_tasks = 128  # 128 distinct held-out plans per evaluation: SE ≈ 0.04
-  # An episode is ≈ 20 turns of ≈ 24 tokens (≈ 500 tokens, 120 of them actions): 5× number search's.
-  config.rollout.max_turns = 24  # above the env's own 22-turn budget, which ends every episode first
-  config.rollout.max_total_tokens = 640
+  # An episode is ≈ 16 turns of ≈ 24 tokens (≈ 400 tokens, 100 of them actions): 4× number search's.
+  config.rollout.max_turns = 20  # above the env's own 18-turn budget, which ends every episode first
+  config.rollout.max_total_tokens = 512
+  config.rollout.batch_size = 32  # 32 episodes × 16 turns: 512 decisions per step (number search: 64 × 4)
   config.rollout.base_eval_repeats = 2  # 2 × 128 episodes for the base policy
-  config.recipe.num_demonstrations = 1000  # ≈ 70 ms each to tokenise
-  config.recipe.sft_steps = 300
-  config.total_steps = 100
-  config.learner.batching.bucket_lengths = (256, 320, 384, 448, 512, 576, 640)
+  # The same number of supervised decisions as number search's warm start (200 × 16 episodes × 16 turns ≈ 400 × 32
+  # × 4), in a quarter of the sequences: the tokens, not the decisions, are what cost.
+  config.recipe.num_demonstrations = 500  # ≈ 60 ms each to tokenise
+  config.recipe.sft_steps = 200
+  config.recipe.sft_batch_size = 16
+  config.recipe.value_pretrain_steps = 5
+  config.learner.sao.critic_warmup_steps = 10  # of 80 RL steps (the number-search toy: 20 of 240)
+  config.total_steps = 80
+  config.learner.batching.bucket_lengths = (256, 320, 384, 448, 512)
+  config.learner.batching.length_groups = 8  # 4 rows each
   return common.finalize(config, overrides)

@@ -12,7 +12,7 @@ from sao.rollout.tool_format import ToolCall
 
 @pytest.fixture(scope="module")
 def chain():
-  """The toy config's env (its 32,768-task pool is built once and cached by the instance)."""
+  """The toy config's env (its 4,096-task pool is built once and cached by the instance)."""
   return envs.make("search_chain")
 
 
@@ -115,7 +115,7 @@ def test_slack_is_what_binary_search_needs_from_every_state():
 @pytest.mark.parametrize("noise, low, high", [(0.0, 1.0, 1.0), (0.5, 0.45, 0.7), (1.0, 0.0, 0.1)])
 def test_expert_success_rates(chain, noise, low, high):
   """The expert solves every task; the toy config's demonstrations (noise 0.5) succeed about half the time; random
-  guesses almost never finish five rounds."""
+  guesses almost never finish four rounds."""
   env = chain
   rng = np.random.default_rng(0)
   rewards = [env.demonstrate(t, rng, noise=noise).reward for t in env.tasks("train", 200, seed=0)]
@@ -125,16 +125,16 @@ def test_expert_success_rates(chain, noise, low, high):
 def test_splits_hold_out_whole_plans_and_are_deterministic(chain):
   env = chain
   pool = env.task_pool()
-  assert len(pool) == 8 ** 5 and len({t["key"] for t in pool}) == len(pool)
+  assert len(pool) == 8 ** 4 and len({t["key"] for t in pool}) == len(pool)
   plans = {split: {tuple(t["plan"]) for t in env.split_pool(split)} for split in envs.SPLITS}
   assert not plans["train"] & plans["validation"] and not plans["train"] & plans["test"]
   assert not plans["validation"] & plans["test"]
-  assert sum(len(p) for p in plans.values()) == 8 ** 5
+  assert sum(len(p) for p in plans.values()) == 8 ** 4
   for split, share in zip(envs.SPLITS, search_chain.CHAIN_SPLIT_FRACTIONS):
-    assert abs(len(plans[split]) / 8 ** 5 - share) < 0.02
+    assert abs(len(plans[split]) / 8 ** 4 - share) < 0.02
   # Every range size is trained on, at every round, with targets spread over the whole range.
   train = env.split_pool("train")
-  for position in range(5):
+  for position in range(4):
     assert {t["plan"][position] for t in train} == set(range(8, 16))
     assert {t["targets"][position] for t in train if t["plan"][position] == 15} == set(range(1, 16))
   tasks = env.tasks("validation", 128, seed=3)

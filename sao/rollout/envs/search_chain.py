@@ -38,7 +38,7 @@ from sao.rollout.envs.base import Env, Task, check_split_fractions
 from sao.rollout.envs.registry import register
 from sao.rollout.tool_format import ToolCall
 
-# Held-out plans: 60 / 20 / 20 % of them (a plan pool is thousands, so validation is hundreds of plans).
+# Held-out plans: 60 / 20 / 20 % of them (the default pool is 4,096 plans, so validation is hundreds of plans).
 CHAIN_SPLIT_FRACTIONS = (0.6, 0.2, 0.2)
 
 
@@ -71,7 +71,7 @@ class SearchChain(Env):
                                 {"guess": {"type": "integer", "description": "your guess"}}),
   ]
 
-  def __init__(self, sizes: tuple[int, ...] = tuple(range(8, 16)), rounds: int = 5, spare_turns: int = 2,
+  def __init__(self, sizes: tuple[int, ...] = tuple(range(8, 16)), rounds: int = 4, spare_turns: int = 2,
                targets_per_plan: int = 1, split_fractions: tuple[float, float, float] | None = None):
     super().__init__()
     sizes = tuple(int(s) for s in sizes)
@@ -89,7 +89,7 @@ class SearchChain(Env):
     self.targets_per_plan = int(targets_per_plan)
     self.split_fractions = check_split_fractions(CHAIN_SPLIT_FRACTIONS if split_fractions is None
                                                  else split_fractions)
-    self._pool: list[Task] | None = None  # built on first use (tens of thousands of tasks), then shared
+    self._pool: list[Task] | None = None  # built on first use (thousands of tasks), then shared
     self._plan: tuple[int, ...] = ()
     self._targets: tuple[int, ...] = ()
     self._round = self._lo = self._hi = 0
