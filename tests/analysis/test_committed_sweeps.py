@@ -90,3 +90,16 @@ def test_the_folders_readme_lists_every_committed_sweep_with_its_run_count():
   committed = {name: len(os.listdir(os.path.join(sweeps.RUNS_ROOT, name))) for name in os.listdir(sweeps.RUNS_ROOT)
                if os.path.isdir(os.path.join(sweeps.RUNS_ROOT, name))}
   assert listed == committed
+
+
+def test_toy_critic_matters_tables():
+  """Issue 48's search_chain sweep as committed so far (4 of its 6 runs; docs/results.md)."""
+  text = _report("toy_critic_matters")
+  assert "code version 64d66d0ba28a8f436ccff1ad31a07dadbd7ddb11" in text
+  assert "4 runs started: 4 complete, 0 incomplete" in text
+  assert "| frozen_critic | critic frozen at initialisation (learning rate 0) | 2/2 | 18.7 [-34.2, 71.7] | — | " \
+      "-3.9 [-46.9, 39.1] (paired t, n=2) |" in text
+  assert "| frozen_critic-seed1 | frozen_critic | 1 | complete | 99 / 99 | 12.9 → 14.6 | — |  |" in text
+  assert "| sao-seed0 | sao | 0 | complete | 99 / 99 | 19.9 → 30.2 | — |  |" in text
+  assert "| frozen_critic-seed0 | frozen_critic | 0 | complete | 99 / 99 | 23.4 → 22.9 | — |  |" in text
+  assert "| sao-seed1 | sao | 1 | complete | 99 / 99 | 14.5 → 15.1 | — |  |" in text
