@@ -44,7 +44,8 @@ def base_policy(trainer: Any, demonstrations: Callable[[], Sequence[Trajectory]]
   # params in `param_dtype` (its `dtype` argument is the compute dtype, `param_dtype` overrides the storage).
   precision = {"dtype": c.model.get("compute_dtype", "float32"), "param_dtype": c.model.get("param_dtype", "float32"),
                "remat": c.model.get("remat", "none"), "scan_layers": c.model.get("scan_layers", False)}
-  if trainer._decide("base_policy", lambda: os.path.isfile(os.path.join(base_dir, "config.json"))):  # pylint: disable=protected-access
+  cached = lambda: os.path.isfile(os.path.join(base_dir, "config.json"))
+  if trainer._decide("base_policy", cached):  # pylint: disable=protected-access
     # A cached base policy's config.json holds the architecture only: the run's precision applies as when it was
     # made (a resumed or re-run job must not train the RL phase without its remat / scan / dtypes).
     model_config, params = hf.load_pretrained(base_dir, **precision)
@@ -92,7 +93,8 @@ def supervised_warm_start(trainer: Any, model_config: ModelConfig, params: Any, 
   numpy on every process if `fetch`, else the learner's global arrays."""
   r = trainer.config.recipe
   trainer._precompile_ahead(model_config)  # pylint: disable=protected-access
-  learner = trainer._learner(phases.sft_config(trainer.config), model_config, params)  # pylint: disable=protected-access
+  learner = trainer._learner(  # pylint: disable=protected-access
+      phases.sft_config(trainer.config), model_config, params)
   rng = np.random.default_rng(trainer.config.seed)
   start = time.time()
   for step in range(r.sft_steps):
@@ -100,5 +102,6 @@ def supervised_warm_start(trainer: Any, model_config: ModelConfig, params: Any, 
     with trainer.channel.busy(f"sft step {step}: update"):
       metrics = learner.sft_update(batch)
     if step % 50 == 0 or step == r.sft_steps - 1:
-      trainer._print(f"[sft] step {step:4d}  nll {metrics['actor/loss']:.4f}  ({time.time() - start:.0f}s)")  # pylint: disable=protected-access
+      line = f"[sft] step {step:4d}  nll {metrics['actor/loss']:.4f}  ({time.time() - start:.0f}s)"
+      trainer._print(line)  # pylint: disable=protected-access
   return distributed.fetch(learner.actor_params) if fetch else learner.actor_params

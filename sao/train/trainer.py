@@ -1,6 +1,6 @@
 """The trainer process: the recipe's phases around one gRPC trajectory service, learner steps and weight publishing.
 
-    base policy ──(supervised warm start on demonstrations, if recipe.sft_steps)──▶ <workdir>/base_model   (HF directory)
+    base policy ──(supervised warm start on demonstrations if recipe.sft_steps)──▶ <workdir>/base_model   (HF directory)
     value pretraining: critic-only updates on the base policy's rollouts ──▶ <workdir>/value_init (orbax params)
     RL: critic loaded from value_init, `critic_warmup_steps` critic-only updates, then actor updates every step
 
