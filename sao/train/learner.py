@@ -245,7 +245,8 @@ class Learner:
     return precompile_lib.learner_programs(self, batch_size, max_tokens, roles)
 
   def sft_update(self, batch: dict | Sequence[Trajectory]) -> dict[str, float]:
-    """One supervised step: masked token NLL `−(1/N) Σ m·logp` on the action tokens (toy warm start)."""
+    """One supervised step: masked token NLL `−(1/N) Σ m·logp` on the action tokens (the supervised
+    warm start, `sao.train.base_policy`)."""
     if not isinstance(batch, dict):
       batch, _ = self.make_batch(batch)
     self._check_rows(batch)

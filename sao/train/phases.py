@@ -1,6 +1,6 @@
 """The learner config of each phase of the recipe, derived from a run's config, and the update programs they compile.
 
-    supervised warm start  `sft_config`             GRPO-shaped actor-only NLL on demonstrations (toy only)
+    supervised warm start  `sft_config`             GRPO-shaped actor-only NLL on demonstrations (`recipe.sft_steps`)
     value pretraining      `value_pretrain_config`  critic-only: the actor waits past the last pretraining step
     RL                     `rl_config`              `config.learner`, the critic loaded from value pretraining's save
 

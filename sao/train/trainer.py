@@ -1,6 +1,6 @@
 """The trainer process: the recipe's phases around one gRPC trajectory service, learner steps and weight publishing.
 
-    base policy ──(supervised warm start on demonstrations, toy only)──▶ <workdir>/base_model   (HF directory)
+    base policy ──(supervised warm start on demonstrations if recipe.sft_steps)──▶ <workdir>/base_model   (HF directory)
     value pretraining: critic-only updates on the base policy's rollouts ──▶ <workdir>/value_init (orbax params)
     RL: critic loaded from value_init, `critic_warmup_steps` critic-only updates, then actor updates every step
 
@@ -31,19 +31,16 @@ from typing import Any, Callable, Sequence
 
 import jax
 import ml_collections
-import numpy as np
 from absl import logging
 
 from sao.analysis import critic_traces
 from sao.engines import fleet as fleet_lib
-from sao.models import hf, streaming, transformer
 from sao.models.config import ModelConfig
 from sao.models.tokenizer import Tokenizer
+from sao.train import base_policy as base_policy_lib
 from sao.train import batching
 from sao.train import checkpoint as ckpt_lib
 from sao.train import coordination
-from sao.train import distributed
-from sao.train import mesh as mesh_lib
 from sao.train import phases
 from sao.train import precompile as precompile_lib
 from sao.train import progress
@@ -121,52 +118,10 @@ class Trainer:
 
   # ------------------------------------------------------------------------------------------------ the base policy
   def base_policy(self, demonstrations: Callable[[], Sequence[Trajectory]] | None) -> tuple[ModelConfig, Any, str]:
-    """The starting policy as (model config, params, HF directory): the configured checkpoint, or a freshly
-    initialised toy model warm-started on demonstrations (cached in `<workdir>/base_model`)."""
-    c = self.config
-    base_dir = os.path.join(self.workdir, "base_model")
-    # The run config's precision and remat as ModelConfig fields (docs/models.md "Precision"); the loader stores the
-    # params in `param_dtype` (its `dtype` argument is the compute dtype, `param_dtype` overrides the storage).
-    precision = {"dtype": c.model.get("compute_dtype", "float32"), "param_dtype": c.model.get("param_dtype", "float32"),
-                 "remat": c.model.get("remat", "none"), "scan_layers": c.model.get("scan_layers", False)}
-    if self._decide("base_policy", lambda: os.path.isfile(os.path.join(base_dir, "config.json"))):
-      # A cached base policy's config.json holds the architecture only: the run's precision applies as when it was
-      # made (a resumed or re-run job must not train the RL phase without its remat / scan / dtypes).
-      model_config, params = hf.load_pretrained(base_dir, **precision)
-      logging.info("base policy: reusing %s", base_dir)
-      return model_config, params, base_dir
-    if c.model.init == "hf":
-      # Streamed tensor by tensor into the learner's param shardings: the host never holds the whole model.
-      model_config, params = streaming.load_pretrained_sharded(
-          c.model.hf_path, mesh_lib.make_mesh(dict(c.learner.mesh)), **precision)
-      return model_config, params, c.model.hf_path
-    model_config = ModelConfig.tiny(c.model.toy.model_type, vocab_size=self.tokenizer.vocab_size,
-                                    **precision,
-                                    **{k: v for k, v in c.model.toy.items() if k != "model_type"})
-    params = transformer.init_params(model_config, jax.random.PRNGKey(c.seed))
-    if c.recipe.sft_steps:
-      if demonstrations is None:
-        raise ValueError("recipe.sft_steps > 0 needs demonstrations")
-      # Process 0 generates the demonstrations; the others train on its copy (the batches are drawn from a seeded rng).
-      demos = (self.channel.share("demonstrations", None, list(demonstrations())) if self.is_coordinator
-               else self.channel.share("demonstrations")).trajectories
-      self._precompile_ahead(model_config)
-      params = self._supervised_warm_start(model_config, params, demos)
-    export_policy(model_config, params, self.tokenizer, base_dir)
-    return model_config, params, base_dir
-
-  def _supervised_warm_start(self, model_config: ModelConfig, params: Any, demos: list[Trajectory]) -> Any:
-    r = self.config.recipe
-    learner = self._learner(phases.sft_config(self.config), model_config, params)
-    rng = np.random.default_rng(self.config.seed)
-    start = time.time()
-    for step in range(r.sft_steps):
-      batch = [demos[i] for i in rng.integers(0, len(demos), r.sft_batch_size)]
-      with self.channel.busy(f"sft step {step}: update"):
-        metrics = learner.sft_update(batch)
-      if step % 50 == 0 or step == r.sft_steps - 1:
-        self._print(f"[sft] step {step:4d}  nll {metrics['actor/loss']:.4f}  ({time.time() - start:.0f}s)")
-    return distributed.fetch(learner.actor_params)  # the toy model: small enough to hold whole on every host
+    """The starting policy as (model config, params, HF directory): the configured checkpoint or a freshly
+    initialised toy model, warm-started on demonstrations if `recipe.sft_steps` (cached in `<workdir>/base_model`;
+    `sao.train.base_policy`)."""
+    return base_policy_lib.base_policy(self, demonstrations)
 
   # ------------------------------------------------------------------------------------------------ serving
   def _server(self, model_config: ModelConfig, engine_urls: Sequence[str]) -> TrajectoryServer:

@@ -46,9 +46,12 @@ MAX_TOTAL_TOKENS = 256
 # float32 both sides: the engine's KV-cache decode (prefix-cached across turns) against the learner's full forward;
 # the largest difference seen was 3.4e-5 (2026-12-04).
 LOGPROB_ATOL = 5e-4
-# One agent loop: the engine compiles its programs for batches of one row only.
-VARIANT = ("smollm2,total_steps=1,recipe.value_pretrain_steps=1,learner.sao.critic_warmup_steps=0,"
-           "learner.sao.critic_epochs=1,rollout.batch_size=2,rollout.concurrency=1,env.num_validation_tasks=1,"
+# One agent loop: the engine compiles its programs for batches of one row only. No supervised warm start (the
+# config's is minutes of 135M-parameter updates on 2 cores; tests/train/test_base_policy.py checks it at tiny size):
+# the base policy is the converted checkpoint itself, which the log-prob and export checks below compare against.
+VARIANT = ("smollm2,total_steps=1,recipe.sft_steps=0,recipe.value_pretrain_steps=1,"
+           "learner.sao.critic_warmup_steps=0,learner.sao.critic_epochs=1,rollout.batch_size=2,rollout.concurrency=1,"
+           "env.num_validation_tasks=1,"
            f"rollout.max_turns={MAX_TURNS},rollout.max_new_tokens={MAX_NEW_TOKENS},"
            f"rollout.max_total_tokens={MAX_TOTAL_TOKENS},checkpoint_every=100,"
            f"learner.batching.bucket_lengths={MAX_TOTAL_TOKENS},learner.batching.length_groups=0")
