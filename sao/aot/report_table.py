@@ -65,10 +65,16 @@ def format_table(rows, chip, commits: Sequence[str] = ()) -> str:
 
 def update_estimates(rows, chip, chips: int) -> dict[int, tuple[float, float, float] | str]:
   """Per bucket: (estimated seconds of one update = Σ calls · est s, its model FLOPs, the MFU they imply) when every
-  program the update calls fits, else a string naming the programs that do not fit or failed."""
+  program the update calls fits, else a string naming the programs that do not fit, failed or are not compiled yet
+  (a program another bucket's rows call)."""
   out: dict[int, tuple[float, float, float] | str] = {}
+  programs = {r.program for r in rows if r.calls}  # what one update calls, from every bucket's rows
   for bucket in sorted({r.bucket for r in rows}):
     at = [r for r in rows if r.bucket == bucket and r.calls]
+    missing = sorted(programs - {r.program for r in at})
+    if missing:  # a report still being compiled: no estimate from part of an update
+      out[bucket] = f"not compiled yet ({', '.join(missing)})"
+      continue
     if not all(r.fits for r in at):
       failed = [r.program for r in at if _failed(r)]
       too_big = [r.program for r in at if not r.fits and not _failed(r)]

@@ -60,3 +60,11 @@ def test_a_file_whose_rows_mix_topologies_is_refused(tmp_path):
   rows[1] = dict(rows[1], topology="v6e:16x16")
   with pytest.raises(ValueError, match="disagree on topology"):
     _page(tmp_path, rows)
+
+
+def test_a_bucket_whose_update_is_not_compiled_yet_gets_no_estimate(tmp_path):
+  rows = json.load(open(os.path.join(DOCS, "reports", "sao_full_v5p128.json")))
+  rows = [r for r in rows if not (r["program"] == "actor_step_dis" and r["bucket"] == 131072)]
+  text = _page(tmp_path, rows).read_text()
+  assert "update at T=131072: not compiled yet (actor_step_dis)" in text
+  assert "update at T=32768: XLA-estimated" in text
