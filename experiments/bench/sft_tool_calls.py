@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import sys
 import time
 
 import numpy as np
 
-from launch import run as run_lib
-from sao.models import hf
-from sao.models.sampling import Sampler, SamplingParams
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from launch import run as run_lib  # noqa: E402
+from sao.models import hf  # noqa: E402
+from sao.models.sampling import Sampler, SamplingParams  # noqa: E402
 from sao.rollout import harnesses
 from sao.rollout.envs import make
 from sao.rollout.tool_format import ToolCallError
