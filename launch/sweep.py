@@ -144,6 +144,18 @@ def runs(prefix: str, config: str, grid: Grid | None = None, name_keys: Sequence
   return out
 
 
+def ablation_runs(reference: str, config: str, seeds: Sequence[int], factors: dict[str, tuple[str, dict[str, Any]]],
+                  by_seed: bool = False) -> list[Run]:
+  """A one-factor ablation: the `reference` arm and one arm per `factors` entry (arm → (what changes, overrides)),
+  each at every seed, named `<arm>-seed<k>`. `by_seed`: ordered seed by seed (every arm of seed 0 first), so runs cut
+  short by the clock still leave complete seeds."""
+  grid = sweep("seed", seeds)
+  run_list = runs(reference, config, grid, name_keys=("seed",))
+  for arm, (_, overrides) in factors.items():
+    run_list += runs(arm, config, product(grid, fixed(**overrides)), name_keys=("seed",))
+  return sorted(run_list, key=lambda run: run.overrides["seed"]) if by_seed else run_list
+
+
 def check_unique(run_list: Sequence[Run]) -> None:
   names = [r.name for r in run_list]
   duplicates = sorted({n for n in names if names.count(n) > 1})

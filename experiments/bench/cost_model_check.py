@@ -35,6 +35,7 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from experiments.bench import synthetic  # noqa: E402
+from experiments.bench.profile_train import best_seconds  # noqa: E402
 from sao.aot import hlo_cost, hlo_text, tpu_topology  # noqa: E402
 from sao.models.config import ModelConfig  # noqa: E402
 from sao.models.transformer import init_params  # noqa: E402
@@ -59,22 +60,12 @@ def define_flags() -> None:
   _OUT = flags.DEFINE_string("out", "", "Also write the rows here as JSON lines.")
 
 
-def _best_seconds(fn, *args, repeats: int = 5) -> float:
-  jax.block_until_ready(fn(*args))
-  best = float("inf")
-  for _ in range(repeats):
-    t = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    best = min(best, time.perf_counter() - t)
-  return best
-
-
 def measured_chip(dtype, n: int) -> tpu_topology.Chip:
   """A `Chip` priced by this process's own best matmul FLOP/s (in `dtype`) and elementwise bandwidth."""
   a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
-  peak = 2.0 * n ** 3 / _best_seconds(jax.jit(lambda x, y: x @ y), a, a)
+  peak = 2.0 * n ** 3 / best_seconds(jax.jit(lambda x, y: x @ y), a, a, repeats=5)
   big = jnp.ones((64 << 20,), jnp.float32)  # 256 MiB: past every cache
-  bandwidth = 2.0 * big.nbytes / _best_seconds(jax.jit(lambda x: x * 1.0000001), big)
+  bandwidth = 2.0 * big.nbytes / best_seconds(jax.jit(lambda x: x * 1.0000001), big, repeats=5)
   device = jax.devices()[0]
   return tpu_topology.Chip("measured", device.device_kind, 0, peak, bandwidth, "", 0.0, 0)
 

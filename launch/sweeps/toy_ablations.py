@@ -40,8 +40,4 @@ ANALYSIS = {
 
 
 def get_sweep() -> list[s.Run]:
-  seeds = s.sweep("seed", SEEDS)
-  run_list = s.runs(REFERENCE, CONFIG, seeds, name_keys=("seed",))
-  for arm, (_, overrides) in FACTORS.items():
-    run_list += s.runs(arm, CONFIG, s.product(seeds, s.fixed(**overrides)), name_keys=("seed",))
-  return run_list
+  return s.ablation_runs(REFERENCE, CONFIG, SEEDS, FACTORS)

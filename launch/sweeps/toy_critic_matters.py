@@ -32,9 +32,4 @@ ANALYSIS = {
 
 
 def get_sweep() -> list[s.Run]:
-  seeds = s.sweep("seed", SEEDS)
-  run_list = s.runs(REFERENCE, CONFIG, seeds, name_keys=("seed",))
-  for arm, (_, overrides) in FACTORS.items():
-    run_list += s.runs(arm, CONFIG, s.product(seeds, s.fixed(**overrides)), name_keys=("seed",))
-  # Seed by seed (sao, then frozen_critic): runs cut short by the clock still leave complete pairs.
-  return sorted(run_list, key=lambda run: run.overrides["seed"])
+  return s.ablation_runs(REFERENCE, CONFIG, SEEDS, FACTORS, by_seed=True)

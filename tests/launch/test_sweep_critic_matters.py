@@ -8,20 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from launch import sweep as s
+from tests.launch.test_sweep_issue21 import _flat
 from sao.train import optim
 
-
-def _flat(config) -> dict:
-  out = {}
-
-  def walk(node, prefix):
-    for key, value in node.items():
-      if hasattr(value, "items"):
-        walk(value, f"{prefix}{key}.")
-      else:
-        out[f"{prefix}{key}"] = value
-  walk(config, "")
-  return out
 
 
 def test_arms_are_paired_by_seed_and_differ_in_the_critic_lr_only():

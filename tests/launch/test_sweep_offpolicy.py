@@ -1,6 +1,7 @@
 """launch/sweeps/toy_offpolicy.py: each arm changes exactly its option (and the stress arms the stress keys too)
 from its reference, every override is a real config key, 3 seeds per arm."""
 from launch import sweep as s
+from tests.launch.test_sweep_issue21 import _flat
 
 STRESS_KEYS = {"server.max_outstanding": 256, "learner.actor.optimizer.learning_rate": 1.2e-3}
 OPTION_KEYS = {
@@ -11,15 +12,6 @@ OPTION_KEYS = {
     "adaptive_staleness": {"server.adaptive_staleness.enabled": True},
 }
 
-
-def _flat(config, prefix=""):
-  out = {}
-  for key, value in config.items():
-    if hasattr(value, "items"):
-      out.update(_flat(value, f"{prefix}{key}."))
-    else:
-      out[f"{prefix}{key}"] = value
-  return out
 
 
 def test_each_arm_changes_exactly_its_option():
