@@ -24,19 +24,13 @@ jax.config.update("jax_threefry_partitionable", True)
 
 
 # Tests that start several busy processes at once (a trainer job, engines, workers, JAX process groups): under
-# pytest-xdist each of them runs once, in one of two scheduling units whose tests run one at a time on one worker
-# (`--dist loadgroup`). The two units hold about equal time (≈ 12 minutes each on 2 cores, 2026-12-05), so with two
-# workers they run side by side from the start (pytest-xdist queues the units with the most tests first) while the
-# one-process tests fill in around them: never more than two multi-process tests at once. The grouping is this
-# file's own scheduler (below), decided from the node id's path: pytest-xdist's `xdist_group` marker works by
-# rewriting node ids, which pytest 9.2 no longer lets it do (pytest-xdist issue 1386): the marked tests were silently
-# spread over both workers.
-MULTIPROCESS_LONG_TESTS = ("tests/e2e/test_multihost_toy_e2e.py", "tests/e2e/test_smollm2_e2e.py")
+# pytest-xdist they run one at a time, each once, on one worker (`--dist loadgroup`), beside the rest of the suite on
+# the others. The grouping is this file's own scheduler (below), decided from the node id's path: pytest-xdist's
+# `xdist_group` marker works by rewriting node ids, which pytest 9.2 no longer lets it do (pytest-xdist issue 1386):
+# the marked tests were silently spread over both workers.
 MULTIPROCESS_TESTS = ("tests/e2e/", "tests/train/test_multihost_learner.py", "tests/train/test_coordination.py",
                       "tests/train/test_multihost_export.py", "tests/train/test_multihost_offpolicy.py")
 MULTIPROCESS_GROUP = "multiprocess"
-MULTIPROCESS_LONG_GROUP = "multiprocess-long"
-MULTIPROCESS_GROUPS = (MULTIPROCESS_GROUP, MULTIPROCESS_LONG_GROUP)
 
 
 def pytest_configure(config):
@@ -44,12 +38,9 @@ def pytest_configure(config):
 
 
 def scheduling_unit(nodeid):
-  """The scheduling unit of a node id under `--dist loadgroup`: `MULTIPROCESS_LONG_GROUP` for the long multi-process
-  tests, `MULTIPROCESS_GROUP` for every other multi-process test (node ids are relative to the repository root,
-  pytest.ini; a `@group` suffix older pytest-xdist adds is ignored), the node id itself (a unit of one test) for every
-  other."""
-  if nodeid.startswith(MULTIPROCESS_LONG_TESTS):
-    return MULTIPROCESS_LONG_GROUP
+  """The scheduling unit of a node id under `--dist loadgroup`: `MULTIPROCESS_GROUP` for every multi-process test
+  (node ids are relative to the repository root, pytest.ini; a `@group` suffix older pytest-xdist adds is ignored),
+  the node id itself (a unit of one test) for every other."""
   return MULTIPROCESS_GROUP if nodeid.startswith(MULTIPROCESS_TESTS) else nodeid
 
 

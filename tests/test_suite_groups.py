@@ -1,7 +1,6 @@
 """The suite's scheduling under the README's `-n 2 --dist loadgroup` (`tests/conftest.py`): every test of
-`MULTIPROCESS_TESTS` runs exactly once, each of the two multi-process units on one worker (so never two tests of a
-unit at a time, never more than two multi-process tests at once, and a module's fixture is set up once), while the
-other tests spread over the workers.
+`MULTIPROCESS_TESTS` runs exactly once, all of them on one worker (so never two at a time, and a module's fixture is
+set up once), while the other tests spread over the workers.
 
 Checked by what happens, not by an output format: a subprocess runs the suite's own command on those files plus a
 one-process file, with a plugin that records each test's worker (`PYTEST_XDIST_WORKER`) at setup and then skips it,
@@ -31,9 +30,6 @@ OTHER_2 = "tests/core/test_losses.py"
 def test_scheduling_unit_groups_exactly_the_multiprocess_tests():
   assert conftest.scheduling_unit("tests/e2e/test_x.py::test_y[a]") == conftest.MULTIPROCESS_GROUP
   assert conftest.scheduling_unit("tests/train/test_coordination.py::test_z") == conftest.MULTIPROCESS_GROUP
-  for long_test in conftest.MULTIPROCESS_LONG_TESTS:
-    assert long_test.startswith(conftest.MULTIPROCESS_TESTS)  # a long test is a multi-process test
-    assert conftest.scheduling_unit(f"{long_test}::test_v") == conftest.MULTIPROCESS_LONG_GROUP
   assert conftest.scheduling_unit(f"{OTHER}::test_w") == f"{OTHER}::test_w"
 
 
@@ -52,10 +48,8 @@ def test_multiprocess_tests_run_once_each_on_one_worker_under_the_suite_command(
   assert set(times_run.values()) == {1}, [n for n, c in times_run.items() if c > 1]  # nothing runs twice
   workers_of = collections.defaultdict(set)
   for worker, nodeid in runs:
-    unit = conftest.scheduling_unit(nodeid)
-    workers_of[unit if unit in conftest.MULTIPROCESS_GROUPS else "one-process"].add(worker)
-  for unit in conftest.MULTIPROCESS_GROUPS:  # one worker per unit: never two of its tests at a time
-    assert len(workers_of[unit]) == 1, workers_of
-  assert len(workers_of["one-process"]) == 2, workers_of  # the rest is spread over both workers
+    workers_of[conftest.scheduling_unit(nodeid) == conftest.MULTIPROCESS_GROUP].add(worker)
+  assert workers_of[True] and len(workers_of[True]) == 1, workers_of  # one worker: never two at a time
+  assert len(workers_of[False]) == 2, workers_of  # the rest is spread over both workers
   for prefix in conftest.MULTIPROCESS_TESTS:  # every multi-process file has tests that ran
     assert any(nodeid.startswith(prefix) for _, nodeid in runs), prefix
