@@ -45,6 +45,13 @@ def get_config(arg: str | None = None):
   # At the number-search toy's 4e-4 (cosine) seed 0 declined from RL step ≈ 35: reward 0.31 → 0.13, entropy 0.44 →
   # 0.53, log-prob mismatch 0.01 → 0.06, responses longer; these episodes have 5× the action tokens.
   config.learner.actor.optimizer.learning_rate = 2e-4
+  # The actor's advantages bootstrap on the critic over a few turns: a fixed λ = 0.97 per action token (≈ 0.83 per
+  # turn of ≈ 6 action tokens; the outcome reaches the first turn of a 17-turn episode at weight ≈ 0.04). The
+  # recipe's length-adaptive λ_b = 1 − 1/(1.5·l_b) is ≈ 0.994 here (≈ 105 action tokens): Monte-Carlo returns minus
+  # a baseline, where the critic can only reduce variance (its explained-variance ceiling on this task is ≈ 0.3).
+  # With bootstrapping a guess's credit is the change of value it caused (the slack it cost), which only a critic
+  # that reads the slack can give: a long horizon is where actor-critic methods need the critic.
+  config.learner.sao.lambda_policy = 0.97
   # The critic must read the slack from the last observation: with its token mixers frozen at the policy's (the
   # number-search toy's setting) its explained variance stayed at 0.00 ± 0.005 for 30 updates (values std 0.02: the
   # mean return everywhere), so here its attention trains too, from the first step (no LR warmup).
