@@ -141,3 +141,18 @@ def test_splits_hold_out_whole_plans_and_are_deterministic(chain):
   assert json.loads(json.dumps(tasks)) == tasks and tasks == envs.make("search_chain").tasks("validation", 128, seed=3)
   assert all(envs.split_of(search_chain.plan_key(tuple(t["plan"])), env.split_fractions) == "validation"
              for t in tasks)
+
+
+def test_first_round_sizes_of_their_own():
+  """`first_sizes`: every plan opens with one of them, then `rounds` − 1 of `sizes`; the budget counts each round's
+  own worst case; bad first sizes are refused naming the setting."""
+  env = envs.make("search_chain", sizes=(3, 5), first_sizes=(40, 47), rounds=3, spare_turns=2)
+  pool = env.task_pool()
+  assert len(pool) == 2 * 2 * 2
+  assert {tuple(t["plan"][:1]) for t in pool} == {(40,), (47,)}
+  assert all(set(t["plan"][1:]) <= {3, 5} for t in pool)
+  assert all(t["max_turns"] == 6 + sum(2 if n == 3 else 3 for n in t["plan"][1:]) + 2 for t in pool)
+  env.reset(pool[0])
+  assert env.expert_action().arguments["guess"] == (1 + pool[0]["plan"][0]) // 2  # the first range is the first size
+  with pytest.raises(ValueError, match="first_sizes"):
+    envs.make("search_chain", sizes=(3, 5), first_sizes=(40, 40))

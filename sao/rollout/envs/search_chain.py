@@ -21,6 +21,10 @@ last observation, while the outcome reward comes only at the end: a critic that 
 credit where it happened (the slack it cost), a broken one leaves the actor with one sparse, delayed outcome for
 tens of decisions.
 
+**A first round of its own** (`first_sizes`): the first round's range sizes can differ from the later rounds' (e.g.
+40..55 against 8..15), so its guesses are numbers the later rounds never ask for — a skill the outcome, a dozen
+turns later, has to teach on its own, which needs credit from the values in between.
+
 Splits hold out whole plans (`split_key` is the plan): validation and test episodes are sequences of ranges the policy
 never trained on, while every range size occurs in training, with uniformly drawn targets (so binary search stays
 optimal everywhere; cf. number_search's `split_by="range"`).
@@ -58,10 +62,11 @@ def plan_key(plan: tuple[int, ...]) -> str:
 class SearchChain(Env):
   """Config: `sizes` (the range sizes a round may have), `rounds` (rounds per episode), `spare_turns` (budget beyond
   binary search's worst case), `targets_per_plan` (hidden-target tuples per plan in the task pool),
-  `split_fractions` (train, validation, test shares of the plans; default `CHAIN_SPLIT_FRACTIONS`).
+  `split_fractions` (train, validation, test shares of the plans; default `CHAIN_SPLIT_FRACTIONS`), `first_sizes`
+  (the first round's range sizes; default: `sizes`).
 
-  The plan pool is every sequence of `rounds` sizes from `sizes` (len(sizes) ** rounds plans); each plan's targets
-  are drawn from a generator seeded by its key, so the pool is the same in every process."""
+  The plan pool is every sequence of a first size from `first_sizes`, then `rounds` − 1 sizes from `sizes`; each
+  plan's targets are drawn from a generator seeded by its key, so the pool is the same in every process."""
   name = "search_chain"
   runs_inline = True  # pure arithmetic (`agent.runs_inline`)
   # number_search's prompt (one toy-vocabulary piece): each round is a number search; the user turn says the rest.
@@ -72,11 +77,15 @@ class SearchChain(Env):
   ]
 
   def __init__(self, sizes: tuple[int, ...] = tuple(range(8, 16)), rounds: int = 4, spare_turns: int = 2,
-               targets_per_plan: int = 1, split_fractions: tuple[float, float, float] | None = None):
+               targets_per_plan: int = 1, split_fractions: tuple[float, float, float] | None = None,
+               first_sizes: tuple[int, ...] = ()):
     super().__init__()
     sizes = tuple(int(s) for s in sizes)
     if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
       raise ValueError(f"sizes: need distinct range sizes >= 1, got {sizes}")
+    first_sizes = tuple(int(s) for s in first_sizes) or sizes
+    if min(first_sizes) < 1 or len(set(first_sizes)) != len(first_sizes):
+      raise ValueError(f"first_sizes: need distinct range sizes >= 1, got {first_sizes}")
     if int(rounds) < 1:
       raise ValueError(f"rounds: must be >= 1, got {rounds}")
     if int(spare_turns) < 0:
@@ -84,6 +93,7 @@ class SearchChain(Env):
     if int(targets_per_plan) < 1:
       raise ValueError(f"targets_per_plan: must be >= 1, got {targets_per_plan}")
     self.sizes = sizes
+    self.first_sizes = first_sizes
     self.rounds = int(rounds)
     self.spare_turns = int(spare_turns)
     self.targets_per_plan = int(targets_per_plan)
@@ -108,7 +118,7 @@ class SearchChain(Env):
 
   def _build_pool(self) -> list[Task]:
     pool = []
-    for plan in itertools.product(self.sizes, repeat=self.rounds):
+    for plan in itertools.product(self.first_sizes, *[self.sizes] * (self.rounds - 1)):
       key = plan_key(plan)
       seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
       rng = np.random.default_rng(seed)
