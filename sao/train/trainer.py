@@ -181,6 +181,11 @@ class Trainer:
         self.publication = publication_lib.Publication(
             lambda path, version: asyncio.run(_publish(self.engine_urls, path, version, self.fleet)), server,
             c.keep_policy_exports, background=c.async_publish)
+        if c.engine_urls and not resume and base_dir != c.model.get("hf_path", ""):
+          # A fleet started elsewhere (launch/tpu_pod.py, launch/sglang_fleet.py) serves `model.hf_path`; the
+          # rollouts must sample the policy the learner starts from (the warm-started `<workdir>/base_model`).
+          self.publication.start(base_dir, 0)
+          self.publication.wait()
       step, learner = 0, None
       if resume:
         learner = self._rl_learner(model_config, params, value_init, has_value_init)
