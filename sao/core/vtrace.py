@@ -25,6 +25,11 @@ import jax.numpy as jnp
 from sao.core import checks
 from sao.core.advantages import _linear_recurrence_reverse  # pylint: disable=protected-access  (GAE's own scan)
 
+# A ratio counts as clipped (the `rho_clipped` / `c_clipped` diagnostics) only beyond this relative margin over its
+# bar: on-policy tokens have ratios 1 ± float noise (|log k| ≈ 1e-6), which at ρ̄ = 1 would count half of them. The
+# truncation itself is exact (min(k, ρ̄)).
+CLIP_COUNT_RTOL = 1e-3
+
 __all__ = ["vtrace_returns"]
 
 
@@ -56,7 +61,7 @@ def vtrace_returns(
 
   Returns:
     `(v, aux)`: `v` `[B, T]` in the compute dtype, 0 where `m = 0`; `aux` holds the action-token counts
-    `tokens`, `rho_clipped` (k > ρ̄) and `c_clipped` (k > c̄), and `rho_sum` (Σ m·ρ).
+    `tokens`, `rho_clipped` (k > ρ̄·(1 + `CLIP_COUNT_RTOL`)) and `c_clipped` (the same for c̄), and `rho_sum` (Σ m·ρ).
   """
   if not (rho_bar > 0 and c_bar > 0):
     raise ValueError(f"rho_bar and c_bar must be > 0, got rho_bar={rho_bar}, c_bar={c_bar}")
@@ -78,7 +83,7 @@ def vtrace_returns(
   delta = rho * (rewards + gamma * next_value - values)
   excess = _linear_recurrence_reverse(jnp.where(mask, gamma * trace, 1.0), jnp.where(mask, delta, 0.0))
   aux = {"tokens": jnp.sum(mask, dtype=dtype),
-         "rho_clipped": jnp.sum(mask & (ratio > rho_bar), dtype=dtype),
-         "c_clipped": jnp.sum(mask & (ratio > c_bar), dtype=dtype),
+         "rho_clipped": jnp.sum(mask & (ratio > rho_bar * (1 + CLIP_COUNT_RTOL)), dtype=dtype),
+         "c_clipped": jnp.sum(mask & (ratio > c_bar * (1 + CLIP_COUNT_RTOL)), dtype=dtype),
          "rho_sum": jnp.sum(jnp.where(mask, rho, 0.0))}
   return jnp.where(mask, excess + values, 0.0), aux

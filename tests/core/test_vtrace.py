@@ -31,9 +31,21 @@ def test_matches_the_unrolled_sum_in_float64(seed, gamma, lam, rho_bar, c_bar):
     assert got.dtype == jnp.float64
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-10, atol=1e-10)
   k = np.exp(log_ratio)
-  assert float(aux["rho_clipped"]) == np.sum(mask & (k > rho_bar)) > 0
-  assert float(aux["c_clipped"]) == np.sum(mask & (k > c_bar)) > 0
+  assert float(aux["rho_clipped"]) == np.sum(mask & (k > rho_bar * (1 + vtrace.CLIP_COUNT_RTOL))) > 0
+  assert float(aux["c_clipped"]) == np.sum(mask & (k > c_bar * (1 + vtrace.CLIP_COUNT_RTOL))) > 0
   assert float(aux["tokens"]) == mask.sum()
+
+
+def test_float_noise_of_on_policy_ratios_is_not_counted_as_clipping():
+  """Ratios 1 ± 1e-6 (the trainer rescoring what the engine sampled, same weights) at ρ̄ = c̄ = 1: no clip counted,
+  while a ratio 1 % over the bar is."""
+  rewards, values, log_ratio, mask = _inputs(3)
+  noise = np.where(np.arange(log_ratio.size).reshape(log_ratio.shape) % 2, 1e-6, -1e-6)
+  _, aux = vtrace.vtrace_returns(rewards, values, noise, mask, 1.0, 1.0, 1.0, 1.0)
+  assert float(aux["rho_clipped"]) == 0 and float(aux["c_clipped"]) == 0
+  over = np.where(mask, np.log(1.01), 0.0)
+  _, aux = vtrace.vtrace_returns(rewards, values, over, mask, 1.0, 1.0, 1.0, 1.0)
+  assert float(aux["rho_clipped"]) == float(aux["c_clipped"]) == mask.sum() > 0
 
 
 def test_float32_agrees_with_the_reference():
