@@ -5,7 +5,8 @@ The programs are the trainer's own. `compile_update` builds an abstract `Learner
 `ShapeDtypeStruct`s with the learner's shardings, nothing is allocated or loaded) on a mesh over the given devices,
 then runs the learner's update code (`Learner._update_sao` / `_update_group`) on an abstract batch with every
 jitted program of the learner — its attributes (`_critic_values`, `_critic_step`, `_actor_steps[...]`, …) and the
-jitted functions of `sao.train.targets` (`critic_targets`, …) — replaced by a recorder. The recorder keeps each
+jitted functions of `sao.train.targets` (`critic_targets`, …) and `sao.train.critic_correction` (`vtrace_targets`)
+— replaced by a recorder. The recorder keeps each
 call's abstract arguments and answers with the program's abstract outputs, so the update runs to its end, in the
 trainer's order, with the trainer's micro-batching; then each recorded program is lowered and compiled once per
 bucket length. `actor_logprobs` (the learner's forward log-prob program, which an update of DIS / GSPO with
@@ -31,6 +32,7 @@ from sao import run_config
 from sao.aot import compile_stats
 from sao.aot.tpu_topology import Chip
 from sao.models.config import ModelConfig
+from sao.train import critic_correction as critic_correction_lib
 from sao.train import precompile
 from sao.train import targets as targets_lib
 from sao.train import mesh as mesh_lib
@@ -127,15 +129,18 @@ def record_update(learner: Learner, batch: dict[str, jax.ShapeDtypeStruct]) -> d
     elif isinstance(value, dict) and value and all(_is_jitted(v) for v in value.values()):
       saved_attrs[attr] = value
       setattr(learner, attr, {k: recorder.wrap(f"{name.rstrip('s')}_{k}", v) for k, v in value.items()})
-  for attr, value in list(vars(targets_lib).items()):
-    if _is_jitted(value):
-      saved_globals[attr] = value
-      setattr(targets_lib, attr, recorder.wrap(attr.strip("_"), value))
+  for module in (targets_lib, critic_correction_lib):
+    for attr, value in list(vars(module).items()):
+      if _is_jitted(value):
+        saved_globals[(module, attr)] = value
+        setattr(module, attr, recorder.wrap(attr.strip("_"), value))
   saved_state = {role.name: role.state for role in (learner.actor, learner.critic) if role is not None}
-  saved_updates = learner.num_updates
+  saved_updates, saved_actor_start = learner.num_updates, learner.actor_start
   try:
-    # Past the critic warmup, so that the SAO update also runs its actor step.
+    # Past the critic warmup and with the actor's start decided (`sao.actor_start`: a step count or the critic's EV,
+    # which an abstract update has none of), so that the SAO update also runs its actor step.
     learner.num_updates = learner.config.sao.critic_warmup_steps
+    learner.actor_start = _ActorStarted()
     if learner.config.algorithm == "sao":
       # As the trainer's `update` runs it: V⁰ only where the critic's targets or loss read it.
       learner._update_sao(batch, want_values_before=False)  # pylint: disable=protected-access
@@ -147,13 +152,20 @@ def record_update(learner: Learner, batch: dict[str, jax.ShapeDtypeStruct]) -> d
   finally:
     for attr, value in saved_attrs.items():
       setattr(learner, attr, value)
-    for attr, value in saved_globals.items():
-      setattr(targets_lib, attr, value)
+    for (module, attr), value in saved_globals.items():
+      setattr(module, attr, value)
     for role in (learner.actor, learner.critic):
       if role is not None:
         role.state = saved_state[role.name]
-    learner.num_updates = saved_updates
+    learner.num_updates, learner.actor_start = saved_updates, saved_actor_start
   return recorder.calls
+
+
+class _ActorStarted:
+  """`sao.train.actor_start.ActorStart` with the actor started: what `record_update` needs of it."""
+
+  def decide(self, num_updates: int) -> bool:  # pylint: disable=unused-argument
+    return True
 
 
 def _role_of(learner: Learner, first_arg: Any) -> tuple[str, bool]:

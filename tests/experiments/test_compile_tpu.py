@@ -152,6 +152,24 @@ def test_a_compiled_program_larger_than_the_chip_does_not_fit():
   assert not row.fits and row.hbm_bytes_per_chip > tiny_chip.hbm_bytes and "compiled, but needs" in row.error
 
 
+def test_the_recorded_update_has_the_vtrace_programs_and_an_ev_gated_actor_step():
+  """With V-trace critic targets and the actor's start gated on the critic's EV, the recorded update still has its
+  actor step (the gate is taken as open: an abstract update has no EV) and the V-trace programs (the actor's
+  forward log-probs, `vtrace_targets`), and leaves the learner's gate and update count as they were."""
+  config = _config(sao_openswe, "qwen3", 32)
+  config.unlock()
+  config.learner.sao.critic_target_correction = "vtrace"
+  config.learner.sao.actor_start = "critic_ev"
+  config.lock()
+  model_config = model_config_of(config, "float32")
+  learner = driver.abstract_learner(config, model_config, jax.devices("cpu")[:1])
+  gate = learner.actor_start
+  recorded = driver.record_update(learner, driver.precompile.abstract_batch(learner, 8, 32))
+  assert {"actor_step_dis", "vtrace_targets", "critic_values", "critic_step"} <= set(recorded), list(recorded)
+  assert recorded["vtrace_targets"][2] == 1 and recorded["actor_step_dis"][2] >= 1
+  assert learner.actor_start is gate and gate.started_at is None and learner.num_updates == 0
+
+
 @pytest.mark.slow
 def test_update_programs_compile_on_cpu_devices():
   """The recorder and the report on the host's CPU devices (no libtpu): every SAO program, FLOPs in bounds; with a
