@@ -6,6 +6,8 @@ uses it).
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -14,9 +16,11 @@ BLOCK = 512  # = sao.models.attention.BLOCK_Q
 
 
 def splash_kernel(heads_per_kv: int, length: int, block: int = BLOCK, interpret: bool = False):
-  """The Pallas splash-attention MQA kernel for one kv head: `heads_per_kv` query heads, causal over `length`."""
+  """The Pallas splash-attention MQA kernel for one kv head: `heads_per_kv` query heads, causal over `length`.
+  Its blocks are the largest size dividing both `block` and `length` (the kernel refuses a block that does not
+  divide the sequence: a bucket of 640 tokens runs 128-token blocks)."""
   from jax.experimental.pallas.ops.tpu import splash_attention as splash  # TPU-only kernel; imported on use
-  blk = min(block, length)
+  blk = math.gcd(block, length)
   sizes = splash.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk, block_kv_dkv=blk,
                             block_kv_dkv_compute=blk, block_q_dq=blk, block_kv_dq=blk)
   mask = splash.MultiHeadMask([splash.CausalMask((length, length))] * heads_per_kv)

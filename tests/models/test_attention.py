@@ -192,6 +192,17 @@ def test_splash_equals_reference_in_interpret_mode():
                                                                     interpret=True), rng)
 
 
+def test_splash_blocks_divide_any_length_auto_gives_it():
+  """"auto" takes splash on a one-device TPU program for every length divisible by 128; its blocks must divide the
+  length (640 with the default 512 blocks: 128), or the kernel is refused while the program is traced — on a CPU
+  host too, which traces the TPU branch of the platform switch (a 640-token toy bucket failed this way)."""
+  pytest.importorskip("jax.experimental.pallas.ops.tpu.splash_attention")
+  assert attn.resolve_impl("auto", 640, 640, False, backend="tpu", num_devices=1) == "splash"
+  q, k, v, rng = _qkv(8, 1, 640, 640, 2, 1, 16)
+  mask = attn.AttentionMask(jnp.asarray(_padding(("left",), 640)))
+  _check_equal(q, k, v, mask, lambda q, k, v: attn.splash_attention(q, k, v, mask.key_valid, interpret=True), rng)
+
+
 def _tiny(impl, model_type="qwen3"):
   return ModelConfig(model_type=model_type, vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True, attention_impl=impl)
