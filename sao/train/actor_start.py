@@ -10,7 +10,7 @@ critic has shown it can predict the returns.
 `EV_j = 1 − Var_m(R − V⁰)/Var_m(R)` is update j's `critic/explained_variance`: the critic's pre-update values V⁰
 against that update's targets R over the batch's action tokens — the critic judged on a batch it has not trained on.
 A window of W updates, all before `u`, averages out one lucky batch; the cap bounds the wait when the critic never
-gets there (a sparse-reward batch with one outcome has Var R = 0 and EV 0).
+gets there (a sparse-reward batch with one outcome has Var R = 0 and EV 0; an EV below −1 enters the window as −1).
 
 Multi-process: the EVs are globally reduced device metrics fetched to every process as the same numbers
 (`Learner.update_traced`), so every process's gate holds the same window and decides the same; the decision and the
@@ -24,6 +24,7 @@ import math
 from typing import Any, Mapping
 
 EV_METRIC = "critic/explained_variance"
+EV_FLOOR = -1.0  # the lowest EV the window stores (`ActorStart.observe`)
 
 
 class ActorStart:
@@ -63,11 +64,13 @@ class ActorStart:
 
   def observe(self, metrics: Mapping[str, float]) -> None:
     """Takes a finished update's EV into the window (a non-finite or missing one counts as no evidence: −∞ would
-    keep the gate shut for W updates, so it is stored as 0, no better than the mean)."""
+    keep the gate shut for W updates, so it is stored as 0, no better than the mean). An EV below −1 is stored as
+    −1: targets of almost no variance (a batch of zero rewards, V-trace's nearly constant targets) give EVs like
+    −50 that say nothing more than "worse than the mean", yet would hold the window's mean down for W updates."""
     if self.mode == "steps":
       return
     ev = float(metrics.get(EV_METRIC, 0.0))
-    self.recent = (self.recent + [ev if math.isfinite(ev) else 0.0])[-self.window:]
+    self.recent = (self.recent + [max(ev, EV_FLOOR) if math.isfinite(ev) else 0.0])[-self.window:]
 
   def plan(self, num_updates: int) -> dict[str, Any]:
     """What the update plan carries: the decision and, for critic_ev, the window it came from."""

@@ -73,6 +73,17 @@ def test_a_non_finite_or_missing_ev_counts_as_zero():
   assert math.isnan(_gate(actor_start="critic_ev").metrics()["actor/start_ev_window_mean"])
 
 
+def test_an_ev_below_minus_one_counts_as_minus_one():
+  """A batch whose targets barely vary gives EVs like −50: stored as −1, two good updates then open a window of 3
+  at threshold 0.3 (the raw −50 would hold the mean below it for the whole window)."""
+  gate = _gate(actor_start="critic_ev", actor_start_ev_threshold=0.3, actor_start_ev_window=3,
+               actor_start_max_steps=100)
+  for ev in (-50.0, 0.96, 0.96):
+    gate.observe(_ev(ev))
+  assert gate.recent == [-1.0, 0.96, 0.96]
+  assert gate.window_mean() == pytest.approx(0.92 / 3) and gate.decide(3)
+
+
 def test_state_round_trips_and_the_plan_carries_the_window():
   gate = _gate(actor_start="critic_ev", actor_start_ev_threshold=0.2, actor_start_ev_window=2)
   for ev in (0.1, 0.4):
