@@ -30,16 +30,16 @@ visible key (a padding query) has an unspecified output (the implementations dif
   training layout.
 - "auto" chooses by the platform the program is lowered for (`lax.platform_dependent`, `platform_impls`), not by
   `jax.default_backend()`: an ahead-of-time compile for TPU or GPU from a CPU host gets that platform's kernel. Per
-  platform (`resolve_impl`): TPU splash for the training layout whenever the program's layout is known (a context
-  mesh, whatever its size — one device runs the kernel as is, several run it under `shard_map` —, else a one-chip
-  TPU host; never when a non-TPU host traces without a mesh, nor under a mesh of several non-TPU devices, where no TPU
-  branch could be lowered); GPU (cuda) cudnn where `cudnn_unusable_reason` finds nothing against it (bf16/fp16,
-  head dim, training layout, cuDNN here); everywhere else, and as those two's fallback, blockwise when one score
-  matrix has at least `BLOCKWISE_MIN_SCORES` entries (T·S), else xla. Short sequences (the toy runs, decode steps)
-  keep the reference. Where every platform gets the same implementation no platform switch is staged (a CPU host's
-  programs are what they were). So the learner's programs lowered for a TPU pod (`experiments/compile_tpu.py`) run
-  splash, not the jnp block loop.
-  cuDNN's wrapper is custom-partitioned (batch, heads).
+  platform (`resolve_impl`): TPU splash for the training layout (T a multiple of 128, at most `SPLASH_MAX_LENGTH`)
+  whenever the program's layout is known (a context mesh, whatever its size — one device runs the kernel as is,
+  several run it under `shard_map` —, else a one-chip TPU host; never when a non-TPU host traces without a mesh,
+  nor under a mesh of several non-TPU devices, where no TPU branch could be lowered); GPU (cuda) cudnn where
+  `cudnn_unusable_reason` finds nothing against it (bf16/fp16, head dim, training layout, cuDNN here); everywhere
+  else, and as those two's fallback, blockwise when one score matrix has at least `BLOCKWISE_MIN_SCORES` entries
+  (T·S), else xla. Short sequences (the toy runs, decode steps) keep the reference. Where every platform gets the
+  same implementation no platform switch is staged (a CPU host's programs are what they were). So the learner's
+  programs lowered for a TPU pod (`experiments/compile_tpu.py`) run splash, not the jnp block loop. cuDNN's wrapper
+  is custom-partitioned (batch, heads).
 """
 from __future__ import annotations
 
@@ -64,6 +64,9 @@ BLOCK_K = 512
 # "auto" switches from the reference to blockwise at T·S >= 2048² score entries per (batch, head): below that the
 # [T, S] scores are small and one fused matmul beats the block loop (docs/models.md "Attention kernels").
 BLOCKWISE_MIN_SCORES = 2048 * 2048
+# "auto" uses splash up to this length: the kernel's causal mask is preprocessed at trace time by a Python loop over
+# its (T / 512)² blocks (4,096 blocks at 32,768 tokens: 6 s on this project's CPU host), hopeless at millions.
+SPLASH_MAX_LENGTH = 131072
 
 
 class AttentionMask(NamedTuple):
@@ -102,7 +105,7 @@ def resolve_impl(impl: str, t: int, s: int, cached: bool, backend: str | None = 
     return impl
   backend = backend or jax.default_backend()
   num_devices = _device_count() if num_devices is None else num_devices
-  if backend == "tpu" and num_devices >= 1 and not cached and t == s and t % 128 == 0:
+  if backend == "tpu" and num_devices >= 1 and not cached and t == s and t % 128 == 0 and t <= SPLASH_MAX_LENGTH:
     return "splash"
   if backend in ("cuda", "gpu") and cudnn_reason is None:
     return "cudnn"

@@ -11,6 +11,8 @@ that repeat, one reduction per layer call outside the kernel.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
@@ -21,8 +23,11 @@ Array = jax.Array
 BLOCK = 512  # = sao.models.attention.BLOCK_Q
 
 
+@functools.lru_cache(maxsize=16)
 def splash_kernel(heads_per_kv: int, length: int, block: int = BLOCK, interpret: bool = False):
-  """The Pallas splash-attention MQA kernel for one kv head: `heads_per_kv` query heads, causal over `length`."""
+  """The Pallas splash-attention MQA kernel for one kv head: `heads_per_kv` query heads, causal over `length`.
+  Cached: building it preprocesses the mask block by block (seconds at 32k tokens), and every trace of a layer,
+  program and bucket of the same shape shares it (its arrays are constants)."""
   from jax.experimental.pallas.ops.tpu import splash_attention as splash  # TPU-only kernel; imported on use
   blk = min(block, length)
   sizes = splash.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk, block_kv_dkv=blk,

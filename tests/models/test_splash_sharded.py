@@ -79,6 +79,9 @@ def test_splash_layout():
 def test_auto_picks_splash_for_a_tpu_program_on_any_known_mesh():
   assert attn.resolve_impl("auto", 4096, 4096, cached=False, backend="tpu", num_devices=128) == "splash"
   assert attn.resolve_impl("auto", 4096, 4096, cached=False, backend="tpu", num_devices=0) == "blockwise"
+  longest = attn.SPLASH_MAX_LENGTH
+  assert attn.resolve_impl("auto", longest, longest, cached=False, backend="tpu", num_devices=128) == "splash"
+  assert attn.resolve_impl("auto", 2 * longest, 2 * longest, cached=False, backend="tpu", num_devices=8) == "blockwise"
   assert attn.resolve_impl("auto", 4096, 4096, cached=False, backend="cpu", num_devices=128) == "blockwise"
   q = jax.ShapeDtypeStruct((8, 4096, 16, 128), jnp.bfloat16)
   k = jax.ShapeDtypeStruct((8, 4096, 2, 128), jnp.bfloat16)
