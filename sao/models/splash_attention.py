@@ -82,5 +82,8 @@ def sharded_splash_attention(q: Array, k: Array, v: Array, key_valid: Array, *, 
   if repeats > 1:
     k, v = jnp.repeat(k, repeats, axis=2), jnp.repeat(v, repeats, axis=2)
   free = set(mesh.axis_names) - set(mesh.manual_axes)
+  # check_vma=False: the kernel's pallas_calls declare no varying mesh axes for their outputs, which check_vma=True
+  # requires ("`manual_axis_type` on `jax.ShapeDtypeStruct` must not be `None`", jax 0.10.2). Nothing here needs it:
+  # the body has no collective, and an axis the specs leave out holds the same values on every device.
   return jax.shard_map(run, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, valid_spec), out_specs=q_spec,
                        axis_names=free, check_vma=False)(q, k, v, key_valid)
