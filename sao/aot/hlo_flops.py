@@ -8,7 +8,12 @@ prices them; pure arithmetic on shapes, no jax.
   the window's size would overcount by the batch size.
 - Pallas kernels (`tpu_custom_call`), from their operand shapes: megablox `gmm` (`[m, k] @ [G, k, n] → [m, n]`, or
   `[G, n, k]` with `transpose_rhs`) and `tgmm` (`[k, m] · [m, n] → [G, k, n]`), `2·m·k·n` each (every row of the
-  ragged dimension belongs to one group); None for any other kernel, which the caller lists by name.
+  ragged dimension belongs to one group); splash attention (`splash_{mqa,mha}_{fwd,dq,dkv}…`, `_splash_flops`):
+  `c·n·S·D` times the fraction of [block_q, block_kv] tiles a causal mask leaves visible (the kernel skips the
+  others; block sizes from the kernel's `xprof_metadata`, else one half), n the query rows (the query operand
+  `[…, T, D]` but its last dim), S the key length, with c = 4 forward (Q·Kᵀ, P·V), 6 for the dq kernel (Q·Kᵀ again,
+  dO·Vᵀ, dS·K) and 8 for the dkv kernel (Q·Kᵀ, dO·Vᵀ, Pᵀ·dO, dSᵀ·Q); None for any other kernel, which the caller
+  lists by name.
 - GPU library calls, from their backend config: cuBLAS / cuBLASLt gemms (`__cublas$gemm`, `__cublas$lt$matmul…`)
   `2 · prod(result dims) · prod(lhs contracting dims)` as a dot (the result is the tuple's first array, the second
   is cuBLAS's workspace); cuDNN's fused attention (`__cudnn$fmha…`), from the `[B, N, T, S]` score shape in its
@@ -119,7 +124,41 @@ def custom_call_flops(inst: Instruction, comp: Computation) -> float | None:
     rhs = [a for a in arrays if len(a) == 2 and a[1] == out[2]]
     if rhs:
       return 2.0 * out[1] * out[2] * rhs[-1][0]
+  if kernel.startswith("splash_"):
+    return _splash_flops(inst, comp, kernel)
   return None
+
+
+# Matmuls per (query row, key, head-dim element) of each splash kernel, and its block-size keys in `xprof_metadata`.
+SPLASH_PHASES = {"fwd": (4.0, "block_q", "block_kv"), "dq": (6.0, "block_q_dq", "block_kv_dq"),
+                 "dkv": (8.0, "block_q_dkv", "block_kv_dkv")}
+
+
+def causal_tile_fraction(length: int, block_q: int, block_kv: int) -> float:
+  """The share of the [block_q, block_kv] tiles of a causal [length, length] mask with a visible entry: tile (i, j)
+  is visible when its first key j·block_kv is at most its last query (i + 1)·block_q − 1."""
+  rows, cols = -(-length // block_q), -(-length // block_kv)
+  visible = sum(min(cols, -(-min((i + 1) * block_q, length) // block_kv)) for i in range(rows))
+  return visible / (rows * cols)
+
+
+def _splash_flops(inst: Instruction, comp: Computation, kernel: str) -> float | None:
+  """FLOPs of a splash-attention kernel (module docstring); the mask is taken to be causal (the only one sao
+  builds, `sao.models.splash_attention`)."""
+  phase = re.match(r"splash_m[qh]a_(fwd|dq|dkv)", kernel)
+  floats = [comp.by_name[o].shape[0].dims for o in inst.operands
+            if comp.by_name[o].shape and comp.by_name[o].shape[0].dtype in ("bf16", "f16", "f32")]
+  if not phase or len(floats) < 2 or len(floats[0]) < 2 or len(floats[1]) < 2:
+    return None
+  factor, q_key, kv_key = SPLASH_PHASES[phase.group(1)]
+  q, k = floats[0], floats[1]  # the query [..., T, D], then the keys [..., S, D]
+  length, keys, head_dim = q[-2], k[-2], q[-1]
+  sizes = {key: int(v) for key, v in re.findall(r'(block_\w+)\\?": (\d+)', inst.attrs)}
+  if q_key in sizes and kv_key in sizes and length == keys:
+    fraction = causal_tile_fraction(length, sizes[q_key], sizes[kv_key])
+  else:
+    fraction = 0.5
+  return factor * math.prod(q[:-1]) * keys * head_dim * fraction
 
 
 def matmul_flops(module: Module, comp: Computation) -> float:

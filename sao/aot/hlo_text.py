@@ -180,12 +180,44 @@ def parse_instruction(line: str) -> Instruction | None:
                      bool(head.group(1)))
 
 
+def _joined_lines(text: str):
+  """The lines of `text`, an instruction that spans several lines joined into one: a frontend attribute may hold a
+  multi-line value (Pallas splash attention's `kernel_metadata={` newline `"xprof_metadata":"{…}"` newline `}}, …`),
+  so an instruction (an indented line) whose curly brackets outside strings are left open continues on the next."""
+  pending, depth = [], 0
+  for line in text.splitlines():
+    if pending or line[:1].isspace():
+      depth += _open_curly(line)
+    if depth > 0:
+      pending.append(line)
+      continue
+    yield "".join(pending + [line])
+    pending, depth = [], 0
+  if pending:
+    yield "".join(pending)
+
+
+def _open_curly(line: str) -> int:
+  """`{` minus `}` in `line`, outside double-quoted strings (which may escape their quotes)."""
+  depth, quoted, escaped = 0, False, False
+  for c in line:
+    if quoted:
+      escaped, quoted = (False, True) if escaped else (c == "\\", c != '"')
+    elif c == '"':
+      quoted = True
+    elif c == "{":
+      depth += 1
+    elif c == "}":
+      depth -= 1
+  return depth
+
+
 def parse_module(text: str) -> Module:
   """The module in `text` (as `compiled.as_text()` prints it)."""
   computations: dict[str, Computation] = {}
   tables: dict[str, dict[int, str]] = {"FileNames": {}, "FunctionNames": {}, "FileLocations": {}, "StackFrames": {}}
   entry, section, current, body = "", None, None, []
-  for line in text.splitlines():
+  for line in _joined_lines(text):
     if current is not None:
       if line.startswith("}"):  # `}` or `}, execution_thread="sparsecore"`
         computations[current[0]] = Computation(current[0], body, current[1])

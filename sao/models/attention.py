@@ -20,25 +20,29 @@ visible key (a padding query) has an unspecified output (the implementations dif
   each KV head is repeated to the query heads of its chips before the block loop, so that its gradient is summed
   over those chips once per layer (the transpose of the repeat), not once per block pair inside the loop.
 - "splash": Pallas splash attention on TPU (`sao.models.splash_attention`; causal mask + segment ids for padding,
-  GQA by running the MQA kernel per kv head). Only the training layout (no cache, T = S).
+  GQA by running the MQA kernel per kv head). Only the training layout (no cache, T = S). Under a multi-device
+  context mesh it runs in a `jax.shard_map` (`sharded_splash_attention`): rows over the batch axes, heads over
+  `tensor`, each device's kernel on its own block; KV heads repeated first where `tensor` does not divide them.
+  A padding query (key_valid false at its own slot) sees only padding keys there, so its output differs from the
+  other implementations'; callers never use it.
 - "cudnn": cuDNN's fused flash attention on NVIDIA GPUs (`sao.models.cudnn_attention`: causal mask only, exact
   for any key-validity mask: rows that are not right-padded are reordered valid-first around the kernel). Only the
   training layout.
 - "auto" chooses by the platform the program is lowered for (`lax.platform_dependent`, `platform_impls`), not by
   `jax.default_backend()`: an ahead-of-time compile for TPU or GPU from a CPU host gets that platform's kernel. Per
-  platform (`resolve_impl`): TPU splash for the training layout in a one-device program (the context mesh's size,
-  else a TPU host's device count; unknown, so never splash, when a non-TPU host traces without a mesh); GPU (cuda)
-  cudnn where `cudnn_unusable_reason` finds nothing against it (bf16/fp16, head dim, training layout, cuDNN here);
-  everywhere else, and as those two's fallback, blockwise when one score matrix has at least `BLOCKWISE_MIN_SCORES`
-  entries (T·S), else xla. Short sequences (the toy runs, decode steps) keep the reference. Where every platform
-  gets the same implementation no platform switch is staged (a CPU host's programs are what they were). Splash is a
-  per-device Pallas kernel: under a multi-device jit XLA cannot partition it (it would gather q/k/v onto every
-  device), so until it is wrapped in a shard_map over the batch / head axes "auto" uses blockwise (plain jnp, which
-  XLA partitions) whenever more than one device is present. cuDNN's wrapper is custom-partitioned (batch, heads).
+  platform (`resolve_impl`): TPU splash for the training layout (T a multiple of 128, at most `SPLASH_MAX_LENGTH`)
+  whenever the program's layout is known (a context mesh, whatever its size — one device runs the kernel as is,
+  several run it under `shard_map` —, else a one-chip TPU host; never when a non-TPU host traces without a mesh,
+  nor under a mesh of several non-TPU devices, where no TPU branch could be lowered); GPU (cuda) cudnn where
+  `cudnn_unusable_reason` finds nothing against it (bf16/fp16, head dim, training layout, cuDNN here); everywhere
+  else, and as those two's fallback, blockwise when one score matrix has at least `BLOCKWISE_MIN_SCORES` entries
+  (T·S), else xla. Short sequences (the toy runs, decode steps) keep the reference. Where every platform gets the
+  same implementation no platform switch is staged (a CPU host's programs are what they were). So the learner's
+  programs lowered for a TPU pod (`experiments/compile_tpu.py`) run splash, not the jnp block loop. cuDNN's wrapper
+  is custom-partitioned (batch, heads).
 """
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
@@ -47,9 +51,10 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from sao.models import cudnn_attention
-from sao.models.splash_attention import splash_attention, splash_kernel  # noqa: F401  (re-exported)
+from sao.models.splash_attention import (sharded_splash_attention, splash_attention,  # noqa: F401  (re-exported)
+                                         splash_kernel)
 from sao.models.config import ATTENTION_IMPLS as IMPLS
-from sao.models.mesh_axes import TENSOR_AXIS
+from sao.models.mesh_axes import TENSOR_AXIS, kv_repeats  # noqa: F401  (kv_repeats re-exported)
 
 Array = jax.Array
 # Finite "minus infinity": masked scores never produce NaN (exp(−1e30 − m) = 0 for any finite running max m).
@@ -59,6 +64,9 @@ BLOCK_K = 512
 # "auto" switches from the reference to blockwise at T·S >= 2048² score entries per (batch, head): below that the
 # [T, S] scores are small and one fused matmul beats the block loop (docs/models.md "Attention kernels").
 BLOCKWISE_MIN_SCORES = 2048 * 2048
+# "auto" uses splash up to this length: the kernel's causal mask is preprocessed at trace time by a Python loop over
+# its (T / 512)² blocks (4,096 blocks at 32,768 tokens: 6 s on this project's CPU host), hopeless at millions.
+SPLASH_MAX_LENGTH = 131072
 
 
 class AttentionMask(NamedTuple):
@@ -97,7 +105,7 @@ def resolve_impl(impl: str, t: int, s: int, cached: bool, backend: str | None = 
     return impl
   backend = backend or jax.default_backend()
   num_devices = _device_count() if num_devices is None else num_devices
-  if backend == "tpu" and num_devices == 1 and not cached and t == s and t % 128 == 0:
+  if backend == "tpu" and num_devices >= 1 and not cached and t == s and t % 128 == 0 and t <= SPLASH_MAX_LENGTH:
     return "splash"
   if backend in ("cuda", "gpu") and cudnn_reason is None:
     return "cudnn"
@@ -105,13 +113,18 @@ def resolve_impl(impl: str, t: int, s: int, cached: bool, backend: str | None = 
 
 
 def _device_count() -> int:
-  """The devices the program spans: the context mesh's (`jax.set_mesh`, as the learner traces, also ahead of time
-  for a TPU topology), else this TPU host's; 0 (unknown: never splash) for a program traced on another host without
-  a mesh (e.g. a block compiled ahead of time for a multi-chip topology, which would refuse the Mosaic kernel)."""
+  """The devices of the program's mesh, as far as splash on TPU is concerned: the context mesh's size (`jax.set_mesh`,
+  as the learner traces, also ahead of time for a TPU topology), else 1 on a one-chip TPU host; 0 (never splash)
+  where the program's layout is unknown (no mesh: a non-TPU host, or a multi-chip TPU host whose jit would leave the
+  kernel unpartitioned) or a mesh of several non-TPU devices (CPU tests and runs: a TPU branch could never be lowered
+  with those devices, so it is not traced)."""
   mesh = jax.sharding.get_abstract_mesh()
   if not mesh.empty:
+    device = mesh.abstract_device
+    if mesh.size > 1 and device is not None and device.platform != "tpu":
+      return 0
     return int(mesh.size)
-  return jax.device_count() if jax.default_backend() == "tpu" else 0
+  return 1 if jax.default_backend() == "tpu" and jax.device_count() == 1 else 0
 
 
 def platform_impls(impl: str, q, k, cached: bool) -> dict[str, str]:
@@ -139,7 +152,7 @@ def attention(q: Array, k: Array, v: Array, mask: AttentionMask, impl: str = "au
                          "use 'auto' to fall back for cached decoding")
       if name == "cudnn":
         return cudnn_attention.cudnn_attention(q, k, v, mask.key_valid)
-      return splash_attention(q, k, v, mask.key_valid)
+      return sharded_splash_attention(q, k, v, mask.key_valid)
     return kernel
 
   kernels = {name: run(name) for name in sorted(set(chosen.values()))}
@@ -224,16 +237,6 @@ def blockwise_attention(q: Array, k: Array, v: Array, mask: AttentionMask, *, bl
   out = _flash(qb, kb, vb, slots_b, valid_b)  # [nq, B, K, G, bq, D]
   out = out.transpose(1, 0, 4, 2, 3, 5).reshape(b, tp, h, d)
   return out[:, :t]
-
-
-def kv_repeats(heads: int, kv_heads: int, tensor: int) -> int:
-  """How many copies of each KV head `replicate_kv_heads` makes: 1 (none) when `tensor` divides the KV heads
-  (each chip owns whole KV heads) or does not divide the query heads (the query heads are not split over `tensor`
-  either); else r = lcm(K, tensor) / K, so that the K·r heads split evenly over `tensor`, each chip holding copies of
-  only the KV heads its query heads read (r divides G = H / K since both K and tensor divide H)."""
-  if tensor <= 1 or kv_heads % tensor == 0 or heads % tensor:
-    return 1
-  return math.lcm(kv_heads, tensor) // kv_heads
 
 
 def replicate_kv_heads(k: Array, v: Array, heads: int) -> tuple[Array, Array]:

@@ -1,5 +1,6 @@
 """The project's one list of device-mesh axes, in mesh order, and the rule that maps a logical axis name onto them
-(no JAX import: experiment configs read it).
+(no JAX import: experiment configs read it), and how many copies of each KV head a `tensor` split needs
+(`kv_repeats`).
 
 `data` (pure data parallel), `fsdp` (data parallel with sharded parameters and optimizer state), `expert` (the
 stacked experts of MoE layers), `tensor` (heads and hidden units). The trainer's mesh (`sao.train.mesh.make_mesh`)
@@ -43,3 +44,15 @@ def logical_mesh_axes(names: Sequence[str | None], shape: Sequence[int], mesh_sh
     used.update(axes)
     entries.append(None if not axes else axes[0] if len(axes) == 1 else tuple(axes))
   return tuple(entries)
+
+
+def kv_repeats(heads: int, kv_heads: int, tensor: int) -> int:
+  """How many copies of each KV head attention makes when `tensor` splits the H query heads over K KV heads
+  (`sao.models.attention.replicate_kv_heads`, `sao.models.splash_attention.splash_layout`): 1 (none) when `tensor`
+  divides the KV heads (each chip owns whole KV heads) or does not divide the query heads (the query heads are not
+  split over `tensor` either); else r = lcm(K, tensor) / K, so that the K·r heads split evenly over `tensor`, each
+  chip holding copies of only the KV heads its query heads read (r divides G = H / K since both K and tensor divide
+  H)."""
+  if tensor <= 1 or kv_heads % tensor == 0 or heads % tensor:
+    return 1
+  return math.lcm(kv_heads, tensor) // kv_heads

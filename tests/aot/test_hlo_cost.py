@@ -200,6 +200,40 @@ def test_megablox_kernels_from_their_shapes_and_unknown_kernels_listed():
   assert other.ops[0].flops == 0 and other.unknown_custom_calls == {"splash_fwd": 1}
 
 
+def test_splash_kernels_priced_from_their_shapes_across_a_multi_line_attribute():
+  """Splash attention's three kernels as a TPU compile prints them (operands: block-mask info, q [G, T, D], k, v
+  [S, D], segment ids; a `kernel_metadata` frontend attribute whose value spans three lines): forward 4·n·S·D,
+  dq 6·n·S·D, dkv 8·n·S·D (n = G·T query rows) times the causal share of 512-tiles (2 × 2 tiles: 3 of 4
+  visible), each attributed to attention."""
+  def kernel(name: str, out: str, blocks: str) -> str:
+    metadata = ", ".join(f'\\"block_{b}\\": 512' for b in blocks.split())
+    return (f"  %{name}.1 = {out} custom-call(%m, %q, %k, %v, %s), custom_call_target=\"tpu_custom_call\", "
+            "frontend_attributes={kernel_metadata={\n"
+            f'"xprof_metadata":"{{{metadata}, \\"q_layout\\": 1}}"\n'
+            f"}}}}, metadata={{op_name=\"jit(step)/DecoderLayer/self_attn/shard_map/{name}/pallas_call\"}}\n")
+  text = ("HloModule m\n\nENTRY %main (m: s8[1,2,2], q: bf16[2,1024,128], k: bf16[1024,128], v: bf16[1024,128], "
+          "s: s32[1024,128]) -> f32[1] {\n  %m = s8[1,2,2]{2,1,0} parameter(0)\n"
+          "  %q = bf16[2,1024,128]{2,1,0} parameter(1)\n  %k = bf16[1024,128]{1,0} parameter(2)\n"
+          "  %v = bf16[1024,128]{1,0} parameter(3)\n  %s = s32[1024,128]{1,0} parameter(4)\n"
+          + kernel("splash_mqa_fwd_segmented_residuals", "(bf16[2,1024,128]{2,1,0}, f32[2,1024,128]{2,1,0})",
+                   "q kv")
+          + kernel("splash_mqa_dq_segmented_no_residuals", "bf16[2,1024,128]{2,1,0}", "q_dq kv_dq")
+          + kernel("splash_mqa_dkv_segmented_no_residuals", "(bf16[1024,128]{1,0}, bf16[1024,128]{1,0})",
+                   "q_dkv kv_dkv")
+          + "  ROOT %r = f32[1]{0} constant({0})\n}\n")
+  result = hlo_cost.breakdown(hlo_text.parse_module(text), CHIP)
+  unit = 2 * 1024 * 1024 * 128 * 3 / 4
+  assert [(o.detail, o.flops, o.part) for o in result.ops] == [
+      ("splash_mqa_fwd_segmented_residuals", 4 * unit, "attention"),
+      ("splash_mqa_dq_segmented_no_residuals", 6 * unit, "attention"),
+      ("splash_mqa_dkv_segmented_no_residuals", 8 * unit, "attention")]
+  assert not result.unknown_custom_calls
+  q_bytes, kv_bytes = 2 * 1024 * 128 * 2, 1024 * 128 * 2
+  assert result.ops[1].bytes == 4 + 2 * q_bytes + 2 * kv_bytes + 1024 * 128 * 4  # operands, then dq
+  assert hlo_flops.causal_tile_fraction(32768, 512, 512) == 65 / 128  # 64 × 65 / 2 of 64² tiles
+  assert hlo_flops.causal_tile_fraction(1000, 512, 256) == 6 / 8  # ragged last tiles: row 0 sees 2, row 1 all 4
+
+
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
 def test_a_real_tpu_compile_matches_the_jaxpr_count_and_xla():
   """A 6-layer scanned MLP's value_and_grad, batch sharded over a v5p:2x2x1 (4 chips): the parser's matmul FLOPs

@@ -155,7 +155,8 @@ def test_blockwise_inside_a_scan_keeps_no_tile_of_every_block_pair():
 def test_resolve_impl_rule():
   tpu = dict(backend="tpu", num_devices=1)
   assert attn.resolve_impl("auto", 4096, 4096, cached=False, **tpu) == "splash"
-  assert attn.resolve_impl("auto", 4096, 4096, cached=False, backend="tpu", num_devices=8) == "blockwise"  # a mesh
+  assert attn.resolve_impl("auto", 4096, 4096, cached=False, backend="tpu", num_devices=8) == "splash"  # shard_map
+  assert attn.resolve_impl("auto", 4096, 4096, cached=False, backend="tpu", num_devices=0) == "blockwise"  # unknown
   assert attn.resolve_impl("auto", 1, 131072, cached=True, **tpu) == "xla"  # a decode step: [1, S] scores
   assert attn.resolve_impl("auto", 2048, 4096, cached=True, **tpu) == "blockwise"  # a long prefill chunk
   assert attn.resolve_impl("auto", 100, 100, cached=False, **tpu) == "xla"  # not a multiple of 128

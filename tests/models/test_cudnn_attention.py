@@ -108,7 +108,7 @@ def test_platform_impls(with_cudnn):
   with jax.set_mesh(jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])):
     assert attn.platform_impls("auto", q, k, cached=False)["tpu"] == "splash"  # a one-chip program
   with jax.set_mesh(jax.make_mesh((2,), ("data",), devices=jax.devices()[:2])):
-    assert attn.platform_impls("auto", q, k, cached=False)["tpu"] == "blockwise"
+    assert attn.platform_impls("auto", q, k, cached=False)["tpu"] == "blockwise"  # CPU devices: no TPU branch
   short = attn.platform_impls("auto", jax.ShapeDtypeStruct((1, 1, 16, 128), jnp.bfloat16), k, cached=True)
   assert set(short.values()) == {"xla"}  # a decode step: no cuDNN, no splash
   assert set(attn.platform_impls("blockwise", q, k, cached=False).values()) == {"blockwise"}
