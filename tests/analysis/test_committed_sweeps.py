@@ -95,11 +95,11 @@ def test_the_folders_readme_lists_every_committed_sweep_with_its_run_count():
 def test_toy_critic_matters_tables():
   """Issue 48's search_chain sweep as committed so far (4 of its 6 runs; docs/results.md)."""
   text = _report("toy_critic_matters")
-  assert "code version 64d66d0ba28a8f436ccff1ad31a07dadbd7ddb11" in text
+  assert "code version 0d50ef949b78ce0fa23de083909da25456e4c33a" in text
   assert "4 runs started: 4 complete, 0 incomplete" in text
-  assert "| frozen_critic | critic frozen at initialisation (learning rate 0) | 2/2 | 18.7 [-34.2, 71.7] | — | " \
-      "-3.9 [-46.9, 39.1] (paired t, n=2) |" in text
-  assert "| frozen_critic-seed1 | frozen_critic | 1 | complete | 99 / 99 | 12.9 → 14.6 | — |  |" in text
-  assert "| sao-seed0 | sao | 0 | complete | 99 / 99 | 19.9 → 30.2 | — |  |" in text
-  assert "| frozen_critic-seed0 | frozen_critic | 0 | complete | 99 / 99 | 23.4 → 22.9 | — |  |" in text
-  assert "| sao-seed1 | sao | 1 | complete | 99 / 99 | 14.5 → 15.1 | — |  |" in text
+  assert "| frozen_critic | critic frozen at initialisation (learning rate 0) | 2/2 | 1.4 [-10.1, 13.0] | — | " \
+      "-7.6 [-63.8, 48.7] (paired t, n=2) |" in text
+  assert "| frozen_critic-seed1 | frozen_critic | 1 | complete | 99 / 99 | 8.6 → 2.3 | — |  |" in text
+  assert "| sao-seed0 | sao | 0 | complete | 99 / 99 | 9.0 → 12.5 | — |  |" in text
+  assert "| frozen_critic-seed0 | frozen_critic | 0 | complete | 99 / 99 | 6.2 → 0.5 | — |  |" in text
+  assert "| sao-seed1 | sao | 1 | complete | 99 / 99 | 7.0 → 5.5 | — |  |" in text
