@@ -93,12 +93,13 @@ def test_the_folders_readme_lists_every_committed_sweep_with_its_run_count():
 
 
 def test_toy_critic_matters_tables():
-  """Issue 48's search_chain sweep as committed so far (4 of its 6 runs; docs/results.md)."""
+  """Issue 48's search_chain sweep, all 6 runs (docs/results.md)."""
   text = _report("toy_critic_matters")
   assert "code version 0d50ef949b78ce0fa23de083909da25456e4c33a" in text
-  assert "4 runs started: 4 complete, 0 incomplete" in text
-  assert "| frozen_critic | critic frozen at initialisation (learning rate 0) | 2/2 | 1.4 [-10.1, 13.0] | — | " \
-      "-7.6 [-63.8, 48.7] (paired t, n=2) |" in text
+  assert "6 runs started: 6 complete, 0 incomplete" in text
+  assert "| frozen_critic | critic frozen at initialisation (learning rate 0) | 3/3 | 3.2 [-4.8, 11.2] | — | " \
+      "-5.4 [-19.8, 9.0] (paired t, n=3) |" in text
+  assert "| sao-seed2 | sao | 2 | complete | 99 / 99 | 5.9 → 7.8 | — |  |" in text
   assert "| frozen_critic-seed1 | frozen_critic | 1 | complete | 99 / 99 | 8.6 → 2.3 | — |  |" in text
   assert "| sao-seed0 | sao | 0 | complete | 99 / 99 | 9.0 → 12.5 | — |  |" in text
   assert "| frozen_critic-seed0 | frozen_critic | 0 | complete | 99 / 99 | 6.2 → 0.5 | — |  |" in text
