@@ -52,6 +52,7 @@ import numpy as np
 from sao.rollout import tool_format
 from sao.rollout.envs.base import SPLITS, Env, Task, split_of
 from sao.rollout.envs.registry import register
+from sao.rollout.envs.swe import command_output
 from sao.rollout.envs.swe import dataset as dataset_lib
 from sao.rollout.envs.swe import expert as expert_lib
 from sao.rollout.envs.swe import grader as grader_lib
@@ -258,7 +259,7 @@ class SweEnv(Env):
                                      max_output_bytes=max(self.sandbox_config.max_output_bytes, 2 * 16000))
     return self._end_if_spent(result, result.observation() if result.timed_out or result.limit else result.output)
 
-  def _end_if_spent(self, result: sandbox_lib.CommandResult, observation: str) -> tuple[str, bool]:
+  def _end_if_spent(self, result: command_output.CommandResult, observation: str) -> tuple[str, bool]:
     """(observation, done): a command that exceeded an episode limit (the repository outgrew `disk_mb`) ends the
     episode, graded 0 without running its tests — the policy's doing, with the limit named in the grade's detail."""
     if not result.limit:

@@ -35,6 +35,7 @@ import secrets
 import shlex
 import time
 
+from sao.rollout.envs.swe import command_output
 from sao.rollout.envs.swe import graded_tree
 from sao.rollout.envs.swe import patches
 from sao.rollout.envs.swe import pytest_report
@@ -96,7 +97,7 @@ def expected_outcomes(instance: Instance) -> dict[str, frozenset[str]]:
 
 async def _run_tests(box: sandbox_lib.Sandbox, files: list[str], pytest_args: tuple[str, ...], timeout_s: float,
                      config: tuple[str, str], changed: tuple[str, ...]
-                     ) -> tuple[sandbox_lib.CommandResult, dict | None]:
+                     ) -> tuple[command_output.CommandResult, dict | None]:
   """Runs pytest on `files` under the grader's runner: (the command's result, the report {"outcomes": id -> word,
   "tampering": [findings]}, or None when not exactly one report came back — the run crashed or was killed, or
   something printed a second one)."""

@@ -13,10 +13,10 @@ has no route out.
 Limits: each command gets a wall-clock timeout (the whole PID namespace is killed), `ulimit` CPU-seconds /
 address-space / file-size / process-count limits (set hard, so the command cannot raise them; the process count is
 the sandbox's own: its uid or user namespace holds nothing else), and its merged stdout+stderr is cut to
-`max_output_bytes` (head and tail kept, a marker in between). The repository may grow by at most `disk_mb` and
-`max_inodes` over the episode: it is measured while each command runs and after it; a command that crosses a limit
-is killed and its
-result says `limit="disk"` — the sandbox is then spent (`Sandbox.spent`), and the episode must end.
+`max_output_bytes` (head and tail kept, a marker in between: `command_output`). The repository may grow by at most
+`disk_mb` and `max_inodes` over the episode: it is measured while each command runs and after it; a command that
+crosses a limit is killed and its result says `limit="disk"` — the sandbox is then spent (`Sandbox.spent`), and the
+episode must end.
 
 Commands do not share a shell: each starts in `/testbed` with a clean environment, as in mini-swe-agent, and
 background processes die with the command (the PID namespace goes away).
@@ -47,6 +47,7 @@ import weakref
 from sao.rollout.envs.swe import base_tree
 from sao.rollout.envs.swe import bwrap
 from sao.rollout.envs.swe import cgroup as cgroup_lib
+from sao.rollout.envs.swe import command_output
 from sao.rollout.envs.swe import disk
 from sao.rollout.envs.swe import identity as identity_lib
 from sao.rollout.envs.swe import jail
@@ -105,38 +106,6 @@ class SandboxConfig:
                  "max_processes", "disk_mb", "max_inodes", "tmp_mb", "disk_check_s"):
       if getattr(self, name) <= 0:
         raise ValueError(f"SandboxConfig.{name}: must be > 0, got {getattr(self, name)}")
-
-
-@dataclasses.dataclass(frozen=True)
-class CommandResult:
-  """What a command did: its (possibly truncated) output, exit code (None if killed), timing, and `limit`: "" or
-  the episode limit that killed it ("disk": the repository outgrew `disk_mb`; the sandbox is then spent)."""
-  output: str
-  exit_code: int | None
-  timed_out: bool = False
-  truncated: bool = False
-  duration_s: float = 0.0
-  limit: str = ""
-
-  def observation(self) -> str:
-    """The text an agent sees: the output, then a line on a non-zero exit or a timeout."""
-    text = self.output
-    if self.limit:
-      text += f"\n[command killed: {self.limit} limit of the episode exceeded]"
-    elif self.timed_out:
-      text += f"\n[command timed out after {self.duration_s:.0f}s and was killed]"
-    elif self.exit_code:
-      text += f"\n[exit code {self.exit_code}]"
-    return text
-
-
-def _truncate(head: bytes, tail: bytes, total: int, limit: int) -> tuple[str, bool]:
-  if total <= limit:
-    return (head + tail).decode("utf-8", "replace"), False
-  kept_tail = tail[-(limit - len(head)):] if limit > len(head) else b""
-  omitted = total - len(head) - len(kept_tail)
-  marker = f"\n[... output truncated: {omitted} bytes omitted ...]\n"
-  return head.decode("utf-8", "replace") + marker + kept_tail.decode("utf-8", "replace"), True
 
 
 def _python_prefix() -> str:
@@ -296,7 +265,7 @@ class Sandbox:
     return self._cgroup.wrap(argv) if self._cgroup is not None else argv
 
   async def arun(self, command: str, timeout_s: float | None = None, stdin: bytes | None = None,
-                 max_output_bytes: int | None = None) -> CommandResult:
+                 max_output_bytes: int | None = None) -> command_output.CommandResult:
     """Runs `command` in the sandbox. Never raises for what the command does; raises `SandboxError` if the
     sandbox cannot start, and on cancellation kills the command before re-raising."""
     if self.closed:
@@ -330,11 +299,9 @@ class Sandbox:
     reader = asyncio.StreamReader(limit=1 << 20)
     read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
                                                      os.fdopen(read_fd, "rb", buffering=0))
-    head, tail, total = bytearray(), bytearray(), 0
-    half = limit // 2
+    output = command_output.BoundedOutput(limit)
 
     async def pump():
-      nonlocal total
       if stdin is not None:
         proc.stdin.write(stdin)
         try:
@@ -343,15 +310,7 @@ class Sandbox:
           pass  # the command did not read its input: its choice, not a sandbox failure
         proc.stdin.close()
       while chunk := await reader.read(65536):
-        total += len(chunk)
-        room = half - len(head)
-        if room > 0:
-          head.extend(chunk[:room])
-          chunk = chunk[room:]
-        if chunk:
-          tail.extend(chunk)
-          if len(tail) > limit:  # keep memory bounded however much the command prints
-            del tail[:len(tail) - limit]
+        output.add(chunk)
       return await proc.wait()
 
     over_disk = False
@@ -383,16 +342,16 @@ class Sandbox:
       over_disk = True
     if over_disk:
       self.spent, exit_code, timed_out = "disk", None, False
-    output, truncated = _truncate(bytes(head), bytes(tail), total, limit)
-    return CommandResult(output=output, exit_code=exit_code, timed_out=timed_out, truncated=truncated,
-                         duration_s=time.monotonic() - start, limit=self.spent if over_disk else "")
+    text, truncated = output.text()
+    return command_output.CommandResult(output=text, exit_code=exit_code, timed_out=timed_out, truncated=truncated,
+                                        duration_s=time.monotonic() - start, limit=self.spent if over_disk else "")
 
   def _over_budget(self) -> bool:
     used_bytes, used_inodes = disk.tree_usage(self.repo_dir)
     return used_bytes > self._disk_budget or used_inodes > self._inode_budget
 
   def run(self, command: str, timeout_s: float | None = None, stdin: bytes | None = None,
-          max_output_bytes: int | None = None) -> CommandResult:
+          max_output_bytes: int | None = None) -> command_output.CommandResult:
     """Synchronous `arun`, for threads without a running event loop (e.g. `asyncio.to_thread(env.step, ...)`)."""
     try:
       asyncio.get_running_loop()
