@@ -2,8 +2,8 @@
 
 `Checkpointer` knows nothing of the learner (as the flax examples use orbax's `CheckpointManager`): a step holds named
 pytrees (orbax `Composite` items, e.g. the learner's `actor` / `critic` `TrainState`s and its `rng`) and one JSON
-`meta` dict. The learner builds both (its `checkpoint_items` and `checkpoint_metadata`) and applies what comes back.
-Restores go straight into the caller's shardings (abstract `ShapeDtypeStruct` targets) and continue bit-for-bit.
+`meta` dict. The learner builds both (`sao.train.learner_checkpoint.items` and `.metadata`) and applies what comes
+back. Restores go straight into the caller's shardings (abstract `ShapeDtypeStruct` targets) and continue bit-for-bit.
 A step that fails to restore (cut off mid-save, truncated files) is skipped with a warning naming the error, and the
 next older one is tried. A step whose metadata lacks what the caller expects (`restore(expect=...)`, e.g. the param
 layout) is refused with a ValueError naming the entry, before its arrays are read.

@@ -33,13 +33,11 @@ is raised after `nan_guard_limit` in a row.
 """
 from __future__ import annotations
 
-import json
 from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import ml_collections
 import numpy as np
-from absl import logging
 from jax.sharding import Mesh
 
 from sao.models.config import ModelConfig
@@ -50,13 +48,14 @@ from sao.train import checkpoint as ckpt_lib
 from sao.train import critic_correction, critic_stats, routing_replay
 from sao.train import distributed
 from sao.train import grouped_update
+from sao.train import learner_checkpoint
 from sao.train import precompile as precompile_lib
 from sao.train import targets
 from sao.train import update_plan as update_plan_lib
 from sao.train import mesh as mesh_lib
 from sao.train import mesh_jit
 from sao.train.mesh_jit import MeshJit
-from sao.train.config import config_to_json, validate_learner_config
+from sao.train.config import validate_learner_config
 from sao.train.roles import NonFiniteError  # noqa: F401  (re-exported: callers catch it from here)
 from sao.transport.trajectory import Trajectory
 
@@ -265,67 +264,16 @@ class Learner:
     ckpt_lib.save_params(path, self.critic_params)
 
   # ---------------------------------------------------------------------------------------------- checkpoints
-  def checkpoint_items(self) -> dict[str, Any]:
-    """The pytrees a checkpoint holds: `actor` (and `critic`) `TrainState`, `rng` (`{"key": key}`)."""
-    # The key lives on one local device of each process; saved as one replicated global array (the same on all).
-    key = distributed.global_array(np.asarray(jax.device_get(self.rng)), mesh_lib.replicated(self.mesh))
-    items = {"actor": self.actor.state, "rng": {"key": key}}
-    if self.critic is not None:
-      items["critic"] = self.critic.state
-    return items
-
-  def abstract_checkpoint_items(self) -> dict[str, Any]:
-    """`checkpoint_items` as `jax.ShapeDtypeStruct`s in this learner's shardings (the restore target)."""
-    items = {"actor": self.actor.abstract_state(),
-             "rng": {"key": jax.ShapeDtypeStruct(self.rng.shape, self.rng.dtype,
-                                                 sharding=mesh_lib.replicated(self.mesh))}}
-    if self.critic is not None:
-      items["critic"] = self.critic.abstract_state()
-    return items
-
-  def checkpoint_metadata(self, extra: dict | None = None) -> dict[str, Any]:
-    """JSON metadata: num_updates (the warmup clock), version, NaN-guard counters, the config, and the caller's
-    `extra` (e.g. the task dispenser's state)."""
-    return {
-        "num_updates": self.num_updates,
-        "version": self.version,
-        "consecutive_nonfinite": {"actor": self.actor.consecutive_nonfinite,
-                                  "critic": self.critic.consecutive_nonfinite if self.critic else 0},
-        "config": config_to_json(self.config),
-        "actor_start": self.actor_start.state_dict(),
-        "extra": extra or {},
-        ckpt_lib.LAYOUT_KEY: ckpt_lib.PARAM_LAYOUT,  # restores refuse a tree of another layout
-    }
-
   def save_checkpoint(self, checkpointer: ckpt_lib.Checkpointer, extra: dict | None = None,
                       only_if_due: bool = False) -> bool:
-    """Saves this learner as step `num_updates` (with `only_if_due`: when `checkpointer.is_due` it)."""
-    if only_if_due and not checkpointer.is_due(self.num_updates):
-      return False
-    return checkpointer.save(self.num_updates, self.checkpoint_items(), self.checkpoint_metadata(extra))
+    """Saves this learner as step `num_updates` (with `only_if_due`: when `checkpointer.is_due` it); what a step
+    holds: `sao.train.learner_checkpoint`."""
+    return learner_checkpoint.save(self, checkpointer, extra, only_if_due)
 
   def restore_checkpoint(self, checkpointer: ckpt_lib.Checkpointer, step: int | None = None) -> dict | None:
-    """Restores the newest readable step (or `step`) into this learner; returns its `extra`, or None if there is
-    no checkpoint."""
-    restored = checkpointer.restore(self.abstract_checkpoint_items(), step,
-                                    expect={ckpt_lib.LAYOUT_KEY: ckpt_lib.PARAM_LAYOUT})
-    if restored is None:
-      return None
-    meta = restored.metadata
-    if json.loads(meta["config"]) != json.loads(config_to_json(self.config)):
-      logging.warning("checkpoint: step %d was written with a different learner config", restored.step)
-    self.actor.state = restored.items["actor"]
-    self.actor.consecutive_nonfinite = int(meta["consecutive_nonfinite"]["actor"])
-    if self.critic is not None:
-      self.critic.state = restored.items["critic"]
-      self.critic.consecutive_nonfinite = int(meta["consecutive_nonfinite"]["critic"])
-    self.rng = jax.device_put(np.asarray(restored.items["rng"]["key"]))
-    self.num_updates = int(meta["num_updates"])
-    self.version = int(meta["version"])
-    self.actor_start.load_state_dict(meta.get("actor_start"))
-    logging.info("checkpoint: restored step %d from %s (version %d)", restored.step, checkpointer.directory,
-                 self.version)
-    return meta["extra"]
+    """Restores the newest readable step (or `step`) into this learner (`sao.train.learner_checkpoint.restore`);
+    returns its `extra`, or None if there is no checkpoint."""
+    return learner_checkpoint.restore(self, checkpointer, step)
 
   # ---------------------------------------------------------------------------------------------- the algorithms
   def _update_sao(self, batch: dict, want_values_before: bool = True

@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from sao.train import learner_checkpoint
 from sao.train.checkpoint import Checkpointer
 from tests.core import reference as ref
 from tests.train import helpers
@@ -42,7 +43,7 @@ def test_vtrace_targets_and_the_ev_gate_in_the_one_call_update(tmp_path):
       _check_vtrace_targets(learner, batch, metrics, traces, logprobs)
     assert metrics["actor/warmup"] == float(step < 1)
   assert versions == [0, 1]
-  assert learner.checkpoint_metadata()["actor_start"]["started_at"] == 1
+  assert learner_checkpoint.metadata(learner)["actor_start"]["started_at"] == 1
   assert learner.actor_start.reason == "cap"
   # A resumed learner keeps the opened gate (the checkpoint's metadata), not a fresh window.
   checkpointer = Checkpointer(str(tmp_path / "ckpt"), every=1, max_to_keep=1)
