@@ -16,9 +16,9 @@ SGLang client (`sao.engines.sglang_client`) backs off and asks again. A request 
 never fit: `RequestError` (400).
 
 Isolation: every row is validated before it is queued (`sao.engines.request_checks`: 400 naming the field). If a
-batch still fails inside the Sampler, its rows are re-run one at a time, so only a row that fails on its own fails
-(its request gets the error); a row whose log-probs are not finite fails alone the same way. Batch-mates never see
-another row's failure.
+batch still fails inside the Sampler, its rows are re-run one at a time (`sao.engines.row_isolation`), so only a row
+that fails on its own fails (its request gets the error); a row whose log-probs are not finite fails alone the same
+way. Batch-mates never see another row's failure.
 
 Weight updates: `update_weights` loads the HF directory in a worker thread while batches keep running, then takes
 the batch lock, swaps the params and sets the served `weight_version` in one step. A batch is atomic with respect to
@@ -50,29 +50,25 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import itertools
-import logging
 import os
 import time
-from typing import Any, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import jax
 import numpy as np
 
+from sao.engines import routed_prefix
+from sao.engines import row_isolation
 from sao.engines.prefix_cache import PrefixCache
 from sao.engines.routed_prefix import RoutedState
 from sao.engines.request_checks import RequestError, RowLimits, check_row
+from sao.engines.row_isolation import RowFailedError  # noqa: F401  (re-exported: part of this module's `__all__`)
 from sao.models.config import ModelConfig
 from sao.models.streaming import load_pretrained_sharded
 from sao.models.sampling import (BATCH_BUCKETS, NEW_TOKEN_BUCKETS, PROMPT_BUCKETS, Completion, Sampler,
                                  SamplingParams)
 
-log = logging.getLogger(__name__)
-
 __all__ = ["EngineConfig", "EngineOverloadedError", "LocalEngine", "RequestError", "RowFailedError"]
-
-
-class RowFailedError(RuntimeError):
-  """One row failed inside the sampler even when run alone (its request gets 500; its batch-mates are unaffected)."""
 
 
 class EngineOverloadedError(RuntimeError):
@@ -141,20 +137,9 @@ def non_finite_params(params: Any) -> list[str]:
   return [jax.tree_util.keystr(path) for (path, _), ok in zip(leaves, finite) if not bool(ok)]
 
 
-def _bad_completion(c: Completion) -> str | None:
-  """Why a completion must not be returned (None if it is fine): non-finite log-probs are not valid JSON."""
-  if not np.all(np.isfinite(c.logprobs)):
-    return f"the sampler returned non-finite log-probs {c.logprobs[~np.isfinite(c.logprobs)][:4].tolist()}"
-  return None
-
-
 def _routing_kwargs(capture: bool) -> dict[str, bool]:
   """The Sampler's `return_routed_experts` argument, passed only when set (so a sampler without it serves the rest)."""
   return {"return_routed_experts": True} if capture else {}
-
-
-def _has_routing(state: RoutedState) -> bool:
-  return state.routing is not None
 
 
 class LocalEngine:
@@ -274,7 +259,7 @@ class LocalEngine:
       async with self._lock:
         version = self.weight_version
         start = time.monotonic()
-        outcomes = await self._run_isolated(loop, batch, self._weights_key())
+        outcomes = await row_isolation.run_isolated(batch, self._sampling(loop, self._weights_key()), self.stats)
         self.stats["busy_s"] += time.monotonic() - start
       self.stats["batches"] += 1
       self.stats["rows"] += len(batch)
@@ -289,43 +274,13 @@ class LocalEngine:
           self.stats["generated_tokens"] += len(outcome.token_ids)
           r.future.set_result((outcome, version))
 
-  async def _run_isolated(self, loop: asyncio.AbstractEventLoop, batch: Sequence[_Row],
-                          weights_key: str) -> list[Completion | BaseException]:
-    """One Sampler call for the batch; if it raises or returns an unusable row, the affected rows are re-run one
-    at a time, so each outcome is the row's own (a Completion, or the exception it fails with alone)."""
-    outcomes: list[Completion | BaseException | None] = [None] * len(batch)
-    try:
-      completions = await loop.run_in_executor(
-          self._executor, self._sample, [r.prompt for r in batch], [r.params for r in batch],
-          next(self._seeds) % (2**31), weights_key, [r.routed for r in batch])
-    except Exception as e:  # noqa: BLE001 — which row caused it is found by re-running them one by one
-      if len(batch) == 1:
-        log.exception("engine row failed")
-        return [e]
-      log.warning("engine batch of %d rows failed (%s: %s); re-running its rows one at a time", len(batch),
-                  type(e).__name__, e)
-      self.stats["isolated_batches"] += 1
-    else:
-      for k, c in enumerate(completions):
-        why = _bad_completion(c)
-        outcomes[k] = c if why is None else RowFailedError(why)
-      if len(batch) == 1 or not any(isinstance(o, BaseException) for o in outcomes):
-        return outcomes  # type: ignore[return-value]
-    for k, r in enumerate(batch):  # rows that did not come back clean, alone (each with its own seed)
-      if isinstance(outcomes[k], Completion) or r.future.done():
-        continue
-      try:
-        (c,) = await loop.run_in_executor(self._executor, self._sample, [r.prompt], [r.params],
-                                          next(self._seeds) % (2**31), weights_key, [r.routed])
-      except Exception as e:  # noqa: BLE001 — this row's own failure: its request gets it (500)
-        log.exception("engine row %d of %d failed alone", k, len(batch))
-        outcomes[k] = e
-        continue
-      why = _bad_completion(c)
-      outcomes[k] = c if why is None else RowFailedError(why)
-      if why is not None:
-        log.error("engine row %d of %d: %s", k, len(batch), why)
-    return [RowFailedError("cancelled") if o is None else o for o in outcomes]
+  def _sampling(self, loop: asyncio.AbstractEventLoop, weights_key: str
+                ) -> Callable[[Sequence[_Row]], Awaitable[list[Completion]]]:
+    """`rows` -> one `_sample` call on them in the worker thread, with the next seed (`row_isolation.run_isolated`'s
+    `sample`)."""
+    return lambda rows: loop.run_in_executor(
+        self._executor, self._sample, [r.prompt for r in rows], [r.params for r in rows],
+        next(self._seeds) % (2**31), weights_key, [r.routed for r in rows])
 
   def _weights_key(self) -> str:
     """Names the params being served: the version, and the count of updates (a reused version string differs)."""
@@ -343,7 +298,7 @@ class LocalEngine:
       completions = self.sampler.generate(prompts, params, seed, **_routing_kwargs(capture))
       return [c if r else dataclasses.replace(c, routed_experts=None) for c, r in zip(completions, routed)]
     # A row asking for routed experts reuses only a prefix whose routing was recorded.
-    hits = [cache.lookup(p, weights_key, _has_routing if r else None) for p, r in zip(prompts, routed)]
+    hits = [cache.lookup(p, weights_key, routed_prefix.has_routing if r else None) for p, r in zip(prompts, routed)]
     prefixes = [None if h is None else h.state.truncated(h.length) for h in hits]
     states_in = [None if p is None else p.state for p in prefixes]
     completions, states = self.sampler.generate_continuing(prompts, params, states_in, seed, **_routing_kwargs(capture))
@@ -353,7 +308,7 @@ class LocalEngine:
     records = [c.routed_experts for c in completions]
     completions = [c if r else dataclasses.replace(c, routed_experts=None) for c, r in zip(completions, routed)]
     for p, c, state, hit, record in zip(prompts, completions, states, hits, records):
-      if _bad_completion(c) is None:
+      if row_isolation.bad_completion(c) is None:
         tokens = np.concatenate([p, c.token_ids])
         whole = record is not None and len(record) == tokens.size  # else this prefix's routing is unknown
         cache.insert(tokens, RoutedState(state, record if whole else None), weights_key,

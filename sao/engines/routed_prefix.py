@@ -36,3 +36,9 @@ class RoutedState:
   def truncated(self, length: int) -> RoutedState:
     """The state and routing of the first `length` tokens."""
     return RoutedState(self.state.truncated(length), None if self.routing is None else self.routing[:length])
+
+
+def has_routing(state: RoutedState) -> bool:
+  """Whether a cached entry recorded its tokens' routing: the prefix cache's `accept` for a row that asks for routed
+  experts (an entry without a record is not reused for it)."""
+  return state.routing is not None
