@@ -2,7 +2,8 @@
 prints), the per-harness reward breakdown, and the validation summary of a finished run.
 
 Pure functions of the step's trajectories and numbers the trainer hands in (the trainer, `sao.train.trainer`, owns
-the writers and the clock), and `NoWriter`, the metric writer of the processes other than 0.
+the writers; its phase's steps, `sao.train.phase_steps`, the clock), and `NoWriter`, the metric writer of the
+processes other than 0.
 """
 from __future__ import annotations
 

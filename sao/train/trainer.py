@@ -4,12 +4,13 @@
     value pretraining: critic-only updates on the base policy's rollouts ──▶ <workdir>/value_init (orbax params)
     RL: critic loaded from value_init, `critic_warmup_steps` critic-only updates, then actor updates every step
 
-Every step takes the first `batch_size` finished trajectories (SAO) or `batch_size / G` complete groups (GSPO/GRPO)
-from the service — it never waits for a particular slow rollout — updates the learner, and, when the actor changed,
-exports the policy in HF layout to `<workdir>/policy/v<version>` and tells every engine to load it
-(`/update_weights_from_disk`), waiting until they serve it or, with `async_publish` (the full-scale configs'), in
-the background while the next step runs (`sao.train.publication`). Validation runs on the held-out split through the same workers (the dispenser leases
-it as evaluation work every `eval_every` versions) and is reported as `validation`.
+Every step (`sao.train.phase_steps`) takes the first `batch_size` finished trajectories (SAO) or `batch_size / G`
+complete groups (GSPO/GRPO) from the service — it never waits for a particular slow rollout — updates the learner,
+and, when the actor changed, exports the policy in HF layout to `<workdir>/policy/v<version>` and tells every engine
+to load it (`/update_weights_from_disk`), waiting until they serve it or, with `async_publish` (the full-scale
+configs'), in the background while the next step runs (`sao.train.publication`). Validation runs on the held-out
+split through the same workers (the dispenser leases it as evaluation work every `eval_every` versions) and is
+reported as `validation`.
 
 A trainer job may span P processes (one per TPU host, `sao.train.distributed`): every process runs the learner and
 every collective step (warm start, value pretraining, updates, checkpoints, exports); process 0 alone serves gRPC,
@@ -26,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import time
 from typing import Any, Callable, Sequence
 
 import jax
@@ -38,9 +38,9 @@ from sao.engines import fleet as fleet_lib
 from sao.models.config import ModelConfig
 from sao.models.tokenizer import Tokenizer
 from sao.train import base_policy as base_policy_lib
-from sao.train import batching
 from sao.train import checkpoint as ckpt_lib
 from sao.train import coordination
+from sao.train import phase_steps
 from sao.train import phases
 from sao.train import precompile as precompile_lib
 from sao.train import progress
@@ -49,7 +49,7 @@ from sao.train import stop_signal
 from sao.train import writers as writers_lib
 from sao.train.export import export_policy
 from sao.train.learner import Learner
-from sao.transport import flow, staleness_control
+from sao.transport import staleness_control
 from sao.transport.dispenser import DispenserConfig, TaskDispenser
 from sao.transport.server import ServerConfig, TrajectoryServer
 from sao.transport.trajectory import Trajectory
@@ -305,128 +305,8 @@ class Trainer:
       self.launcher.check_alive()
       self.channel.check()  # a lost learner process stops the job here, not at the next collective
 
-  def _update(self, learner: Learner, trainable: list[Trajectory], step: int, phase: str) -> dict[str, float]:
-    """`learner.update`; every `critic_trace_every` SAO steps it also dumps one success and one failure trajectory
-    with the critic's pre-update per-token values (`sao.analysis.critic_traces`)."""
-    every = self.config.critic_trace_every
-    if self.config.learner.algorithm != "sao" or not every or step % every:
-      return learner.update(trainable)
-    batch, stats = learner.make_batch(trainable)
-    rows = [trainable[i] for i in stats.source_indices]
-    picks = critic_traces.pick_rows([t.reward for t in rows], seed=self.config.seed * 1_000_003 + step)
-    metrics, per_token = learner.update_traced(batch, list(picks.values()))
-    traces = []
-    for i, (kind, row) in enumerate(picks.items()):
-      traj, length = rows[row], rows[row].num_tokens
-      traces.append(critic_traces.CriticTrace(
-          step=step, phase=phase, kind=kind, reward=traj.reward, policy_version=traj.policy_version,
-          task_id=traj.task_id, num_turns=traj.num_turns, turn_boundaries=traj.turn_boundaries,
-          action_mask=traj.action_mask, **{k: v[i, :length] for k, v in per_token.items()}))
-    if self.trace_writer is not None:
-      self.trace_writer.write(traces)
-    return metrics
-
-  def _next_batch(self, learner: Learner, server, step: int
-                  ) -> tuple[list[Trajectory], list[Trajectory], int, list] | None:
-    """(the step's trajectories, the trainable ones, the stale count, the unusable ones), or None when the run stops
-    (SIGTERM while process 0 waited for rollouts). Process 0 takes them from the service and shares the trainable
-    ones with its learner clock; the other processes receive those (and check their clock against process 0's: a
-    mismatch is a `Diverged` error, not a silently different update)."""
-    clock = {"step": step, "num_updates": learner.num_updates, "version": learner.version}
-    if not self.is_coordinator:
-      message = self.channel.share("batch")
-      if message.data.get("stop"):
-        return None
-      if {k: message.data[k] for k in clock} != clock:
-        raise coordination.Diverged(f"process {self.channel.process_id} is at {clock} but process 0 sent the batch "
-                                    f"of {message.data}")
-      return message.trajectories, message.trajectories, 0, []
-    c = self.config
-    waited_from = time.time()
-    trajectories = self._take(server, c.rollout.batch_size)
-    if trajectories is None:
-      self.channel.share("batch", {**clock, "stop": True})
-      return None
-    self._wait_s = time.time() - waited_from  # the trainer idle, waiting for rollouts (busy fraction's input)
-    # Timeouts / env errors are not trained on; nor is anything more than `max_staleness` versions behind the
-    # policy about to be updated (accepted when fresh, it aged in the buffer). Both are counted.
-    fresh = [flow.is_fresh(learner.version, t.policy_version, c.server.max_staleness) for t in trajectories]
-    trainable = [t for t, ok in zip(trajectories, fresh) if t.is_trainable and ok]
-    stale = sum(1 for t, ok in zip(trajectories, fresh) if t.is_trainable and not ok)
-    # Records the batcher cannot take are quarantined (persisted, never re-read), not a crash on every restart.
-    trainable, unusable = batching.split_unbatchable(trainable, learner.batcher)
-    self.channel.share("batch", clock, trainable)
-    return trajectories, trainable, stale, unusable
-
   def _train(self, learner: Learner, model_config, server, checkpointer, start_step: int,
              end_step: int, phase: str = "rl") -> dict[str, float]:
-    self._validation = self.validations[-1][1] if self.validations else float("nan")
-    self._last_time = time.time()
-    for step in range(start_step, end_step):
-      # Every process at the same step of the same phase, and a stop any of them was asked for (SIGTERM) is all's.
-      flags = self.channel.agree("step", {"phase": phase, "step": step, "num_updates": learner.num_updates,
-                                          "version": learner.version}, {"stop": self.stop.requested})
-      batch = None if flags.get("stop") else self._next_batch(learner, server, step)
-      if batch is None:
-        self._stop_point(learner, checkpointer, step, phase, server)
-      trajectories, trainable, stale, unusable = batch
-      if server is not None:
-        server.quarantine(unusable, step)
-      version_before = learner.version
-      with self.channel.busy(f"{phase} step {step}: update"):
-        metrics = self._update(learner, trainable, step, phase) if trainable else {}
-      if server is not None:
-        server.mark_consumed(trajectories, step)
-      if self.staleness is not None and metrics:  # the bound follows this update's mismatch (process 0's server)
-        metrics = {**metrics, **self.staleness.step(metrics, server.stats())}
-        server.set_max_outstanding(self.staleness.allowance)
-      # A checkpoint saves the dispenser state of the version just published: that publish finishes first (as does
-      # the phase's last, so that its row reports it).
-      checkpoint_due = checkpointer is not None and bool(trainable) and checkpointer.is_due(learner.num_updates)
-      if learner.version != version_before:
-        reports = self._publish(model_config, learner, wait=checkpoint_due or step == end_step - 1)
-        for report in reports[:-1]:  # two finished here (the previous version's, then this one's): a row each
-          self.writer.write_scalars(step, report)
-        metrics = {**metrics, **(reports[-1] if reports else {})}
-      if self.is_coordinator:  # metrics, validation results and progress lines are process 0's
-        self._log_step(step, end_step, phase, learner, server, trajectories, trainable, stale, unusable, metrics)
-      if checkpoint_due:
-        # Only after an update: a batch with nothing trainable leaves `num_updates` (the checkpoint step) as is.
-        with self.channel.busy(f"{phase} step {step}: checkpoint"):
-          learner.save_checkpoint(checkpointer, extra=self._checkpoint_extra(step + 1, phase, server))
-      self.writer.flush()
-    return self.history[-1] if self.history else {}
-
-  def _stop_point(self, learner: Learner, checkpointer, step: int, phase: str, server) -> None:
-    """Stops the run before `step` (SIGTERM): a checkpoint of the learner as it is, where the phase keeps them and
-    the latest one is older, then `StopRequested` (every process gets here at the same step)."""
-    saved = ""
-    if checkpointer is not None and learner.num_updates and learner.num_updates not in checkpointer.all_steps():
-      checkpointer.wait()
-      with self.channel.busy(f"{phase} step {step}: checkpoint before stopping"):
-        learner.save_checkpoint(checkpointer, extra=self._checkpoint_extra(step, phase, server))
-      checkpointer.wait()
-      saved = f"; checkpoint at learner update {learner.num_updates} (re-running the command resumes there)"
-    elif checkpointer is not None and learner.num_updates:
-      saved = f"; the latest checkpoint (learner update {learner.num_updates}) holds it"
-    self._print(f"[trainer] stopped by SIGTERM before {phase} step {step}{saved}")
-    raise stop_signal.StopRequested(f"stopped by SIGTERM before {phase} step {step}{saved}")
-
-  def _log_step(self, step: int, end_step: int, phase: str, learner: Learner, server, trajectories, trainable,
-                stale: int, unusable, metrics: dict[str, float]) -> None:
-    c = self.config
-    for result in server.eval_results():
-      self._validation = result.success_rate
-      self.validations.append((result.policy_version, result.success_rate))
-      self.writer.write_scalars(step, {"validation": result.success_rate,
-                                       "validation/policy_version": result.policy_version,
-                                       "validation/num_tasks": result.num_tasks,
-                                       **{f"validation/harness/{h}": v for h, v in result.by_harness.items() if h}})
-    now = time.time()
-    row = progress.progress_row(trajectories, len(trainable), stale, len(unusable), metrics, self._validation,
-                                now - self._last_time, self._wait_s, learner.version)
-    self._last_time = now
-    self.writer.write_scalars(step, progress.step_scalars(metrics, row, trajectories, phase))
-    self.history.append({"step": step, **row})
-    if step % c.log_every == 0 or step == end_step - 1:
-      print(progress.progress_line(phase, step, row), flush=True)
+    """Steps `start_step` … `end_step − 1` of `phase` (`sao.train.phase_steps`: batch, update, publish, report,
+    checkpoint, stop); returns the last step's progress row (process 0; {} elsewhere)."""
+    return phase_steps.PhaseSteps(self, learner, model_config, server, checkpointer, phase).run(start_step, end_step)
