@@ -1,13 +1,14 @@
 r"""The off-policy and mismatch options of issue 48 as one-factor arms of the stabilized SAO toy recipe on number
-search (`sao_openswe.py:toy`), 3 seeds per arm, plus a stress setting that provokes mismatch — 4× the staleness
-bound and 3× the actor's learning rate — with and without each correction.
+search (`sao_openswe.py:toy`), 3 seeds per arm, plus a stress setting that provokes mismatch — twice the samples
+outstanding (4 batches instead of 2: staleness ≈ 3 instead of ≈ 1) and 3× the actor's learning rate — with and
+without each correction.
 
 Arms (each changes one thing from its reference; `FACTORS` names the config keys, docs/algorithm.md the options):
   tis, icepop          the actor loss (vs DIS)                         `learner.actor_loss`
   vtrace               V-trace critic targets (vs λ-returns)           `learner.sao.critic_target_correction`
   ev_gate              actor start when critic EV ≥ 0.3 over 5 updates `learner.sao.actor_start`
   adaptive_staleness   max_outstanding follows the log-prob mismatch   `server.adaptive_staleness.enabled`
-  stress               max_outstanding 8 batches (vs 2), actor LR 1.2e-3 (vs 4e-4)
+  stress               max_outstanding 4 batches (vs 2), actor LR 1.2e-3 (vs 4e-4)
   stress_<option>      the stress setting with one option on (read against `stress`)
 Routing replay (option e) needs a MoE policy; the toy's is dense, so its arm lives with the MoE runs.
 
@@ -35,7 +36,7 @@ STRESS = {"server.max_outstanding": 256, "learner.actor.optimizer.learning_rate"
 # arm -> (what changes, the overrides that change it)
 FACTORS = {
     **OPTIONS,
-    "stress": ("stress: max_outstanding 8 batches (vs 2), actor LR 1.2e-3 (vs 4e-4)", STRESS),
+    "stress": ("stress: max_outstanding 4 batches (vs 2), actor LR 1.2e-3 (vs 4e-4)", STRESS),
     **{f"stress_{arm}": (f"stress + {what}", {**STRESS, **overrides}) for arm, (what, overrides) in OPTIONS.items()},
 }
 
