@@ -156,3 +156,33 @@ def test_first_round_sizes_of_their_own():
   assert env.expert_action().arguments["guess"] == (1 + pool[0]["plan"][0]) // 2  # the first range is the first size
   with pytest.raises(ValueError, match="first_sizes"):
     envs.make("search_chain", sizes=(3, 5), first_sizes=(40, 40))
+
+
+def test_toy_config_is_a_key_to_door_task():
+  """`sao_search_chain.py:toy`: one search, then ten trivial rounds that only delay the reward. After the search the
+  outcome is decided and every observation says it: with the expert's answer in the trivial rounds, the episode
+  succeeds iff the slack shown when the search ends is ≥ 0 — on every training task, after random prefixes — and the
+  reward comes ≥ 10 turns after that observation."""
+  from experiments.configs import sao_search_chain  # pylint: disable=import-outside-toplevel
+  config = sao_search_chain.get_config("toy")
+  env = envs.make("search_chain", **config.env.kwargs)
+  rng = np.random.default_rng(0)
+  outcomes = {True: 0, False: 0}
+  for t in env.split_pool("train")[::3]:
+    env.reset(t)
+    done, observation = False, ""
+    while not done and env._round == 0:  # pylint: disable=protected-access
+      action = env.noisy_action(rng) if rng.random() < 0.5 else env.expert_action()
+      observation, done = env.step(action)
+    if done:  # the budget ran out inside the search
+      assert env.score() == 0.0
+      continue
+    slack, turn = int(observation.rsplit(" ", 1)[1]), env.turns
+    assert observation.startswith("equal 1..1 ")
+    while not done:
+      _, done = env.step(env.expert_action())
+    assert env.score() == float(slack >= 0), (t["key"], slack)
+    if env.score():
+      assert env.turns - turn == 10
+    outcomes[slack >= 0] += 1
+  assert min(outcomes.values()) > 10, outcomes  # both outcomes occur: the search decides
