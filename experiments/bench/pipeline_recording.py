@@ -79,7 +79,8 @@ def bench_trainer_class():
       self.waits: list[tuple[float, float]] = []  # (start, end) of each step's wait for its batch
       self.end_time = 0.0
       self.server = None
-      self.staleness: list[list[int]] = []  # per step: learner version − policy version of each trajectory taken
+      # Per step: learner version − policy version of each trajectory taken (not `staleness`: the trainer's own).
+      self.taken_staleness: list[list[int]] = []
       self.turns: list[float] = []  # per step: mean assistant turns of the batch
       self.timings: list[dict[str, float]] = []  # per step: the batch's mean agent-loop timings (generate_s, ...)
       self.leased_at: dict[str, float] = {}  # training lease id → when it was issued
@@ -137,7 +138,7 @@ def bench_trainer_class():
       batch = super()._take(server, n)
       self.waits.append((start, time.monotonic()))
       # The server's version is the learner's here (the trainer publishes after every update): the trainer's count.
-      self.staleness.append([server.policy_version - t.policy_version for t in batch])
+      self.taken_staleness.append([server.policy_version - t.policy_version for t in batch])
       self.turns.append(sum(t.num_turns for t in batch) / len(batch))
       self.timings.append({k: sum(t.timings.get(k, 0.0) for t in batch) / len(batch)
                            for k in ("generate_s", "tool_s", "total_s")})
@@ -171,7 +172,7 @@ def summarize_mode(mode: str, trainer: Any, engine_changes: Sequence[tuple[float
   # Step i trains from the end of its wait to the start of the next wait (the last one: to the end of training).
   ends = [begin for begin, _ in trainer.waits[1:]] + [trainer.end_time]
   train_s = [end - waited for (_, waited), end in zip(trainer.waits, ends)]
-  staleness = [s for step in trainer.staleness[warmup:] for s in step]
+  staleness = [s for step in trainer.taken_staleness[warmup:] for s in step]
   # Where in its step each measured version landed (0: at the take, 1: at the next wait): the rest is bookkeeping.
   publish_fraction = [(p - waited) / (end - waited) for (_, waited), end in zip(trainer.waits[warmup:], ends[warmup:])
                       for p in trainer.published_at if waited <= p <= end and end > waited]

@@ -58,11 +58,12 @@ def get_config(arg: str | None = None):
   config.learner.actor.optimizer.learning_rate = 2e-4
   # The actor's advantages bootstrap on the critic over a few turns: a fixed λ = 0.95 per action token (≈ 0.74 per
   # turn of ≈ 6 action tokens; the outcome reaches the search's last guess, ten turns of ≈ 6 action tokens before
-  # the end, at weight 0.95^60 ≈ 0.05). The recipe's length-adaptive λ_b = 1 − 1/(1.5·l_b) is ≈ 0.994 here: Monte-Carlo returns minus a
-  # baseline, where the critic only reduces variance. With bootstrapping a guess's credit is the change of value it
-  # caused (the slack it cost), which only a critic that reads the slack can give; a frozen critic leaves the search
-  # without credit. At λ = 0.97 on plans whose rounds all have sizes 8..15 the frozen critic learned as fast as SAO
-  # on seed 0 (docs/results.md): every round asks for the same skill, which the late turns' credit teaches everywhere.
+  # the end, at weight 0.95^60 ≈ 0.05). The recipe's length-adaptive λ_b = 1 − 1/(1.5·l_b) is ≈ 0.994 here:
+  # Monte-Carlo returns minus a baseline, where the critic only reduces variance. With bootstrapping a guess's credit
+  # is the change of value it caused (the slack it cost), which only a critic that reads the slack can give; a frozen
+  # critic leaves the search without credit. At λ = 0.97 on plans whose rounds all have sizes 8..15 the frozen
+  # critic learned as fast as SAO on seed 0 (docs/results.md): every round asks for the same skill, which the late
+  # turns' credit teaches everywhere.
   config.learner.sao.lambda_policy = 0.95
   # The critic must read the slack from the last observation: with its token mixers frozen at the policy's (the
   # number-search toy's setting) its explained variance stayed at 0.00 ± 0.005 for 30 updates (values std 0.02: the
