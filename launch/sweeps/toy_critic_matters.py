@@ -1,5 +1,5 @@
 r"""Does the critic matter? SAO on `search_chain` (`sao_search_chain.py:toy`) against the same run with its critic
-frozen at initialisation (issue 48, item 1), 3 seeds per arm.
+frozen at initialisation (issue 48, item 1), 5 seeds per arm (seeds 0–2 are also `toy_chain_offpolicy`'s reference).
 
 The frozen arm sets the critic's learning rate to 0: value pretraining and every critic epoch then leave it as the
 trainer built it (the policy backbone with a fresh value head), so the actor's GAE advantages bootstrap on values
@@ -13,7 +13,7 @@ evaluations, and the re-measured final policy) and the difference, seed by seed,
 """
 from launch import sweep as s
 
-SEEDS = (0, 1, 2)
+SEEDS = (0, 1, 2, 3, 4)
 CONFIG = "experiments/configs/sao_search_chain.py:toy"
 REFERENCE = "sao"
 
