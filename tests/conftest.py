@@ -29,6 +29,7 @@ jax.config.update("jax_threefry_partitionable", True)
 # `xdist_group` marker works by rewriting node ids, which pytest 9.2 no longer lets it do (pytest-xdist issue 1386):
 # the marked tests were silently spread over both workers.
 MULTIPROCESS_TESTS = ("tests/e2e/", "tests/train/test_multihost_learner.py", "tests/train/test_coordination.py",
+                      "tests/train/test_cpu_cache_keys.py",
                       "tests/train/test_multihost_export.py", "tests/train/test_multihost_offpolicy.py")
 MULTIPROCESS_GROUP = "multiprocess"
 

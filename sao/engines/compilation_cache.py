@@ -15,7 +15,9 @@ The run config's `compilation_cache_dir` names the directory (`default_dir()`: `
 JAX writes entries from process 0 only and every process reads them (`jax._src.compiler._cache_write`), so the
 processes of a job share one directory: on a pod, a directory every host sees (a bucket) serves every host; a
 host-local one serves process 0 (a directory per process would leave every other process's empty forever). On CPU
-the executables of different processes have different keys: there only process 0 ever hits.
+JAX's keys differ from process to process of one job (XLA:CPU's topology fingerprint is each process's own), so
+only process 0 would ever hit: `share_cpu_keys_across_processes` (called when a CPU job starts) keys CPU programs by
+the job's devices instead.
 
 Each directory is bounded (`compilation_cache_max_gb`): JAX then evicts the least recently used entries and takes a
 file lock around each read and write, so runs that share a directory at the same time do not read half-written
@@ -23,6 +25,7 @@ entries.
 """
 from __future__ import annotations
 
+import logging
 import os
 
 _GB = 1 << 30
@@ -78,3 +81,37 @@ def enable(path: str, max_gb: float, min_compile_time_s: float, gpu_kernel_cache
   jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_time_s))
   jax.config.update("jax_persistent_cache_enable_xla_caches",
                     "all" if gpu_kernel_cache else "xla_gpu_per_fusion_autotune_cache_dir")
+
+
+def share_cpu_keys_across_processes() -> bool:
+  """Gives a CPU job's processes one cache key per program, so every process reads the executables process 0 wrote
+  (a restarted job, the next job on the same directory). Returns whether the keys are now shared.
+
+  JAX hashes the program's devices by their topology fingerprint (`jax._src.cache_key._hash_accelerator_config`),
+  and XLA:CPU's fingerprint differs between the processes of one job (their keys differed in exactly that part:
+  `tests/train/test_cpu_cache_keys.py`). For programs whose devices are all CPU devices this hashes, instead, what
+  every process of the job sees alike: each device's platform, kind, global id and process index, in the program's
+  device order — a different device set or order is a different key. Other platforms keep JAX's hash (a TPU or GPU
+  fingerprint is already the job's). Private JAX API: where it is missing this logs a warning, returns False and
+  changes nothing (the job then compiles on every process but process 0, as before). Idempotent."""
+  from jax._src import cache_key  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  original = getattr(cache_key, "_hash_accelerator_config", None)
+  if original is None:
+    logging.warning("compilation cache: jax._src.cache_key._hash_accelerator_config is gone; CPU processes other "
+                    "than 0 will not hit the persistent cache")
+    return False
+  if getattr(original, "sao_job_keys", False):
+    return True
+
+  def hash_devices(hash_obj, accelerators) -> None:
+    devices = list(accelerators.flat)
+    if not devices or any(d.platform != "cpu" for d in devices):
+      original(hash_obj, accelerators)
+      return
+    for d in devices:
+      hash_obj.update(f"{d.platform}:{d.device_kind}:{d.id}:{d.process_index};".encode())
+
+  hash_devices.sao_job_keys = True
+  hash_devices.jax_hash = original  # JAX's own, for the test that shows the keys differed
+  cache_key._hash_accelerator_config = hash_devices  # pylint: disable=protected-access
+  return True

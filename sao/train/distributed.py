@@ -22,6 +22,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 from jax.sharding import Sharding
 
+from sao.engines import compilation_cache
 from sao.train import mesh_jit
 
 _barrier_counter = itertools.count()
@@ -54,6 +55,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   # collectives in flight at once can deadlock the job (sao.train.mesh_jit). One program at a time per process.
   if cpu_job and num_processes > 1:
     mesh_jit.serialize_executions("cpu")  # decided at the first program, once the backend exists
+    # Process 0's cached executables serve every process (JAX's own CPU keys differ per process).
+    compilation_cache.share_cpu_keys_across_processes()
   # From the arguments only: asking JAX for its devices here would create its backends, and XLA:CPU's thread pools
   # would be sized before `sao.engines.xla_cpu_threads.limit` (which the trainer calls next) could size them.
   logging.info("distributed: joined as process %s of %s (coordinator %s)", process_id, num_processes,
