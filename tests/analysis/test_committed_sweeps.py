@@ -93,14 +93,15 @@ def test_the_folders_readme_lists_every_committed_sweep_with_its_run_count():
 
 
 def test_toy_critic_matters_tables():
-  """Issue 48's search_chain sweep, all 6 runs (docs/results.md)."""
+  """Issue 48's search_chain sweep, all 10 runs (docs/results.md)."""
   text = _report("toy_critic_matters")
-  assert "code version 0d50ef949b78ce0fa23de083909da25456e4c33a" in text
-  assert "6 runs started: 6 complete, 0 incomplete" in text
-  assert "| frozen_critic | critic frozen at initialisation (learning rate 0) | 3/3 | 3.2 [-4.8, 11.2] | — | " \
-      "-5.4 [-19.8, 9.0] (paired t, n=3) |" in text
-  assert "| sao-seed2 | sao | 2 | complete | 99 / 99 | 5.9 → 7.8 | — |  |" in text
-  assert "| frozen_critic-seed1 | frozen_critic | 1 | complete | 99 / 99 | 8.6 → 2.3 | — |  |" in text
-  assert "| sao-seed0 | sao | 0 | complete | 99 / 99 | 9.0 → 12.5 | — |  |" in text
-  assert "| frozen_critic-seed0 | frozen_critic | 0 | complete | 99 / 99 | 6.2 → 0.5 | — |  |" in text
-  assert "| sao-seed1 | sao | 1 | complete | 99 / 99 | 7.0 → 5.5 | — |  |" in text
+  assert "code version dd9b84cbb887192cbfe4d714db2e872ca5c2ddac" in text
+  assert "10 runs started: 10 complete, 0 incomplete" in text
+  assert "| sao | the stabilized recipe | 5/5 | 48.3 [40.5, 56.2] |" in text
+  assert "| frozen_critic | critic frozen at initialisation (learning rate 0) | 5/5 | 32.6 [13.4, 51.7] | — | " \
+      "-15.8 [-34.7, 3.1] (paired t, n=5) |" in text
+  for row in ("| sao-seed0 | sao | 0 | complete | 99 / 99 | 45.3 → 47.7 | — |  |",
+              "| frozen_critic-seed0 | frozen_critic | 0 | complete | 99 / 99 | 44.1 → 5.5 | — |  |",
+              "| sao-seed4 | sao | 4 | complete | 99 / 99 | 46.5 → 46.9 | — |  |",
+              "| frozen_critic-seed4 | frozen_critic | 4 | complete | 99 / 99 | 41.8 → 37.5 | — |  |"):
+    assert row in text, row
