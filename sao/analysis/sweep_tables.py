@@ -6,7 +6,8 @@
                       arm with intervals
   kind "concurrency"  per algorithm × agent loops: wall time to the threshold, trainer busy fraction, staleness,
                       seconds per RL step; the speed-up from the fewest to the most loops against linear scaling
-  kind "ablations"    per factor: final validation and its difference from the reference arm with intervals
+  kind "ablations"    per factor: final validation and its difference from the reference arm with intervals, and
+                      what the factor costs or saves in time (seconds per RL step, mean staleness)
 
 Cells are `mean [95 % interval]` over an arm's complete runs (`sao.analysis.stats`: t-interval on seeds;
 differences paired by seed, Welch when seed sets differ). Every started run is accounted for: the runs table at the
@@ -159,10 +160,12 @@ def ablation_tables(runs: Sequence[SweepRun], analysis: Mapping[str, Any], m: Ma
         continue
       iv = stats.difference_interval(_arm_values(rs, key, m), _arm_values(arms.get(reference, []), key, m))
       row.append(_difference_cell(iv, 1))
-    rows.append(row + [_cell(rs, "best", m), _cell(rs, "ev", m, 3)])
+    rows.append(row + [_cell(rs, "best", m), _cell(rs, "ev", m, 3), _cell(rs, "step_s", m, 2),
+                       _cell(rs, "staleness", m, 2)])
   return [f"### One-factor ablations vs `{reference}` (final validation %)", markdown_table(
       ["arm", "change", "complete/started", "in-run last-3 mean", "re-measured validation",
-       f"Δ last-3 vs {reference}", f"Δ re-measured vs {reference}", "in-run best", f"critic EV last {window}"], rows)]
+       f"Δ last-3 vs {reference}", f"Δ re-measured vs {reference}", "in-run best", f"critic EV last {window}",
+       "s per RL step", "staleness"], rows)]
 
 
 KINDS: dict[str, Callable[..., list[str]]] = {"algorithms": algorithms_tables, "concurrency": concurrency_tables,
