@@ -18,7 +18,7 @@ here is per chip. For each top-level instruction (those the entry computation ru
   collective-permute, over a group of n chips (`replica_groups`); the ICI ring bandwidth is
   `tpu_topology.Chip.ici_ring_bytes_per_second` (a bidirectional ring over one torus axis: two links per chip).
   Nothing overlaps: the program's time is the sum, an upper bound of a schedule that hides collectives and copies
-  behind compute. `max(Σ flops / peak, Σ bytes / bandwidth)` (XLA's whole-program roofline, what
+  behind compute (`sao.aot.hlo_overlap` takes off what the schedule's async collectives hide). `max(Σ flops / peak, Σ bytes / bandwidth)` (XLA's whole-program roofline, what
   `compile_tpu.py` reports when XLA's own time is negative) is the lower bound beside it.
 
 Attribution: `kind` (matmul, elementwise, copy/transpose — data movement: copies, transposes, slices, pads,
@@ -280,8 +280,15 @@ def phase_of(inst: Instruction, part: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------- the walk
-def _price(module: Module, comp: Computation, inst: Instruction, chip: Chip, count: float,
-           unknown: collections.Counter) -> OpCost:
+def is_free(inst: Instruction) -> bool:
+  """True for an instruction that costs nothing of itself (bookkeeping, the done half of an async pair)."""
+  return inst.opcode in FREE or (inst.opcode == "custom-call" and
+                                 (inst.attr("custom_call_target") or "").strip('"') in FREE_CUSTOM_CALLS)
+
+
+def price(module: Module, comp: Computation, inst: Instruction, chip: Chip, count: float,
+          unknown: collections.Counter) -> OpCost:
+  """One priced instruction (not a control-flow one: `_walk` descends into those)."""
   flops, group, detail = 0.0, 0, ""
   if inst.opcode in COLLECTIVES:
     data, seconds, group, detail = collective_cost(inst, comp, chip)
@@ -338,11 +345,10 @@ def _walk(module: Module, comp: Computation, chip: Chip, count: float, out: Brea
       for key in ("calls", "to_apply"):
         for name in inst.called.get(key, []):
           _walk(module, module.computations[name], chip, count, out, unknown)
-    elif op in FREE or (op == "custom-call" and (inst.attr("custom_call_target") or "").strip('"')
-                        in FREE_CUSTOM_CALLS):
+    elif is_free(inst):
       continue
     else:
-      cost = _price(module, comp, inst, chip, count, unknown)
+      cost = price(module, comp, inst, chip, count, unknown)
       cost.shape = ", ".join(f"{leaf.dtype}[{','.join(map(str, leaf.dims))}]" for leaf in inst.shape[:2])
       out.ops.append(cost)
 

@@ -1,0 +1,226 @@
+"""`sao.aot.hlo_overlap`: hand-written scheduled HLO where what the schedule hides is exact arithmetic.
+
+Prices (the chip of tests/aot/test_hlo_cost.py): HBM 1 TB/s, an ICI ring of 1 GB/s, groups of 2 chips. Compute
+`E(k)` is an f32 exponential of 125,000·k elements: 8 bytes an element through HBM, k µs. A collective-permute of
+f32[250·k] is k µs (its operand over the ring), an all-gather-start of f32[250·k] → f32[500·k] k µs ((n−1)/n of
+the result), an all-reduce of f32[250·k] k µs (2(n−1)/n of the operand), a reduce-scatter of f32[500·k] k µs.
+Every case also checks that `serial` is hlo_cost's serial sum, unchanged."""
+from __future__ import annotations
+
+import pytest
+
+from sao.aot import hlo_cost, hlo_overlap, hlo_text
+from sao.aot.tpu_topology import Chip
+
+CHIP = Chip("test", "test", 1 << 30, 1e12, 1e12, "", 6e9, 6)
+US = 1e-6
+TOL = 1e-9  # the loop counter and condition cost ~1e-10 s in all; a wrong rule is off by ≥ 1 µs
+
+SUM = """%sum (sx: f32[], sy: f32[]) -> f32[] {
+  %sx = f32[] parameter(0)
+  %sy = f32[] parameter(1)
+  ROOT %add.s = f32[] add(%sx, %sy)
+}
+
+%wrapped_rs (w0: f32[1000]) -> f32[500] {
+  %w0 = f32[1000]{0} parameter(0)
+  ROOT %rs = f32[500]{0} reduce-scatter(%w0), channel_id=9, replica_groups={{0,1}}, dimensions={0}, to_apply=%sum
+}
+"""
+
+
+class Program:
+  """Straight-line HLO written as a list of steps; each step knows its own inputs (parameters of the entry)."""
+
+  def __init__(self):
+    self.params: dict[str, str] = {}
+    self.lines: list[str] = []
+    self.n = 0
+
+  def _param(self, elements: int) -> str:
+    name = f"x{elements}"
+    self.params.setdefault(name, f"f32[{elements}]")
+    return name
+
+  def _name(self, stem: str) -> str:
+    self.n += 1
+    return f"{stem}.{self.n}"
+
+  def compute(self, k: float) -> str:
+    x, name = self._param(int(125_000 * k)), self._name("exp")
+    self.lines.append(f"%{name} = f32[{int(125_000 * k)}]{{0}} exponential(%{x})")
+    return name
+
+  def permute_start(self, k: float) -> str:
+    x, name = self._param(int(250 * k)), self._name("cp")
+    shape = f"f32[{int(250 * k)}]{{0}}"
+    self.lines.append(f"%{name} = ({shape}, {shape}, u32[], u32[]) collective-permute-start(%{x}), channel_id=1, "
+                      "source_target_pairs={{0,1},{1,0}}")
+    return name
+
+  def gather_start(self, k: float) -> str:
+    x, name = self._param(int(250 * k)), self._name("ag")
+    self.lines.append(f"%{name} = (f32[{int(250 * k)}]{{0}}, f32[{int(500 * k)}]{{0}}) all-gather-start(%{x}), "
+                      "channel_id=2, replica_groups={{0,1}}, dimensions={0}")
+    return name
+
+  def reduce_scatter_start(self) -> str:  # 2 µs, an async-start wrapping a reduce-scatter
+    x, name = self._param(1000), self._name("rs")
+    self.lines.append(f"%{name} = ((f32[1000]{{0}}), f32[500]{{0}}) async-start(%{x}), calls=%wrapped_rs")
+    return name
+
+  def done(self, start: str) -> None:
+    opcode = {"cp": "collective-permute-done", "ag": "all-gather-done", "rs": "async-done"}[start.split(".")[0]]
+    self.lines.append(f"%{start}.done = f32[1]{{0}} {opcode}(%{start})")
+
+  def all_reduce(self, k: float) -> None:  # synchronous
+    x = self._param(int(250 * k))
+    self.lines.append(f"%{self._name('ar')} = f32[{int(250 * k)}]{{0}} all-reduce(%{x}), channel_id=3, "
+                      "replica_groups={{0,1}}, to_apply=%sum")
+
+  def computation(self, header: str) -> str:
+    params = [f"%{name} = {shape}{{0}} parameter({i})" for i, (name, shape) in enumerate(self.params.items())]
+    body = params + self.lines + ["ROOT %out = () tuple()"]
+    return header + " {\n" + "\n".join("  " + line for line in body) + "\n}\n"
+
+  def module(self) -> str:
+    signature = ", ".join(f"{name}: {shape}" for name, shape in self.params.items())
+    return "HloModule m, is_scheduled=true\n\n" + SUM + "\n" + self.computation(f"ENTRY %main ({signature}) -> ()")
+
+
+def priced(text: str) -> hlo_overlap.Overlap:
+  module = hlo_text.parse_module(text)
+  result = hlo_overlap.overlap(module, CHIP)
+  assert result.serial == pytest.approx(hlo_cost.breakdown(module, CHIP).total(), rel=1e-12)
+  return result
+
+
+def straight(*steps) -> hlo_overlap.Overlap:
+  """`steps`: ("E", k), ("cp", k) / ("ag", k) / ("rs",) starts (named by their order), ("done", i), ("ar", k)."""
+  program, starts = Program(), []
+  for step in steps:
+    if step[0] == "E":
+      program.compute(step[1])
+    elif step[0] == "cp":
+      starts.append(program.permute_start(step[1]))
+    elif step[0] == "ag":
+      starts.append(program.gather_start(step[1]))
+    elif step[0] == "rs":
+      starts.append(program.reduce_scatter_start())
+    elif step[0] == "done":
+      program.done(starts[step[1]])
+    elif step[0] == "ar":
+      program.all_reduce(step[1])
+  return priced(program.module())
+
+
+def test_no_compute_between_hides_nothing():
+  result = straight(("E", 4), ("cp", 2), ("done", 0), ("E", 3))
+  assert result.serial == pytest.approx(9 * US)
+  assert result.hidden_total == 0 and result.overlapped == pytest.approx(9 * US)
+  assert result.async_seconds == {"collective-permute": pytest.approx(2 * US)} and result.async_pairs == 1
+
+
+def test_longer_compute_hides_all_of_it():
+  result = straight(("cp", 2), ("E", 3), ("done", 0))
+  assert result.hidden == {"collective-permute": pytest.approx(2 * US)}
+  assert result.overlapped == pytest.approx(3 * US) and result.spare == pytest.approx(1 * US)
+
+
+def test_shorter_compute_hides_part_and_compute_before_the_start_none():
+  result = straight(("E", 5), ("cp", 2), ("E", 1), ("done", 0))
+  assert result.hidden_total == pytest.approx(1 * US) and result.overlapped == pytest.approx(7 * US)
+
+
+def test_two_collectives_over_one_compute_region_count_it_once():
+  # 1 µs all-gather and 2 µs permute in flight over 2 µs of compute: 2 µs hidden, not 3.
+  result = straight(("ag", 1), ("cp", 2), ("E", 2), ("done", 1), ("done", 0))
+  assert result.hidden_total == pytest.approx(2 * US) and result.overlapped == pytest.approx(3 * US)
+  # The earliest done is served first: the permute, which the compute stream waits for first.
+  assert result.hidden == {"collective-permute": pytest.approx(2 * US), "all-gather": 0}
+
+
+def test_earliest_done_first_hides_both_where_first_started_first_would_not():
+  # A starts, B starts, 1 µs, B done, 1 µs, A done: B takes the first µs, A the second (2 µs hidden); giving the
+  # first µs to A (started first) would leave B exposed and the second µs unused.
+  result = straight(("cp", 1), ("ag", 1), ("E", 1), ("done", 1), ("E", 1), ("done", 0))
+  assert result.hidden == {"collective-permute": pytest.approx(1 * US), "all-gather": pytest.approx(1 * US)}
+
+
+def test_synchronous_collectives_are_never_hidden_and_hide_nothing():
+  result = straight(("E", 3), ("ar", 1))  # compute before it does not matter
+  assert result.hidden_total == 0 and result.overlapped == pytest.approx(4 * US)
+  assert result.sync_seconds == {"all-reduce": pytest.approx(1 * US)}
+  # A synchronous all-reduce inside a permute's window is no compute: the permute stays exposed.
+  result = straight(("cp", 2), ("ar", 3), ("done", 0))
+  assert result.hidden_total == 0 and result.overlapped == pytest.approx(5 * US)
+
+
+def test_async_start_wrapping_a_reduce_scatter():
+  result = straight(("rs",), ("E", 1), ("done", 0))  # 2 µs in flight over 1 µs
+  assert result.async_seconds == {"reduce-scatter": pytest.approx(2 * US)} and not result.sync_seconds
+  assert result.hidden == {"reduce-scatter": pytest.approx(1 * US)} and result.overlapped == pytest.approx(2 * US)
+
+
+def test_a_start_with_no_done_here_is_hidden_by_what_follows_only():
+  program = Program()
+  program.compute(3)
+  program.permute_start(2)
+  program.compute(1)
+  result = priced(program.module())
+  assert result.hidden_total == pytest.approx(1 * US)
+
+
+# A loop of 5 trips whose counter and condition are priced too (scalars: ~1e-11 s each, within TOL).
+def loop_module(body: Program, outer: Program, loop_at: int) -> str:
+  """`outer`'s steps with a 5-trip while over `body`'s steps inserted after its `loop_at` first steps."""
+  body_params = list(body.params.items())
+  state = "(s32[]" + "".join(f", {shape}{{0}}" for _, shape in body_params) + ")"
+  gtes = [f"%{name} = {shape}{{0}} get-tuple-element(%p), index={i + 1}" for i, (name, shape) in
+          enumerate(body_params)]
+  body_lines = ([f"%p = {state} parameter(0)", "%i = s32[] get-tuple-element(%p), index=0", "%one = s32[] constant(1)",
+                 "%next = s32[] add(%i, %one)"] + gtes + body.lines +
+                [f"ROOT %t = {state} tuple(%next" + "".join(f", %{n}" for n, _ in body_params) + ")"])
+  cond_lines = [f"%q = {state} parameter(0)", "%j = s32[] get-tuple-element(%q), index=0",
+                "%n = s32[] constant(5)", "ROOT %lt = pred[] compare(%j, %n), direction=LT"]
+  for name, shape in body_params:
+    outer.params.setdefault(name, shape)
+  loop = ["%zero = s32[] constant(0)",
+          f"%init = {state} tuple(%zero" + "".join(f", %{n}" for n, _ in body_params) + ")",
+          f"%loop = {state} while(%init), condition=%cond, body=%body"]
+  outer.lines[loop_at:loop_at] = loop
+  text = outer.module()
+  block = lambda name, lines: f"%{name} (a: {state}) -> {state if name == 'body' else 'pred[]'} {{\n" + \
+      "\n".join("  " + line for line in lines) + "\n}\n\n"
+  return text.replace(SUM, SUM + "\n" + block("body", body_lines) + block("cond", cond_lines))
+
+
+def test_while_body_multiplied_by_its_trip_count():
+  body = Program()
+  start = body.permute_start(2)
+  body.compute(1)
+  body.done(start)
+  body.compute(1)
+  result = priced(loop_module(body, Program(), 0))
+  assert result.async_pairs == 5 and result.hidden_total == pytest.approx(5 * US, abs=TOL)
+  assert result.serial == pytest.approx(20 * US, abs=TOL) and result.overlapped == pytest.approx(15 * US, abs=TOL)
+
+
+def test_loop_inside_a_window_offers_only_the_compute_its_own_collectives_left():
+  body = Program()
+  body.compute(1)
+  outer = Program()
+  start = outer.permute_start(3)
+  outer.done(start)
+  result = priced(loop_module(body, outer, 1))  # start; loop of 5 × 1 µs; done
+  assert result.hidden_total == pytest.approx(3 * US, abs=TOL)
+  busy = Program()  # each trip's 1 µs already hides the trip's own 1 µs permute: nothing is left for the outer one
+  inner = busy.permute_start(1)
+  busy.compute(1)
+  busy.done(inner)
+  outer = Program()
+  start = outer.permute_start(3)
+  outer.done(start)
+  result = priced(loop_module(busy, outer, 1))
+  assert result.hidden_total == pytest.approx(5 * US, abs=TOL)  # the inner five, none of the outer
+  assert result.overlapped == pytest.approx(8 * US, abs=TOL)
