@@ -18,8 +18,9 @@ here is per chip. For each top-level instruction (those the entry computation ru
   collective-permute, over a group of n chips (`replica_groups`); the ICI ring bandwidth is
   `tpu_topology.Chip.ici_ring_bytes_per_second` (a bidirectional ring over one torus axis: two links per chip).
   Nothing overlaps: the program's time is the sum, an upper bound of a schedule that hides collectives and copies
-  behind compute (`sao.aot.hlo_overlap` takes off what the schedule's async collectives hide). `max(Σ flops / peak, Σ bytes / bandwidth)` (XLA's whole-program roofline, what
-  `compile_tpu.py` reports when XLA's own time is negative) is the lower bound beside it.
+  behind compute (`sao.aot.hlo_overlap` takes off what the schedule's async collectives hide).
+  `max(Σ flops / peak, Σ bytes / bandwidth)` (XLA's whole-program roofline, what `compile_tpu.py` reports when XLA's
+  own time is negative) is the lower bound beside it.
 
 Attribution: `kind` (matmul, elementwise, copy/transpose — data movement: copies, transposes, slices, pads,
 concatenations, in-place updates —, collective, custom-call, other — gather, scatter, sort, reduce-window …),

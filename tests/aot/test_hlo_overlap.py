@@ -224,3 +224,25 @@ def test_loop_inside_a_window_offers_only_the_compute_its_own_collectives_left()
   result = priced(loop_module(busy, outer, 1))
   assert result.hidden_total == pytest.approx(5 * US, abs=TOL)  # the inner five, none of the outer
   assert result.overlapped == pytest.approx(8 * US, abs=TOL)
+
+
+def test_breakdown_prints_the_schedule_aware_column():
+  from experiments.bench import hlo_breakdown  # pylint: disable=g-import-not-at-top
+  slow = Chip("slow", "slow", 1 << 30, 1e12, 1e6, "", 6e3, 6)  # CHIP a million times slower: µs become s
+  program = Program()
+  start = program.permute_start(2)
+  program.compute(1)
+  program.done(start)
+  program.all_reduce(3)
+  module = hlo_text.parse_module(program.module())
+  result, overlap = hlo_cost.breakdown(module, slow), hlo_overlap.overlap(module, slow)
+  text = hlo_breakdown.format_breakdown(result, slow, 1, 0.0, None, top=3, overlap=overlap)
+  lines = text.splitlines()
+  serial = next(i for i, line in enumerate(lines) if "time, Σ instructions" in line)
+  assert lines[serial].split()[3] == "6.000"
+  assert lines[serial + 1].split()[:4] == ["time,", "schedule-aware", "5.000", "s"]
+  assert "less 1.000 s" in lines[serial + 1]
+  table = text.split("\ncollectives ")[1].splitlines()
+  assert table[1].split() == ["all-reduce", "0.0000", "0.0000", "0.0000", "3.0000"]
+  assert table[2].split() == ["collective-permute", "2.0000", "1.0000", "1.0000", "0.0000"]
+  assert table[3].split() == ["all", "2.0000", "1.0000", "1.0000", "3.0000"]
