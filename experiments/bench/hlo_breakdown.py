@@ -78,8 +78,8 @@ def overlap_table(overlap) -> list[str]:
   """Seconds of collectives by kind: async (hidden / exposed by the schedule) and synchronous."""
   kinds = sorted(set(overlap.async_seconds) | set(overlap.sync_seconds),
                  key=lambda k: -(overlap.async_seconds.get(k, 0) + overlap.sync_seconds.get(k, 0)))
-  row = lambda name, run, hidden, sync: f"  {name:<20}{run:>10.4f}{hidden:>10.4f}{run - hidden:>10.4f}{sync:>10.4f}"
-  lines = [f"{'collectives':<22}{'async s':>10}{'hidden s':>10}{'exposed s':>10}{'sync s':>10}"]
+  row = lambda name, run, hidden, sync: f"  {name:<22}{run:>10.4f}{hidden:>10.4f}{run - hidden:>10.4f}{sync:>10.4f}"
+  lines = [f"{'collectives':<24}{'async s':>10}{'hidden s':>10}{'exposed s':>10}{'sync s':>10}"]
   lines += [row(k, overlap.async_seconds.get(k, 0.0), overlap.hidden.get(k, 0.0), overlap.sync_seconds.get(k, 0.0))
             for k in kinds]
   lines.append(row("all", sum(overlap.async_seconds.values()), overlap.hidden_total,
