@@ -15,7 +15,8 @@ here is per chip. For each top-level instruction (those the entry computation ru
 - Seconds: compute work `max(flops / peak bf16 FLOP/s, bytes / HBM bandwidth)` (`compute` or `memory` bound by the
   larger); a collective `ring factor · bytes / ICI ring bandwidth` (`ici` bound), the ring factor `(n−1)/n` for an
   all-gather (of its result), reduce-scatter and all-to-all (of the operand), `2(n−1)/n` for an all-reduce, 1 for a
-  collective-permute, over a group of n chips (`replica_groups`); the ICI ring bandwidth is
+  collective-permute, over a group of n chips (`replica_groups`; the TPU's async collective fusion is priced at its
+  start as the collective it holds, its done is free); the ICI ring bandwidth is
   `tpu_topology.Chip.ici_ring_bytes_per_second` (a bidirectional ring over one torus axis: two links per chip).
   Nothing overlaps: the program's time is the sum, an upper bound of a schedule that hides collectives and copies
   behind compute (`sao.aot.hlo_overlap` takes off what the schedule's async collectives hide).
@@ -238,6 +239,21 @@ def collective_cost(inst: Instruction, comp: Computation, chip: Chip) -> tuple[f
   return data, factor * data / chip.ici_ring_bytes_per_second, n, kind
 
 
+def async_collective_fusion(module: Module, inst: Instruction) -> tuple[str, Instruction] | None:
+  """("start" | "done", the collective) of the TPU's async collective fusion pair (`--xla_tpu_enable_async_collective_
+  fusion`): a fusion whose root is the custom call `AsyncCollectiveStart` / `AsyncCollectiveDone` over the collective;
+  the fusions between them that hold the same collective (its channel) are compute that carries it along. None for
+  any other instruction."""
+  if inst.opcode != "fusion":
+    return None
+  fused = module.computations[inst.called["calls"][0]]
+  target = custom_call_target(fused.root) if fused.root.opcode == "custom-call" else ""
+  if target not in ("AsyncCollectiveStart", "AsyncCollectiveDone"):
+    return None
+  collective = next((i for i in fused.instructions if i.opcode in COLLECTIVES), None)
+  return ("start" if target == "AsyncCollectiveStart" else "done", collective) if collective else None
+
+
 # --------------------------------------------------------------------------------------------- attribution
 def fusion_kind(module: Module, fused: Computation) -> str:
   opcodes = set()
@@ -296,6 +312,13 @@ def price(module: Module, comp: Computation, inst: Instruction, chip: Chip, coun
     part = model_part(module, inst)
     return OpCost(inst.name, inst.opcode, "collective", part, phase_of(inst, part), inst.op_name, count, 0.0, data,
                   seconds, "ici", group, detail)
+  async_pair = async_collective_fusion(module, inst)
+  if async_pair and async_pair[0] == "start":  # priced as its collective (its done: free, `_walk`)
+    fused = module.computations[inst.called["calls"][0]]
+    data, seconds, group, detail = collective_cost(async_pair[1], fused, chip)
+    part = model_part(module, inst)
+    return OpCost(inst.name, inst.opcode, "collective", part, phase_of(inst, part), inst.op_name, count, 0.0, data,
+                  seconds, "ici", group, detail)
   if inst.opcode == "fusion":
     fused = module.computations[inst.called["calls"][0]]
     flops, data, kind = matmul_flops(module, fused), fusion_bytes(module, inst, comp, fused), fusion_kind(module, fused)
@@ -346,7 +369,7 @@ def _walk(module: Module, comp: Computation, chip: Chip, count: float, out: Brea
       for key in ("calls", "to_apply"):
         for name in inst.called.get(key, []):
           _walk(module, module.computations[name], chip, count, out, unknown)
-    elif is_free(inst):
+    elif is_free(inst) or (async_collective_fusion(module, inst) or ("",))[0] == "done":
       continue
     else:
       cost = price(module, comp, inst, chip, count, unknown)

@@ -7,9 +7,12 @@ Pure parsing and arithmetic (no jax); the same prices as `hlo_cost` (`hlo_cost.p
 An optimized module is scheduled (`is_scheduled=true`): each computation lists its instructions in the order they
 run. An async collective is a pair, `all-gather-start` / `all-reduce-start` / `collective-permute-start` and its
 `…-done`, or an `async-start` whose called computation holds a collective (reduce-scatter, all-to-all, …) and its
-`async-done`; the data moves between the two while the instructions scheduled between them run. Every other
-collective (a plain `all-gather`, `all-reduce`, `all-to-all`, and a fusion that holds one, as the TPU's
-`all-reduce-scatter` fusions) is synchronous: never hidden, and no compute runs during it.
+`async-done`, or the TPU's async collective fusion (`--xla_tpu_enable_async_collective_fusion`: a fusion whose root
+is the custom call `AsyncCollectiveStart`, the compute fusions that carry the collective along, and a fusion rooted
+in `AsyncCollectiveDone`, matched by the collective's channel); the data moves between start and done while the
+instructions scheduled between them run. Every other collective (a plain `all-gather`, `all-reduce`, `all-to-all`,
+and a fusion that holds one, as the TPU's `all-reduce-scatter` fusions) is synchronous: never hidden, and no compute
+runs during it.
 
 The rule, one execution of a computation walked in schedule order, as a machine with one compute stream and one
 interconnect that carries one collective at a time:
@@ -99,6 +102,18 @@ def _collective_kind(module: Module, comp: Computation) -> str:
   return "other"
 
 
+def _channel(collective: Instruction) -> str:
+  return collective.attr("channel_id") or collective.name
+
+
+def _channel_in(module: Module, fusion: Instruction, channels: dict[str, str]) -> bool:
+  """Whether a fusion carries a collective in flight (a continuation fusion of an async collective fusion)."""
+  if not channels:
+    return False
+  fused = module.computations[fusion.called["calls"][0]]
+  return any(_channel(i) in channels for i in fused.instructions if i.opcode in hlo_cost.COLLECTIVES)
+
+
 class _Walker:
   def __init__(self, module: Module, chip: Chip):
     self.module, self.chip = module, chip
@@ -119,6 +134,15 @@ class _Walker:
   def _done_position(self, comp: Computation, start: Instruction, positions: dict[str, int]) -> int:
     dones = [positions[u.name] for u in comp.users.get(start.name, []) if u.opcode.endswith("-done")]
     return min(dones) if dones else len(comp.instructions)
+
+  def _fusion_done_position(self, comp: Computation, start: Instruction, collective: Instruction,
+                            positions: dict[str, int]) -> int:
+    """Where the async collective fusion begun by `start` ends: the next done fusion of its channel."""
+    for inst in comp.instructions[positions[start.name] + 1:]:
+      pair = hlo_cost.async_collective_fusion(self.module, inst)
+      if pair and pair[0] == "done" and _channel(pair[1]) == _channel(collective):
+        return positions[inst.name]
+    return len(comp.instructions)
 
   def _walk(self, comp: Computation) -> Overlap:
     out = Overlap()
@@ -144,9 +168,24 @@ class _Walker:
       out.async_pairs += 1
       in_flight[inst.name] = [seconds, self._done_position(comp, inst, positions), kind, seconds]
 
+    channels: dict[str, str] = {}  # an async collective fusion's channel → its start, while in flight
+
     for inst in comp.instructions:
       op = inst.opcode
-      if op.endswith("-done") and inst.operands and inst.operands[0] in in_flight:
+      pair = hlo_cost.async_collective_fusion(self.module, inst)
+      if pair and pair[0] == "start":
+        cost = hlo_cost.price(self.module, comp, inst, self.chip, 1.0, self.unknown)
+        launch(inst, cost.seconds, cost.detail)
+        channels[_channel(pair[1])] = inst.name
+        in_flight[inst.name][1] = self._fusion_done_position(comp, inst, pair[1], positions)
+      elif pair:  # its done
+        if _channel(pair[1]) in channels:
+          land(channels.pop(_channel(pair[1])))
+      elif op == "fusion" and _channel_in(self.module, inst, channels):
+        seconds = hlo_cost.price(self.module, comp, inst, self.chip, 1.0, self.unknown).seconds
+        out.serial += seconds
+        hide(seconds)  # compute that carries the collective along (a continuation fusion)
+      elif op.endswith("-done") and inst.operands and inst.operands[0] in in_flight:
         land(inst.operands[0])
         if not hlo_cost.is_free(inst):  # e.g. slice-done, which the serial sum prices
           self._leaf(comp, inst, out, hide)

@@ -246,3 +246,66 @@ def test_breakdown_prints_the_schedule_aware_column():
   assert table[1].split() == ["all-reduce", "0.0000", "0.0000", "0.0000", "3.0000"]
   assert table[2].split() == ["collective-permute", "2.0000", "1.0000", "1.0000", "0.0000"]
   assert table[3].split() == ["all", "2.0000", "1.0000", "1.0000", "3.0000"]
+
+
+# The TPU's async collective fusion (`--xla_tpu_enable_async_collective_fusion`), as libtpu 0.0.42.1 writes it: a
+# start fusion rooted in `AsyncCollectiveStart`, a compute fusion that carries the collective (its channel) along,
+# and a done fusion rooted in `AsyncCollectiveDone`. The all-gather f32[250] → f32[500] is 1 µs.
+FUSED_GATHER = """HloModule m, is_scheduled=true
+
+%start_comp (s0: f32[250]) -> (f32[250], f32[500], u32[]) {
+  %s0 = f32[250]{0} parameter(0)
+  %ag.s = f32[500]{0} all-gather(%s0), channel_id=7, replica_groups={{0,1}}, dimensions={0}
+  ROOT %cc.s = (f32[250]{0}, f32[500]{0}, u32[]) custom-call(%ag.s), custom_call_target="AsyncCollectiveStart"
+}
+
+%carry_comp (c0: f32[250], c1: f32[500], c2: u32[], c3: f32[N]) -> (f32[N], f32[250], f32[500], u32[]) {
+  %c0 = f32[250]{0} parameter(0)
+  %c1 = f32[500]{0} parameter(1)
+  %c2 = u32[] parameter(2)
+  %c3 = f32[N]{0} parameter(3)
+  %ag.c = f32[500]{0} all-gather(%c0), channel_id=7, replica_groups={{0,1}}, dimensions={0}
+  %e = f32[N]{0} exponential(%c3)
+  ROOT %t = (f32[N]{0}, f32[250]{0}, f32[500]{0}, u32[]) tuple(%e, %c0, %ag.c, %c2)
+}
+
+%done_comp (d0: f32[250], d1: f32[500], d2: u32[]) -> f32[500] {
+  %d0 = f32[250]{0} parameter(0)
+  %d1 = f32[500]{0} parameter(1)
+  %d2 = u32[] parameter(2)
+  %ag.d = f32[500]{0} all-gather(%d0), channel_id=7, replica_groups={{0,1}}, dimensions={0}
+  ROOT %cc.d = f32[500]{0} custom-call(%d0, %d1, %ag.d, %d2), custom_call_target="AsyncCollectiveDone"
+}
+
+ENTRY %main (x: f32[250], y: f32[N]) -> (f32[500], f32[N]) {
+  %x = f32[250]{0} parameter(0)
+  %y = f32[N]{0} parameter(1)
+  %start = (f32[250]{0}, f32[500]{0}, u32[]) fusion(%x), kind=kCustom, calls=%start_comp
+  %g0 = f32[250]{0} get-tuple-element(%start), index=0
+  %g1 = f32[500]{0} get-tuple-element(%start), index=1
+  %g2 = u32[] get-tuple-element(%start), index=2
+  %carry = (f32[N]{0}, f32[250]{0}, f32[500]{0}, u32[]) fusion(%g0, %g1, %g2, %y), kind=kCustom, calls=%carry_comp
+  %h0 = f32[250]{0} get-tuple-element(%carry), index=1
+  %h1 = f32[500]{0} get-tuple-element(%carry), index=2
+  %h2 = u32[] get-tuple-element(%carry), index=3
+  %done = f32[500]{0} fusion(%h0, %h1, %h2), kind=kCustom, calls=%done_comp
+  %after = f32[N]{0} exponential(%y)
+  ROOT %out = (f32[500]{0}, f32[N]{0}) tuple(%done, %after)
+}
+"""
+
+
+@pytest.mark.parametrize("n", [250_000, 25_000])
+def test_async_collective_fusion(n):
+  module = hlo_text.parse_module(FUSED_GATHER.replace("[N]", f"[{n}]"))
+  ops = {o.name: o for o in hlo_cost.breakdown(module, CHIP).ops}
+  assert set(ops) == {"start", "carry", "after"}  # the done is free
+  assert (ops["start"].kind, ops["start"].detail) == ("collective", "all-gather")
+  assert ops["start"].seconds == pytest.approx(1 * US)
+  # The carrying fusion reads and writes its operands as any fusion: the exponential's and the collective's buffers.
+  carry = (2 * 4 * n + 2 * (1000 + 2000 + 4)) / 1e12
+  assert ops["carry"].seconds == pytest.approx(carry)
+  result = priced(FUSED_GATHER.replace("[N]", f"[{n}]"))
+  assert result.async_seconds == {"all-gather": pytest.approx(1 * US)} and not result.sync_seconds
+  assert result.hidden == {"all-gather": pytest.approx(min(1 * US, carry))}  # 2.006 µs of compute, then 0.206
+  assert result.overlapped == pytest.approx(max(1 * US, carry) + ops["after"].seconds)  # after the done: no help
