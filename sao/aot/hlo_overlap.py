@@ -97,7 +97,7 @@ def _collective_kind(module: Module, comp: Computation) -> str:
   for inst in comp.instructions:
     if inst.opcode in COLLECTIVE_OPCODES:
       return hlo_cost.COLLECTIVES[inst.opcode]
-    if inst.opcode == "fusion":
+    if inst.opcode == "fusion" and _holds_collective(module, module.computations[inst.called["calls"][0]]):
       return _collective_kind(module, module.computations[inst.called["calls"][0]])
   return "other"
 

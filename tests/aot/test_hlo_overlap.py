@@ -309,3 +309,26 @@ def test_async_collective_fusion(n):
   assert result.async_seconds == {"all-gather": pytest.approx(1 * US)} and not result.sync_seconds
   assert result.hidden == {"all-gather": pytest.approx(min(1 * US, carry))}  # 2.006 µs of compute, then 0.206
   assert result.overlapped == pytest.approx(max(1 * US, carry) + ops["after"].seconds)  # after the done: no help
+
+
+def test_a_fusion_holding_a_synchronous_collective_hides_nothing():
+  """The TPU's all-reduce-scatter fusion (an all-reduce and its slice, fused) inside a permute's window: synchronous,
+  so the permute stays exposed, and the fusion is named by what it does."""
+  program = Program()
+  start = program.permute_start(1)
+  x = program._param(1000)  # pylint: disable=protected-access
+  program.lines.append(f"%ars = f32[500]{{0}} fusion(%{x}), kind=kCustom, calls=%all_reduce_scatter")
+  program.done(start)
+  text = program.module().replace(SUM, SUM + """
+%all_reduce_scatter (r0: f32[1000]) -> f32[500] {
+  %r0 = f32[1000]{0} parameter(0)
+  %inner = f32[1000]{0} bitcast(%r0)
+  %ar = f32[1000]{0} all-reduce(%inner), channel_id=5, replica_groups={{0,1}}, to_apply=%sum
+  %zero = s32[] constant(0)
+  %offset = s32[] partition-id()
+  ROOT %rs = f32[500]{0} dynamic-slice(%ar, %offset), dynamic_slice_sizes={500}
+}
+""")
+  result = priced(text)
+  assert result.hidden_total == 0 and list(result.sync_seconds) == ["reduce-scatter fusion"]
+  assert result.overlapped == pytest.approx(result.serial)
