@@ -36,6 +36,7 @@ import math
 import re
 from typing import TYPE_CHECKING
 
+from sao.aot.hlo_async import async_collective_fusion, carried_state
 from sao.aot.hlo_flops import (conv_flops, custom_call_flops, custom_call_target, dot_flops, kernel_name,
                                matmul_flops)
 from sao.aot.hlo_text import Computation, Instruction, Module, read_module, trip_count
@@ -146,7 +147,10 @@ def fusion_bytes(module: Module, inst: Instruction, comp: Computation, fused: Co
   written = 0.0
   roots = [_source(fused, n) for n in fused.root.operands] if fused.root.opcode == "tuple" else \
       [_source(fused, fused.root.name)]
-  for root, leaf in zip(roots, inst.shape):
+  carried_params, carried_results = carried_state(fused)  # an async collective's state: priced on ICI at its start
+  for i, (root, leaf) in enumerate(zip(roots, inst.shape)):
+    if i in carried_results:
+      continue
     if root.opcode == "dynamic-update-slice" and _source(fused, root.operands[0]).opcode == "parameter":
       in_place.add(_source(fused, root.operands[0]).name)
       written += _hbm(fused.by_name[root.operands[1]].shape) if leaf.memory_space == 0 else 0.0
@@ -155,7 +159,7 @@ def fusion_bytes(module: Module, inst: Instruction, comp: Computation, fused: Co
   read = 0.0
   for i, operand in enumerate(inst.operands):
     param = fused.parameter(i)
-    if param.name in in_place:
+    if param.name in in_place or param.name in carried_params:
       continue
     whole = _hbm(comp.by_name[operand].shape)
     sliced = _sliced_bytes(module, fused, param.name) if whole else None
@@ -237,21 +241,6 @@ def collective_cost(inst: Instruction, comp: Computation, chip: Chip) -> tuple[f
   else:  # reduce-scatter, all-to-all
     data, factor = operand_bytes, (n - 1) / n
   return data, factor * data / chip.ici_ring_bytes_per_second, n, kind
-
-
-def async_collective_fusion(module: Module, inst: Instruction) -> tuple[str, Instruction] | None:
-  """("start" | "done", the collective) of the TPU's async collective fusion pair (`--xla_tpu_enable_async_collective_
-  fusion`): a fusion whose root is the custom call `AsyncCollectiveStart` / `AsyncCollectiveDone` over the collective;
-  the fusions between them that hold the same collective (its channel) are compute that carries it along. None for
-  any other instruction."""
-  if inst.opcode != "fusion":
-    return None
-  fused = module.computations[inst.called["calls"][0]]
-  target = custom_call_target(fused.root) if fused.root.opcode == "custom-call" else ""
-  if target not in ("AsyncCollectiveStart", "AsyncCollectiveDone"):
-    return None
-  collective = next((i for i in fused.instructions if i.opcode in COLLECTIVES), None)
-  return ("start" if target == "AsyncCollectiveStart" else "done", collective) if collective else None
 
 
 # --------------------------------------------------------------------------------------------- attribution

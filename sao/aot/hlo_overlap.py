@@ -40,6 +40,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from sao.aot import hlo_cost
+from sao.aot.hlo_async import async_collective_fusion, channel as _channel
 from sao.aot.hlo_text import Computation, Instruction, Module, read_module, trip_count
 
 if TYPE_CHECKING:
@@ -102,11 +103,7 @@ def _collective_kind(module: Module, comp: Computation) -> str:
   return "other"
 
 
-def _channel(collective: Instruction) -> str:
-  return collective.attr("channel_id") or collective.name
-
-
-def _channel_in(module: Module, fusion: Instruction, channels: dict[str, str]) -> bool:
+def _channel_in(module: Module, fusion: Instruction, channels) -> bool:
   """Whether a fusion carries a collective in flight (a continuation fusion of an async collective fusion)."""
   if not channels:
     return False
@@ -120,6 +117,10 @@ class _Walker:
     self.memo: dict[str, Overlap] = {}
     self.unknown = collections.Counter()  # custom calls with no FLOP model (hlo_cost lists them)
     self.holds: dict[str, bool] = {}  # fused computation → holds a collective
+    # The channels of every async collective fusion: a fusion that holds one of them carries it (compute), wherever
+    # its start is (an outer computation's start is hidden by a loop body's carrying fusions).
+    self.async_channels = {_channel(pair[1]) for comp in module.computations.values() for inst in comp.instructions
+                           if (pair := async_collective_fusion(module, inst)) and pair[0] == "start"}
 
   def holds_collective(self, name: str) -> bool:
     if name not in self.holds:
@@ -139,7 +140,7 @@ class _Walker:
                             positions: dict[str, int]) -> int:
     """Where the async collective fusion begun by `start` ends: the next done fusion of its channel."""
     for inst in comp.instructions[positions[start.name] + 1:]:
-      pair = hlo_cost.async_collective_fusion(self.module, inst)
+      pair = async_collective_fusion(self.module, inst)
       if pair and pair[0] == "done" and _channel(pair[1]) == _channel(collective):
         return positions[inst.name]
     return len(comp.instructions)
@@ -172,7 +173,7 @@ class _Walker:
 
     for inst in comp.instructions:
       op = inst.opcode
-      pair = hlo_cost.async_collective_fusion(self.module, inst)
+      pair = async_collective_fusion(self.module, inst)
       if pair and pair[0] == "start":
         cost = hlo_cost.price(self.module, comp, inst, self.chip, 1.0, self.unknown)
         launch(inst, cost.seconds, cost.detail)
@@ -226,7 +227,8 @@ class _Walker:
     out.serial += cost.seconds
     if cost.kind == "collective":
       out.sync_seconds[cost.detail] += cost.seconds
-    elif inst.opcode == "fusion" and self.holds_collective(inst.called["calls"][0]):
+    elif inst.opcode == "fusion" and self.holds_collective(inst.called["calls"][0]) and \
+        not _channel_in(self.module, inst, self.async_channels):
       # A collective fusion (the TPU's all-reduce-scatter): hlo_cost prices it by its HBM bytes; it runs
       # synchronously on the links, so it hides nothing.
       fused = self.module.computations[inst.called["calls"][0]]
