@@ -20,4 +20,6 @@ repository first on `sys.path`, so it runs this checkout's `sao` without `pip in
   compile_layer      one token-mixer block's forward + backward compiled for a TPU topology
   moe_layer_memory   per-chip memory of one routed MoE block compiled for a TPU topology
   hlo_breakdown      a compiled program's optimized HLO priced per instruction kind, model part, phase and bound
+  async_collectives_toy  a small sharded program compiled with and without XLA's async collective flags, priced
+                     serial and schedule-aware (`sao.aot.hlo_overlap`)
 """

@@ -2,6 +2,8 @@ r"""Where XLA's kind of estimate of a compiled program spends its time: every ex
 optimized HLO (`compile_tpu.py --hlo_dir` writes it) priced by the chip's roofline, loops multiplied out, by kind,
 model part, phase and bound (`sao.aot.hlo_cost`), with the most expensive instructions and their jax op names.
 `s at peak` is the time the group's matmul FLOPs would take at the chip's peak: what a perfect kernel would leave.
+`time, schedule-aware` is that serial sum less the async collectives' time the compute scheduled between each start
+and done hides (`sao.aot.hlo_overlap`), with the collectives' seconds by kind, async and synchronous.
 
     python experiments/bench/hlo_breakdown.py --hlo=reports/hlo/sao_full_v5p128/actor_step_dis_T32768.hlo.txt.gz \
         --chip=v5p --chips=128 --report=reports/sao_full_v5p128.json --top=30
@@ -66,7 +68,30 @@ def short_op_name(op_name: str, width: int = 110) -> str:
   return name if len(name) <= width else "…" + name[-(width - 1):]
 
 
-def format_breakdown(result, chip, chips: int, model_flops: float, row: dict | None, top: int) -> str:
+def overlap_headline(overlap, mfu) -> str:
+  """The schedule-aware estimate (`sao.aot.hlo_overlap`): the serial sum less what the schedule hides."""
+  return (f"  time, schedule-aware  {overlap.overlapped:12.3f} s      MFU {mfu(overlap.overlapped)}   (Σ less "
+          f"{overlap.hidden_total:.3f} s of async collectives run under the compute between start and done)")
+
+
+def overlap_table(overlap) -> list[str]:
+  """Seconds of collectives by kind: async (hidden / exposed by the schedule) and synchronous."""
+  kinds = sorted(set(overlap.async_seconds) | set(overlap.sync_seconds),
+                 key=lambda k: -(overlap.async_seconds.get(k, 0) + overlap.sync_seconds.get(k, 0)))
+  row = lambda name, run, hidden, sync: f"  {name:<22}{run:>10.4f}{hidden:>10.4f}{run - hidden:>10.4f}{sync:>10.4f}"
+  lines = [f"{'collectives':<24}{'async s':>10}{'hidden s':>10}{'exposed s':>10}{'sync s':>10}"]
+  lines += [row(k, overlap.async_seconds.get(k, 0.0), overlap.hidden.get(k, 0.0), overlap.sync_seconds.get(k, 0.0))
+            for k in kinds]
+  lines.append(row("all", sum(overlap.async_seconds.values()), overlap.hidden_total,
+                   sum(overlap.sync_seconds.values())))
+  lines.append(f"  async collectives executed {overlap.async_pairs:.0f}; compute that hid nothing "
+               f"{overlap.spare:.3f} s. A `… fusion` row is a collective fused with its slicing: priced by its HBM "
+               "bytes in the serial sum, synchronous here.")
+  return lines
+
+
+def format_breakdown(result, chip, chips: int, model_flops: float, row: dict | None, top: int,
+                     overlap=None) -> str:
   ops = result.ops
   seconds = result.total()
   flops = sum(o.count * o.flops for o in ops)
@@ -86,6 +111,8 @@ def format_breakdown(result, chip, chips: int, model_flops: float, row: dict | N
            f"  time, Σ instructions  {seconds:12.3f} s      MFU {mfu(seconds)}",
            f"  time, roofline of Σ   {roofline:12.3f} s      MFU {mfu(roofline)}   (max(Σ FLOPs / peak, "
            f"Σ HBM bytes / bandwidth), collectives left out)"]
+  if overlap is not None:
+    lines.insert(-1, overlap_headline(overlap, mfu))
   if row and row.get("estimated_seconds"):
     lines.append(f"  report's estimate     {row['estimated_seconds']:12.3f} s      MFU {mfu(row['estimated_seconds'])}"
                  f"   ({row.get('estimate_source', '')})")
@@ -98,6 +125,8 @@ def format_breakdown(result, chip, chips: int, model_flops: float, row: dict | N
                  f"counted: an upper bound)")
   if result.unknown_trip_counts:
     lines.append("  loops with no trip count found (counted once): " + "; ".join(result.unknown_trip_counts[:5]))
+  if overlap is not None:
+    lines += [""] + overlap_table(overlap)
   by = lambda key: {k: (sum(o.count * o.flops for o in ops if getattr(o, key) == k),
                         sum(o.count * o.bytes for o in ops if getattr(o, key) == k)) for k in result.share(key)}
   for key, title in (("kind", "by kind"), ("part", "by model part"), ("phase", "by phase"), ("bound", "by bound")):
@@ -121,14 +150,15 @@ def format_breakdown(result, chip, chips: int, model_flops: float, row: dict | N
 
 def main(argv):
   del argv
-  from sao.aot import hlo_cost, tpu_topology  # pylint: disable=g-import-not-at-top
+  from sao.aot import hlo_cost, hlo_overlap, hlo_text, tpu_topology  # pylint: disable=g-import-not-at-top
   chip = tpu_topology.chip_named(_CHIP.value)
   row = report_row(_REPORT.value, _HLO.value) if _REPORT.value else None
   chips = _CHIPS.value or (int(row["chips"]) if row and row.get("chips") else 0)
   model_flops = _MODEL_FLOPS.value or (float(row["analytic_flops"]) if row else 0.0)
-  result = hlo_cost.breakdown_of_file(_HLO.value, chip)
+  module = hlo_text.read_module(_HLO.value)
+  result, overlap = hlo_cost.breakdown(module, chip), hlo_overlap.overlap(module, chip)
   print(f"{_HLO.value}: {len(result.ops)} executed instructions")
-  print(format_breakdown(result, chip, chips, model_flops, row, _TOP.value))
+  print(format_breakdown(result, chip, chips, model_flops, row, _TOP.value, overlap))
 
 
 if __name__ == "__main__":

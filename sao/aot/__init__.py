@@ -7,5 +7,7 @@ read and priced. `sao.train` imports none of it; it imports `sao.train` (the lea
   hlo_text       a parser of optimized HLO text (no jax)
   hlo_flops      matmul FLOPs of HLO instructions (dots, convolutions, kernels' custom calls)
   hlo_cost       an HLO module priced per model part, phase and bound on a chip
+  hlo_async      the TPU's async collective fusion (start, carrying fusions, done) in optimized HLO
+  hlo_overlap    what a scheduled module's async collectives hide of hlo_cost's serial sum
   tpu_topology   the chip table (`CHIPS`) and a topology's abstract devices from libtpu
 """

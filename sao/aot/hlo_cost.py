@@ -15,11 +15,13 @@ here is per chip. For each top-level instruction (those the entry computation ru
 - Seconds: compute work `max(flops / peak bf16 FLOP/s, bytes / HBM bandwidth)` (`compute` or `memory` bound by the
   larger); a collective `ring factor · bytes / ICI ring bandwidth` (`ici` bound), the ring factor `(n−1)/n` for an
   all-gather (of its result), reduce-scatter and all-to-all (of the operand), `2(n−1)/n` for an all-reduce, 1 for a
-  collective-permute, over a group of n chips (`replica_groups`); the ICI ring bandwidth is
+  collective-permute, over a group of n chips (`replica_groups`; the TPU's async collective fusion is priced at its
+  start as the collective it holds, its done is free); the ICI ring bandwidth is
   `tpu_topology.Chip.ici_ring_bytes_per_second` (a bidirectional ring over one torus axis: two links per chip).
   Nothing overlaps: the program's time is the sum, an upper bound of a schedule that hides collectives and copies
-  behind compute. `max(Σ flops / peak, Σ bytes / bandwidth)` (XLA's whole-program roofline, what
-  `compile_tpu.py` reports when XLA's own time is negative) is the lower bound beside it.
+  behind compute (`sao.aot.hlo_overlap` takes off what the schedule's async collectives hide).
+  `max(Σ flops / peak, Σ bytes / bandwidth)` (XLA's whole-program roofline, what `compile_tpu.py` reports when XLA's
+  own time is negative) is the lower bound beside it.
 
 Attribution: `kind` (matmul, elementwise, copy/transpose — data movement: copies, transposes, slices, pads,
 concatenations, in-place updates —, collective, custom-call, other — gather, scatter, sort, reduce-window …),
@@ -34,6 +36,7 @@ import math
 import re
 from typing import TYPE_CHECKING
 
+from sao.aot.hlo_async import async_collective_fusion, carried_state
 from sao.aot.hlo_flops import (conv_flops, custom_call_flops, custom_call_target, dot_flops, kernel_name,
                                matmul_flops)
 from sao.aot.hlo_text import Computation, Instruction, Module, read_module, trip_count
@@ -144,7 +147,10 @@ def fusion_bytes(module: Module, inst: Instruction, comp: Computation, fused: Co
   written = 0.0
   roots = [_source(fused, n) for n in fused.root.operands] if fused.root.opcode == "tuple" else \
       [_source(fused, fused.root.name)]
-  for root, leaf in zip(roots, inst.shape):
+  carried_params, carried_results = carried_state(fused)  # an async collective's state: priced on ICI at its start
+  for i, (root, leaf) in enumerate(zip(roots, inst.shape)):
+    if i in carried_results:
+      continue
     if root.opcode == "dynamic-update-slice" and _source(fused, root.operands[0]).opcode == "parameter":
       in_place.add(_source(fused, root.operands[0]).name)
       written += _hbm(fused.by_name[root.operands[1]].shape) if leaf.memory_space == 0 else 0.0
@@ -153,7 +159,7 @@ def fusion_bytes(module: Module, inst: Instruction, comp: Computation, fused: Co
   read = 0.0
   for i, operand in enumerate(inst.operands):
     param = fused.parameter(i)
-    if param.name in in_place:
+    if param.name in in_place or param.name in carried_params:
       continue
     whole = _hbm(comp.by_name[operand].shape)
     sliced = _sliced_bytes(module, fused, param.name) if whole else None
@@ -280,11 +286,25 @@ def phase_of(inst: Instruction, part: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------- the walk
-def _price(module: Module, comp: Computation, inst: Instruction, chip: Chip, count: float,
-           unknown: collections.Counter) -> OpCost:
+def is_free(inst: Instruction) -> bool:
+  """True for an instruction that costs nothing of itself (bookkeeping, the done half of an async pair)."""
+  return inst.opcode in FREE or (inst.opcode == "custom-call" and
+                                 (inst.attr("custom_call_target") or "").strip('"') in FREE_CUSTOM_CALLS)
+
+
+def price(module: Module, comp: Computation, inst: Instruction, chip: Chip, count: float,
+          unknown: collections.Counter) -> OpCost:
+  """One priced instruction (not a control-flow one: `_walk` descends into those)."""
   flops, group, detail = 0.0, 0, ""
   if inst.opcode in COLLECTIVES:
     data, seconds, group, detail = collective_cost(inst, comp, chip)
+    part = model_part(module, inst)
+    return OpCost(inst.name, inst.opcode, "collective", part, phase_of(inst, part), inst.op_name, count, 0.0, data,
+                  seconds, "ici", group, detail)
+  async_pair = async_collective_fusion(module, inst)
+  if async_pair and async_pair[0] == "start":  # priced as its collective (its done: free, `_walk`)
+    fused = module.computations[inst.called["calls"][0]]
+    data, seconds, group, detail = collective_cost(async_pair[1], fused, chip)
     part = model_part(module, inst)
     return OpCost(inst.name, inst.opcode, "collective", part, phase_of(inst, part), inst.op_name, count, 0.0, data,
                   seconds, "ici", group, detail)
@@ -338,11 +358,10 @@ def _walk(module: Module, comp: Computation, chip: Chip, count: float, out: Brea
       for key in ("calls", "to_apply"):
         for name in inst.called.get(key, []):
           _walk(module, module.computations[name], chip, count, out, unknown)
-    elif op in FREE or (op == "custom-call" and (inst.attr("custom_call_target") or "").strip('"')
-                        in FREE_CUSTOM_CALLS):
+    elif is_free(inst) or (async_collective_fusion(module, inst) or ("",))[0] == "done":
       continue
     else:
-      cost = _price(module, comp, inst, chip, count, unknown)
+      cost = price(module, comp, inst, chip, count, unknown)
       cost.shape = ", ".join(f"{leaf.dtype}[{','.join(map(str, leaf.dims))}]" for leaf in inst.shape[:2])
       out.ops.append(cost)
 

@@ -315,7 +315,7 @@ def trip_count(module: Module, caller: Computation, loop: Instruction) -> tuple[
   start = _constant(caller, init.operands[index]) if init is not None and init.opcode == "tuple" else None
   step = None
   if body.root is not None and body.root.opcode == "tuple":
-    update = body.by_name.get(body.root.operands[index])
+    update = _through_casts(body, body.root.operands[index])  # e.g. copy(add(counter, 1))
     if update is not None and update.opcode in ("add", "subtract") and len(update.operands) == 2:
       a, b = update.operands
       if _tuple_index(body, a) == index and _constant(body, b) is not None:

@@ -154,6 +154,11 @@ def test_trip_counts_known_or_derived():
   module = hlo_text.parse_module(shifted)
   entry = module.computations[module.entry]
   assert hlo_text.trip_count(module, entry, entry.by_name["while.0"])[0] == 10
+  # A counter whose update XLA copies before the loop's tuple (as with --xla_tpu_enable_async_collective_fusion).
+  copied = hlo_text.parse_module(HLO.replace("%next = s32[] add(%i, %one)", "%sum1 = s32[] add(%i, %one)\n"
+                                             "  %next = s32[] copy(%sum1)"))
+  entry = copied.computations[copied.entry]
+  assert hlo_text.trip_count(copied, entry, entry.by_name["while.0"]) == (5, "derived from the loop condition")
   # A loop whose bound is not a constant is counted once and listed.
   opaque = hlo_text.parse_module(HLO.replace("%n = s32[] constant(5)", "%n = s32[] get-tuple-element(%q), index=0"))
   result = hlo_cost.breakdown(opaque, CHIP)
