@@ -7,8 +7,12 @@ from __future__ import annotations
 
 from sao.aot.hlo_text import Computation, Instruction, Module
 
-COLLECTIVE_OPCODES = {"all-gather", "all-gather-start", "all-reduce", "all-reduce-start", "reduce-scatter",
-                      "all-to-all", "ragged-all-to-all", "collective-permute", "collective-permute-start"}
+# Collective opcode → the collective it is (an async start is priced as its collective; `hlo_cost` prices them).
+COLLECTIVES = {"all-gather": "all-gather", "all-gather-start": "all-gather", "all-reduce": "all-reduce",
+               "all-reduce-start": "all-reduce", "reduce-scatter": "reduce-scatter", "all-to-all": "all-to-all",
+               "collective-permute": "collective-permute", "collective-permute-start": "collective-permute",
+               "ragged-all-to-all": "all-to-all"}
+COLLECTIVE_OPCODES = set(COLLECTIVES)
 
 
 def _target(inst: Instruction) -> str:

@@ -36,7 +36,7 @@ import math
 import re
 from typing import TYPE_CHECKING
 
-from sao.aot.hlo_async import async_collective_fusion, carried_state
+from sao.aot.hlo_async import COLLECTIVES, async_collective_fusion, carried_state
 from sao.aot.hlo_flops import (conv_flops, custom_call_flops, custom_call_target, dot_flops, kernel_name,
                                matmul_flops)
 from sao.aot.hlo_text import Computation, Instruction, Module, read_module, trip_count
@@ -47,10 +47,6 @@ if TYPE_CHECKING:  # the chip facts; imported for the type only, so that this mo
 FREE = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "after-all", "partition-id", "replica-id",
         "opt-barrier", "add-dependency", "copy-done", "all-gather-done", "all-reduce-done", "collective-permute-done",
         "async-done", "call-done", "send-done", "recv-done", "domain", "iota"}
-COLLECTIVES = {"all-gather": "all-gather", "all-gather-start": "all-gather", "all-reduce": "all-reduce",
-               "all-reduce-start": "all-reduce", "reduce-scatter": "reduce-scatter", "all-to-all": "all-to-all",
-               "collective-permute": "collective-permute", "collective-permute-start": "collective-permute",
-               "ragged-all-to-all": "all-to-all"}
 MOVES = {"copy", "copy-start", "transpose", "slice", "dynamic-slice", "dynamic-update-slice", "concatenate", "pad",
          "reshape", "broadcast", "reverse"}
 OTHER = {"gather", "scatter", "sort", "reduce-window", "select-and-scatter", "rng", "rng-bit-generator", "fft",
@@ -296,15 +292,12 @@ def price(module: Module, comp: Computation, inst: Instruction, chip: Chip, coun
           unknown: collections.Counter) -> OpCost:
   """One priced instruction (not a control-flow one: `_walk` descends into those)."""
   flops, group, detail = 0.0, 0, ""
-  if inst.opcode in COLLECTIVES:
-    data, seconds, group, detail = collective_cost(inst, comp, chip)
-    part = model_part(module, inst)
-    return OpCost(inst.name, inst.opcode, "collective", part, phase_of(inst, part), inst.op_name, count, 0.0, data,
-                  seconds, "ici", group, detail)
   async_pair = async_collective_fusion(module, inst)
-  if async_pair and async_pair[0] == "start":  # priced as its collective (its done: free, `_walk`)
-    fused = module.computations[inst.called["calls"][0]]
-    data, seconds, group, detail = collective_cost(async_pair[1], fused, chip)
+  if inst.opcode in COLLECTIVES or (async_pair and async_pair[0] == "start"):
+    # An async collective fusion's start is priced as the collective it holds (its done: free, `_walk`).
+    collective, where = (inst, comp) if inst.opcode in COLLECTIVES else (
+        async_pair[1], module.computations[inst.called["calls"][0]])
+    data, seconds, group, detail = collective_cost(collective, where, chip)
     part = model_part(module, inst)
     return OpCost(inst.name, inst.opcode, "collective", part, phase_of(inst, part), inst.op_name, count, 0.0, data,
                   seconds, "ici", group, detail)

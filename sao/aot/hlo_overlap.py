@@ -40,14 +40,13 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from sao.aot import hlo_cost
-from sao.aot.hlo_async import async_collective_fusion, channel as _channel
+from sao.aot.hlo_async import COLLECTIVE_OPCODES, async_collective_fusion, channel as _channel
 from sao.aot.hlo_text import Computation, Instruction, Module, read_module, trip_count
 
 if TYPE_CHECKING:
   from sao.aot.tpu_topology import Chip
 
 ASYNC_STARTS = {"all-gather-start", "all-reduce-start", "collective-permute-start"}
-COLLECTIVE_OPCODES = set(hlo_cost.COLLECTIVES) | {"all-gather-start", "all-reduce-start", "collective-permute-start"}
 
 
 @dataclasses.dataclass
