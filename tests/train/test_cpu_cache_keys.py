@@ -30,7 +30,8 @@ def test_every_process_reads_the_executables_process_0_wrote(tmp_path):
   assert first[0]["jax"] != first[1]["jax"]  # what JAX alone would key: process 1 never found process 0's entries
   assert first[0]["job"] == first[1]["job"]
   assert all(row["result"] == expected for row in first)
-  assert [row["program_hits"] for row in first] == [0, 0]
+  # Process 0 writes the entries; process 1 may already be served them when it compiles after process 0 wrote them.
+  assert first[0]["program_hits"] == 0, first
   second = _job(str(tmp_path))
   # Every program the job compiles (the update, the gather), on process 1 too, from process 0's entries.
   assert second[0]["program_hits"] == second[1]["program_hits"] >= 1, second
