@@ -8,6 +8,10 @@ and done hides (`sao.aot.hlo_overlap`), with the collectives' seconds by kind, a
     python experiments/bench/hlo_breakdown.py --hlo=reports/hlo/sao_full_v5p128/actor_step_dis_T32768.hlo.txt.gz \
         --chip=v5p --chips=128 --report=reports/sao_full_v5p128.json --top=30
 
+`--expert_shards=E` prices the MoE's megablox grouped matmuls by the rows of the shard's own experts under balanced
+routing (1/E of the rows all-gathered over `expert`, plus one partial row tile per expert: the kernels' grid visits
+only those) instead of the kernels' static estimate over every row (E = 1, the upper bound).
+
 All figures are per chip (the HLO is the per-device program) and from a cost model, not a measurement. `--report`
 (the compile report's JSON) adds XLA's own figures for the same program and bucket (its FLOPs count, the report's
 estimated seconds) and the model FLOPs the MFU is computed from; `--model_flops` gives those directly (the whole
@@ -27,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 def define_flags() -> None:
   """The command's flags, defined when it runs (not on import)."""
-  global _HLO, _CHIP, _CHIPS, _TOP, _MODEL_FLOPS, _REPORT  # pylint: disable=global-statement
+  global _HLO, _CHIP, _CHIPS, _TOP, _MODEL_FLOPS, _REPORT, _EXPERT_SHARDS  # pylint: disable=global-statement
   _HLO = flags.DEFINE_string("hlo", None, "The program's HLO text (<program>_T<bucket>.hlo.txt.gz, or plain text).")
   _CHIP = flags.DEFINE_enum("chip", "v5p", ["v4", "v5e", "v5p", "v6e", "h100", "h200"],
                             "The chip (TPU) or GPU the program was compiled for.")
@@ -37,6 +41,8 @@ def define_flags() -> None:
                                     "count, the report's analytic_flops); 0: from --report.")
   _REPORT = flags.DEFINE_string("report", "", "The compile report's JSON (compile_tpu.py --out): the row of this "
                                 "program and bucket gives XLA's figures, the model FLOPs and the chip count.")
+  _EXPERT_SHARDS = flags.DEFINE_integer("expert_shards", 1, "The program's `expert` mesh axis: > 1 prices the "
+                                        "grouped matmuls by the local experts' rows under balanced routing.")
   flags.mark_flags_as_required(["hlo"])
 
 
@@ -156,8 +162,13 @@ def main(argv):
   chips = _CHIPS.value or (int(row["chips"]) if row and row.get("chips") else 0)
   model_flops = _MODEL_FLOPS.value or (float(row["analytic_flops"]) if row else 0.0)
   module = hlo_text.read_module(_HLO.value)
-  result, overlap = hlo_cost.breakdown(module, chip), hlo_overlap.overlap(module, chip)
-  print(f"{_HLO.value}: {len(result.ops)} executed instructions")
+  if _EXPERT_SHARDS.value < 1:
+    raise app.UsageError(f"--expert_shards: {_EXPERT_SHARDS.value} is not a positive axis size")
+  share = 1.0 / _EXPERT_SHARDS.value
+  result, overlap = hlo_cost.breakdown(module, chip, share), hlo_overlap.overlap(module, chip, share)
+  print(f"{_HLO.value}: {len(result.ops)} executed instructions" +
+        (f"; grouped matmuls priced by 1/{_EXPERT_SHARDS.value} of their rows (balanced routing)"
+         if share < 1 else ""))
   print(format_breakdown(result, chip, chips, model_flops, row, _TOP.value, overlap))
 
 

@@ -37,8 +37,8 @@ import re
 from typing import TYPE_CHECKING
 
 from sao.aot.hlo_async import COLLECTIVES, async_collective_fusion, carried_state
-from sao.aot.hlo_flops import (conv_flops, custom_call_flops, custom_call_target, dot_flops, kernel_name,
-                               matmul_flops)
+from sao.aot.hlo_flops import (active_grouped_rows, conv_flops, custom_call_flops, custom_call_target, dot_flops,
+                               grouped_rows, kernel_name, matmul_flops)
 from sao.aot.hlo_text import Computation, Instruction, Module, read_module, trip_count
 
 if TYPE_CHECKING:  # the chip facts; imported for the type only, so that this module runs without jax
@@ -289,8 +289,9 @@ def is_free(inst: Instruction) -> bool:
 
 
 def price(module: Module, comp: Computation, inst: Instruction, chip: Chip, count: float,
-          unknown: collections.Counter) -> OpCost:
-  """One priced instruction (not a control-flow one: `_walk` descends into those)."""
+          unknown: collections.Counter, grouped_row_share: float = 1.0) -> OpCost:
+  """One priced instruction (not a control-flow one: `_walk` descends into those). `grouped_row_share`: the
+  expected share of a megablox gmm / tgmm's rows in its local groups (`breakdown`)."""
   flops, group, detail = 0.0, 0, ""
   async_pair = async_collective_fusion(module, inst)
   if inst.opcode in COLLECTIVES or (async_pair and async_pair[0] == "start"):
@@ -314,6 +315,11 @@ def price(module: Module, comp: Computation, inst: Instruction, chip: Chip, coun
     if known is None:
       unknown[detail] += count
     flops, data, kind = known or 0.0, op_bytes(inst, comp), "custom-call"
+    ragged = grouped_rows(inst, comp) if grouped_row_share < 1.0 else None
+    if ragged:  # only the local groups' row tiles run: FLOPs and the row-indexed arrays' bytes scale with them
+      rows, groups, stacked_bytes = ragged
+      active = active_grouped_rows(rows, groups, grouped_row_share) / rows
+      flops, data = flops * active, stacked_bytes + active * (data - stacked_bytes)
   else:
     data = op_bytes(inst, comp)
     kind = "copy/transpose" if inst.opcode in MOVES else "other" if inst.opcode in OTHER else "elementwise"
@@ -324,7 +330,7 @@ def price(module: Module, comp: Computation, inst: Instruction, chip: Chip, coun
 
 
 def _walk(module: Module, comp: Computation, chip: Chip, count: float, out: Breakdown,
-          unknown: collections.Counter) -> None:
+          unknown: collections.Counter, share: float) -> None:
   for inst in comp.instructions:
     op = inst.opcode
     if op == "while":
@@ -332,15 +338,16 @@ def _walk(module: Module, comp: Computation, chip: Chip, count: float, out: Brea
       if trips is None:
         out.unknown_trip_counts.append(f"{inst.name} ({how}; counted once) {inst.op_name}")
         trips = 1
-      _walk(module, module.computations[inst.called["body"][0]], chip, count * trips, out, unknown)
-      _walk(module, module.computations[inst.called["condition"][0]], chip, count * (trips + 1), out, unknown)
+      _walk(module, module.computations[inst.called["body"][0]], chip, count * trips, out, unknown, share)
+      _walk(module, module.computations[inst.called["condition"][0]], chip, count * (trips + 1), out, unknown,
+            share)
     elif op == "conditional":  # the most expensive branch (which one runs is data)
       names = inst.called.get("branch_computations") or (inst.called.get("true_computation", []) +
                                                          inst.called.get("false_computation", []))
       branches = []
       for name in names:
         branch = Breakdown([], {}, [], 0.0)
-        _walk(module, module.computations[name], chip, count, branch, unknown)
+        _walk(module, module.computations[name], chip, count, branch, unknown, share)
         branches.append(branch)
       if branches:
         chosen = max(branches, key=lambda b: b.total())
@@ -350,11 +357,11 @@ def _walk(module: Module, comp: Computation, chip: Chip, count: float, out: Brea
     elif op in ("call", "async-start", "call-start"):
       for key in ("calls", "to_apply"):
         for name in inst.called.get(key, []):
-          _walk(module, module.computations[name], chip, count, out, unknown)
+          _walk(module, module.computations[name], chip, count, out, unknown, share)
     elif is_free(inst) or (async_collective_fusion(module, inst) or ("",))[0] == "done":
       continue
     else:
-      cost = price(module, comp, inst, chip, count, unknown)
+      cost = price(module, comp, inst, chip, count, unknown, share)
       cost.shape = ", ".join(f"{leaf.dtype}[{','.join(map(str, leaf.dims))}]" for leaf in inst.shape[:2])
       out.ops.append(cost)
 
@@ -379,15 +386,19 @@ def _flops_once(module: Module, comp: Computation, seen: set[str]) -> float:
   return total
 
 
-def breakdown(module: Module, chip: Chip) -> Breakdown:
-  """Every executed instruction of `module` priced on `chip` (see the module docstring)."""
+def breakdown(module: Module, chip: Chip, grouped_row_share: float = 1.0) -> Breakdown:
+  """Every executed instruction of `module` priced on `chip` (see the module docstring). `grouped_row_share` < 1
+  prices a megablox gmm / tgmm by the rows of its local groups (`active_grouped_rows`) instead of the kernel's
+  static estimate over all its rows (1.0, the upper bound: every token routed to this shard's experts)."""
+  if not 0.0 < grouped_row_share <= 1.0:
+    raise ValueError(f"grouped_row_share: {grouped_row_share} is not in (0, 1]")
   out, unknown = Breakdown([], {}, [], 0.0), collections.Counter()
   entry = module.computations[module.entry]
-  _walk(module, entry, chip, 1.0, out, unknown)
+  _walk(module, entry, chip, 1.0, out, unknown, grouped_row_share)
   out.unknown_custom_calls = dict(unknown)
   out.flops_once = _flops_once(module, entry, set())
   return out
 
 
-def breakdown_of_file(path: str, chip: Chip) -> Breakdown:
-  return breakdown(read_module(path), chip)
+def breakdown_of_file(path: str, chip: Chip, grouped_row_share: float = 1.0) -> Breakdown:
+  return breakdown(read_module(path), chip, grouped_row_share)

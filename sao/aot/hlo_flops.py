@@ -8,7 +8,8 @@ prices them; pure arithmetic on shapes, no jax.
   the window's size would overcount by the batch size.
 - Pallas kernels (`tpu_custom_call`), from their operand shapes: megablox `gmm` (`[m, k] @ [G, k, n] → [m, n]`, or
   `[G, n, k]` with `transpose_rhs`) and `tgmm` (`[k, m] · [m, n] → [G, k, n]`), `2·m·k·n` each (every row of the
-  ragged dimension belongs to one group); splash attention (`splash_{mqa,mha}_{fwd,dq,dkv}…`, `_splash_flops`):
+  ragged dimension belongs to one group: the kernels' own static estimate; `grouped_rows` gives m and G so that
+  `sao.aot.hlo_cost` can price only the rows in the local groups under expert parallelism); splash attention (`splash_{mqa,mha}_{fwd,dq,dkv}…`, `_splash_flops`):
   `c·n·S·D` times the fraction of [block_q, block_kv] tiles a causal mask leaves visible (the kernel skips the
   others; block sizes from the kernel's `xprof_metadata`, else one half), n the query rows (the query operand
   `[…, T, D]` but its last dim), S the key length, with c = 4 forward (Q·Kᵀ, P·V), 6 for the dq kernel (Q·Kᵀ again,
@@ -106,6 +107,35 @@ def _gpu_library_flops(inst: Instruction, comp: Computation, target: str) -> flo
     matmuls = 10.0 if "Backward" in target else 4.0
     return matmuls * b * n * t * s * head_dim * causal
   return None
+
+
+def grouped_rows(inst: Instruction, comp: Computation) -> tuple[int, int, float] | None:
+  """(m ragged rows, G groups, bytes of the arrays that do not scale with m: the stacked [G, …] weight or weight
+  gradient) of a megablox `gmm` / `tgmm` call, None for any other instruction."""
+  if custom_call_target(inst) != "tpu_custom_call" or kernel_name(inst) not in ("gmm", "tgmm"):
+    return None
+  shapes = [comp.by_name[o].shape[0] for o in inst.operands if comp.by_name[o].shape]
+  out = inst.shape[0]
+  stacked = out if len(out.dims) == 3 else next((a for a in shapes if len(a.dims) == 3), None)
+  if stacked is None:
+    return None
+  rows = out.dims[0] if len(out.dims) == 2 else next((a.dims[0] for a in shapes if len(a.dims) == 2
+                                                      and a.dims[1] == out.dims[2]), None)
+  if rows is None:
+    return None
+  return rows, stacked.dims[0], stacked.bytes if stacked.memory_space == 0 else 0.0
+
+
+# Megablox's row tile as `sao.models.grouped_matmul` calls it (MaxText's 512, or M rounded up to 128 when smaller).
+MEGABLOX_ROW_TILE = 512
+
+
+def active_grouped_rows(rows: int, groups: int, share: float) -> float:
+  """Rows a megablox gmm / tgmm computes when `share` of its `rows` fall in its `groups` (expert parallelism over E
+  shards with balanced routing: share = 1/E, the rest sorted after every local group, which its grid never visits):
+  share·m plus one row tile per group (the partial tiles at the groups' edges), never more than m."""
+  tile = min(MEGABLOX_ROW_TILE, -(-rows // 128) * 128)
+  return float(rows) if share >= 1.0 else min(float(rows), share * rows + groups * tile)
 
 
 def custom_call_flops(inst: Instruction, comp: Computation) -> float | None:

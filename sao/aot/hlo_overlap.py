@@ -111,8 +111,8 @@ def _channel_in(module: Module, fusion: Instruction, channels) -> bool:
 
 
 class _Walker:
-  def __init__(self, module: Module, chip: Chip):
-    self.module, self.chip = module, chip
+  def __init__(self, module: Module, chip: Chip, grouped_row_share: float):
+    self.module, self.chip, self.share = module, chip, grouped_row_share
     self.memo: dict[str, Overlap] = {}
     self.unknown = collections.Counter()  # custom calls with no FLOP model (hlo_cost lists them)
     self.holds: dict[str, bool] = {}  # fused computation → holds a collective
@@ -174,7 +174,7 @@ class _Walker:
       op = inst.opcode
       pair = async_collective_fusion(self.module, inst)
       if pair and pair[0] == "start":
-        cost = hlo_cost.price(self.module, comp, inst, self.chip, 1.0, self.unknown)
+        cost = hlo_cost.price(self.module, comp, inst, self.chip, 1.0, self.unknown, self.share)
         launch(inst, cost.seconds, cost.detail)
         channels[_channel(pair[1])] = inst.name
         in_flight[inst.name][1] = self._fusion_done_position(comp, inst, pair[1], positions)
@@ -182,7 +182,7 @@ class _Walker:
         if _channel(pair[1]) in channels:
           land(channels.pop(_channel(pair[1])))
       elif op == "fusion" and _channel_in(self.module, inst, channels):
-        seconds = hlo_cost.price(self.module, comp, inst, self.chip, 1.0, self.unknown).seconds
+        seconds = hlo_cost.price(self.module, comp, inst, self.chip, 1.0, self.unknown, self.share).seconds
         out.serial += seconds
         hide(seconds)  # compute that carries the collective along (a continuation fusion)
       elif op.endswith("-done") and inst.operands and inst.operands[0] in in_flight:
@@ -213,7 +213,7 @@ class _Walker:
       elif hlo_cost.is_free(inst):
         continue
       elif op in ASYNC_STARTS:
-        cost = hlo_cost.price(self.module, comp, inst, self.chip, 1.0, self.unknown)
+        cost = hlo_cost.price(self.module, comp, inst, self.chip, 1.0, self.unknown, self.share)
         launch(inst, cost.seconds, cost.detail)
       else:
         self._leaf(comp, inst, out, hide)
@@ -222,7 +222,7 @@ class _Walker:
     return out
 
   def _leaf(self, comp: Computation, inst: Instruction, out: Overlap, hide) -> None:
-    cost = hlo_cost.price(self.module, comp, inst, self.chip, 1.0, self.unknown)
+    cost = hlo_cost.price(self.module, comp, inst, self.chip, 1.0, self.unknown, self.share)
     out.serial += cost.seconds
     if cost.kind == "collective":
       out.sync_seconds[cost.detail] += cost.seconds
@@ -236,10 +236,11 @@ class _Walker:
       hide(cost.seconds)
 
 
-def overlap(module: Module, chip: Chip) -> Overlap:
-  """The serial sum of `module` on `chip` and what its schedule hides of it (see the module docstring)."""
-  return _Walker(module, chip).computation(module.entry)
+def overlap(module: Module, chip: Chip, grouped_row_share: float = 1.0) -> Overlap:
+  """The serial sum of `module` on `chip` and what its schedule hides of it (see the module docstring);
+  `grouped_row_share` as in `hlo_cost.breakdown`."""
+  return _Walker(module, chip, grouped_row_share).computation(module.entry)
 
 
-def overlap_of_file(path: str, chip: Chip) -> Overlap:
-  return overlap(read_module(path), chip)
+def overlap_of_file(path: str, chip: Chip, grouped_row_share: float = 1.0) -> Overlap:
+  return overlap(read_module(path), chip, grouped_row_share)
