@@ -109,7 +109,7 @@ def routed_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up
   """Routed, dropless experts (see the module docstring); same arguments and result as `dense_experts`."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1 or mesh.manual_axes:  # no mesh, one device, or a caller's shard_map lays it out
-    return _local_experts(x, weights, experts, w_gate, w_up, w_down, first_expert=0, all_local=True)
+    return _local_experts(x, weights, experts, w_gate, w_up, w_down, first_expert=0)
   return _mesh_experts(mesh, x, weights, experts, w_gate, w_up, w_down)
 
 
@@ -138,8 +138,7 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
     first = 0 if expert_axis is None else jax.lax.axis_index(expert_axis) * (n_exp // n_expert_shards)
     if gather_tokens:  # the expert group's tokens: [N_local · E, ...]
       x, weights, experts = (jax.lax.all_gather(a, expert_axis, tiled=True) for a in (x, weights, experts))
-    out = _local_experts(x, weights, experts, w_gate, w_up, w_down, first_expert=first,
-                         all_local=expert_axis is None)
+    out = _local_experts(x, weights, experts, w_gate, w_up, w_down, first_expert=first)
     if gather_tokens:
       out = jax.lax.psum_scatter(out, expert_axis, scatter_dimension=0, tiled=True)
     elif expert_axis is not None:
@@ -153,10 +152,9 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
 
 
 def _local_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up: Array, w_down: Array,
-                   first_expert: Array | int, all_local: bool) -> Array:
+                   first_expert: Array | int) -> Array:
   """The experts `first_expert ... first_expert + X_local − 1` (the X_local = w_gate.shape[0] held here) applied to
-  their assignments among x [N, D]; other assignments contribute 0. → [N, D]. `all_local`: these are all the
-  experts (every assignment is here)."""
+  their assignments among x [N, D]; other assignments contribute 0. → [N, D]."""
   n_tok, k = experts.shape
   n_local = w_gate.shape[0]
   local = experts.reshape(-1) - first_expert  # [N·k]
@@ -168,9 +166,8 @@ def _local_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up
   # The weights are stored [X, out, in] (HF's layout): grouped_matmul reads them transposed, no swapped copy.
   h = jax.nn.silu(grouped_matmul(xs, w_gate.astype(x.dtype), group_sizes, transpose_rhs=True))
   h = h * grouped_matmul(xs, w_up.astype(x.dtype), group_sizes, transpose_rhs=True)
-  # [M, D]; rows outside every group are not ours
+  # [M, D]; the rows outside every group (other shards' assignments, sorted last) are exactly 0: `grouped_matmul`
+  # zeroes the rows past Σ group_sizes, so no [M, D] select is needed here.
   ys = grouped_matmul(h, w_down.astype(x.dtype), group_sizes, transpose_rhs=True)
-  if not all_local:  # (with every expert here there are no such rows: no [M, D] select)
-    ys = jnp.where(here[order][:, None], ys, 0)
   unsorted = ys[jnp.argsort(order)].reshape(n_tok, k, -1)  # inverse permutation: back to [N, k, D]
   return jnp.einsum("nkd,nk->nd", unsorted, weights.astype(x.dtype))
