@@ -76,7 +76,7 @@ def model_config_of(config, dtype: str = ""):
   from sao.models.tokenizer import toy_tokenizer  # pylint: disable=g-import-not-at-top
   m = config.model
   precision = dict(dtype=dtype or m.compute_dtype, param_dtype=dtype or m.param_dtype, remat=m.remat,
-                   scan_layers=m.get("scan_layers", False))
+                   scan_layers=m.get("scan_layers", False), moe_capacity_factor=m.get("moe_capacity_factor", 0.0))
   if m.init == "hf":
     return ModelConfig.from_hf(known_configs.hf_config(m.hf_path), **precision)
   toy = {k: v for k, v in m.toy.items() if k != "model_type"}

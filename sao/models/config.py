@@ -91,6 +91,9 @@ class ModelConfig:
   linear_chunk_size: int = 64  # ours: chunk length of the parallel Gated DeltaNet form
   linear_attn_form: str = "chunked"  # ours: "chunked" | "recurrent" (see the class docstring)
   moe_impl: str = "routed"  # ours: "routed" (sorted, grouped matmuls) | "dense" (every expert, the oracle)
+  # ours: > 0 under expert parallelism: rows a shard computes on its fast path, × its balanced share (sao.models.moe;
+  # a shard whose assignments do not fit runs every row: nothing is dropped). 0: every row always.
+  moe_capacity_factor: float = 0.0
   bos_token_id: int | None = None
   eos_token_id: int | tuple[int, ...] | None = None
   dtype: str = "float32"  # compute dtype of activations
@@ -147,6 +150,8 @@ class ModelConfig:
       raise ValueError(f"moe_impl: unsupported {self.moe_impl!r}; expected one of {MOE_IMPLS}")
     if self.linear_attn_form not in LINEAR_ATTN_FORMS:
       raise ValueError(f"linear_attn_form: unsupported {self.linear_attn_form!r}; expected one of {LINEAR_ATTN_FORMS}")
+    if not self.moe_capacity_factor >= 0:
+      raise ValueError(f"moe_capacity_factor: must be >= 0, got {self.moe_capacity_factor}")
     if self.shared_expert_intermediate_size < 0:
       raise ValueError(f"shared_expert_intermediate_size: must be >= 0, got {self.shared_expert_intermediate_size}")
     if self.num_experts < 0:

@@ -15,6 +15,8 @@ probabilities, logits) are computed in float32 whatever the compute dtype.
 """
 from __future__ import annotations
 
+import functools
+
 import math
 from typing import Any
 
@@ -280,7 +282,8 @@ class MoE(nn.Module):
                                           cfg.norm_topk_prob)
     self.sow("routing", "routed_experts", experts.reshape(*x.shape[:-1], -1))
     w_gate, w_up, w_down = ExpertWeights(cfg, name="experts")()
-    apply = moe.routed_experts if cfg.moe_impl == "routed" else moe.dense_experts
+    apply = (functools.partial(moe.routed_experts, capacity_factor=cfg.moe_capacity_factor)
+             if cfg.moe_impl == "routed" else moe.dense_experts)
     out = apply(x.reshape(-1, x.shape[-1]).astype(dtype), weights, experts, w_gate, w_up, w_down).reshape(x.shape)
     out = out.astype(dtype)
     if cfg.shared_expert_intermediate_size:

@@ -34,6 +34,13 @@ in one `shard_map` manual over every mesh axis (`_mesh_experts`):
     the group, each shard runs its X/E experts on them (the other assignments sort after every local group), and the
     partial outputs are reduce-scattered back (`psum_scatter`); tensor parallelism: each shard's F/|tensor| slice
     gives a partial down projection, summed with `psum` over `tensor`.
+  Capacity with a dropless fallback (`ModelConfig.moe_capacity_factor` = c > 0, expert parallelism only): the
+    gathered assignments are E·N·k rows of which ≈ 1/E are this shard's, and every row-sized array (the sorted copy,
+    the un-sort, their transposes) costs HBM traffic for all of them (docs/tpu_hlo_breakdown.md, "Lever 3"). With a
+    capacity C = c·M/E (rounded up to 128 rows) a shard whose local assignments fit in C gathers, multiplies and
+    scatter-adds only the first C sorted rows; one whose do not runs the all-rows path (`lax.cond` per shard): the
+    result is the same either way, nothing is dropped. Its backward (`_bounded_experts`, a custom VJP) keeps the
+    inputs only and recomputes the branch taken, so no residual of the other branch is ever written.
 Why all-gather + reduce-scatter over `expert` and not all-to-all: dropless all-to-all needs either worst-case
 static buffers (every token to one shard: E× the activations) or `ragged_all_to_all` (not on CPU, so not testable
 here); the gather and the scatter move N·D per layer, and no buffer depends on how the router splits the tokens.
@@ -48,6 +55,7 @@ and GSPMD partitions it as it can.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -105,12 +113,14 @@ def dense_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up:
   return jnp.einsum("nxi,xei,nx->ne", h, w_down.astype(x.dtype), combine)
 
 
-def routed_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up: Array, w_down: Array) -> Array:
-  """Routed, dropless experts (see the module docstring); same arguments and result as `dense_experts`."""
+def routed_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up: Array, w_down: Array,
+                   capacity_factor: float = 0.0) -> Array:
+  """Routed, dropless experts (see the module docstring); same arguments and result as `dense_experts`.
+  `capacity_factor` > 0: under expert parallelism, the capacity with a dropless fallback (module docstring)."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1 or mesh.manual_axes:  # no mesh, one device, or a caller's shard_map lays it out
     return _local_experts(x, weights, experts, w_gate, w_up, w_down, first_expert=0)
-  return _mesh_experts(mesh, x, weights, experts, w_gate, w_up, w_down)
+  return _mesh_experts(mesh, x, weights, experts, w_gate, w_up, w_down, capacity_factor)
 
 
 def _axis_size(mesh, name: str) -> int:
@@ -118,7 +128,7 @@ def _axis_size(mesh, name: str) -> int:
 
 
 def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array, w_up: Array,
-                  w_down: Array) -> Array:
+                  w_down: Array, capacity_factor: float = 0.0) -> Array:
   """`routed_experts` in one shard_map manual over every axis of `mesh` (the module docstring): x [N, D] and the
   routing [N, k] by rows over the batch axes, w_gate / w_up [X, F, D] and w_down [X, D, F] (HF's `[out, in]`) by
   experts over `expert` and F over `tensor` → [N, D], rows over the batch axes."""
@@ -138,7 +148,10 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
     first = 0 if expert_axis is None else jax.lax.axis_index(expert_axis) * (n_exp // n_expert_shards)
     if gather_tokens:  # the expert group's tokens: [N_local · E, ...]
       x, weights, experts = (jax.lax.all_gather(a, expert_axis, tiled=True) for a in (x, weights, experts))
-    out = _local_experts(x, weights, experts, w_gate, w_up, w_down, first_expert=first)
+    rows = experts.shape[0] * experts.shape[1]
+    capacity = (expert_capacity(rows, n_expert_shards, capacity_factor) if expert_axis is not None
+                and capacity_factor > 0 else None)
+    out = _local_experts(x, weights, experts, w_gate, w_up, w_down, first_expert=first, capacity=capacity)
     if gather_tokens:
       out = jax.lax.psum_scatter(out, expert_axis, scatter_dimension=0, tiled=True)
     elif expert_axis is not None:
@@ -151,10 +164,19 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
                        axis_names=set(mesh.axis_names), check_vma=False)(x, weights, experts, w_gate, w_up, w_down)
 
 
+def expert_capacity(rows: int, expert_shards: int, capacity_factor: float) -> int:
+  """Rows a shard computes on its fast path: capacity_factor × its balanced share of the `rows` assignments it
+  receives, rounded up to 128 and at most `rows`."""
+  if capacity_factor <= 0:
+    raise ValueError(f"moe_capacity_factor: {capacity_factor} is not > 0")
+  return min(rows, -(-math.ceil(capacity_factor * rows / expert_shards) // 128) * 128)
+
+
 def _local_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up: Array, w_down: Array,
-                   first_expert: Array | int) -> Array:
+                   first_expert: Array | int, capacity: int | None = None) -> Array:
   """The experts `first_expert ... first_expert + X_local − 1` (the X_local = w_gate.shape[0] held here) applied to
-  their assignments among x [N, D]; other assignments contribute 0. → [N, D]."""
+  their assignments among x [N, D]; other assignments contribute 0. → [N, D]. `capacity`: the fast path's rows
+  (`_bounded_experts`); None: every row."""
   n_tok, k = experts.shape
   n_local = w_gate.shape[0]
   local = experts.reshape(-1) - first_expert  # [N·k]
@@ -162,12 +184,73 @@ def _local_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up
   key = jnp.where(here, local, n_local)  # other shards' assignments sort after every local group
   order = jnp.argsort(key, stable=True)  # [M = N·k]
   group_sizes = jnp.bincount(key, length=n_local + 1)[:n_local].astype(jnp.int32)  # [X_local]
-  xs = x[order // k]  # [M, D]
+  if capacity is None or capacity >= n_tok * k:
+    return _all_rows(x, weights, order, group_sizes, w_gate, w_up, w_down)
+  return _bounded_experts(x, weights, order, group_sizes, w_gate, w_up, w_down, capacity)
+
+
+def _expert_mlp(xs: Array, group_sizes: Array, w_gate: Array, w_up: Array, w_down: Array) -> Array:
+  """SwiGLU of the sorted rows xs [R, D] with their groups' experts → [R, D]; rows past Σ group_sizes are 0."""
   # The weights are stored [X, out, in] (HF's layout): grouped_matmul reads them transposed, no swapped copy.
-  h = jax.nn.silu(grouped_matmul(xs, w_gate.astype(x.dtype), group_sizes, transpose_rhs=True))
-  h = h * grouped_matmul(xs, w_up.astype(x.dtype), group_sizes, transpose_rhs=True)
-  # [M, D]; the rows outside every group (other shards' assignments, sorted last) are exactly 0: `grouped_matmul`
-  # zeroes the rows past Σ group_sizes, so no [M, D] select is needed here.
-  ys = grouped_matmul(h, w_down.astype(x.dtype), group_sizes, transpose_rhs=True)
-  unsorted = ys[jnp.argsort(order)].reshape(n_tok, k, -1)  # inverse permutation: back to [N, k, D]
+  h = jax.nn.silu(grouped_matmul(xs, w_gate.astype(xs.dtype), group_sizes, transpose_rhs=True))
+  h = h * grouped_matmul(xs, w_up.astype(xs.dtype), group_sizes, transpose_rhs=True)
+  # The rows outside every group (other shards' assignments, sorted last) come out exactly 0: `grouped_matmul`
+  # zeroes the rows past Σ group_sizes, so no [R, D] select is needed.
+  return grouped_matmul(h, w_down.astype(xs.dtype), group_sizes, transpose_rhs=True)
+
+
+def _all_rows(x: Array, weights: Array, order: Array, group_sizes: Array, w_gate: Array, w_up: Array,
+              w_down: Array) -> Array:
+  """Every one of the M = N·k sorted assignments: gathered [M, D], the experts, un-sorted to [N, k, D] (the inverse
+  permutation, a gather) and summed with the router weights → [N, D]."""
+  n_tok, k = weights.shape
+  ys = _expert_mlp(x[order // k], group_sizes, w_gate, w_up, w_down)  # [M, D]
+  unsorted = ys[jnp.argsort(order)].reshape(n_tok, k, -1)  # back to [N, k, D]
   return jnp.einsum("nkd,nk->nd", unsorted, weights.astype(x.dtype))
+
+
+def _first_rows(x: Array, weights: Array, order: Array, group_sizes: Array, w_gate: Array, w_up: Array,
+                w_down: Array, capacity: int) -> Array:
+  """The first `capacity` sorted assignments only (all of this shard's when Σ group_sizes ≤ capacity; the rest
+  come out of the experts as 0): gathered [C, D], the experts, weighted and scatter-added into [N, D] (float32
+  accumulation)."""
+  k = weights.shape[1]
+  take = order[:capacity]  # [C]
+  token = take // k
+  ys = _expert_mlp(x[token], group_sizes, w_gate, w_up, w_down)  # [C, D]
+  gate = weights.reshape(-1)[take].astype(jnp.float32)
+  out = jnp.zeros(x.shape, jnp.float32).at[token].add(ys.astype(jnp.float32) * gate[:, None])
+  return out.astype(x.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _bounded_experts(x: Array, weights: Array, order: Array, group_sizes: Array, w_gate: Array, w_up: Array,
+                     w_down: Array, capacity: int) -> Array:
+  """`_first_rows` when this shard's assignments fit in `capacity`, else `_all_rows`: the same value."""
+  return jax.lax.cond(jnp.sum(group_sizes) <= capacity, functools.partial(_first_rows, capacity=capacity),
+                      _all_rows, x, weights, order, group_sizes, w_gate, w_up, w_down)
+
+
+def _bounded_experts_fwd(x, weights, order, group_sizes, w_gate, w_up, w_down, capacity):
+  out = _bounded_experts(x, weights, order, group_sizes, w_gate, w_up, w_down, capacity)
+  return out, (x, weights, order, group_sizes, w_gate, w_up, w_down)
+
+
+def _bounded_experts_bwd(capacity, residuals, d_out):
+  """The VJP of the branch the forward took, recomputed from the inputs (a `cond` differentiated by JAX would write
+  the residuals of both branches, the all-rows branch's [M, ·] arrays included, whichever ran)."""
+  x, weights, order, group_sizes, w_gate, w_up, w_down = residuals
+
+  def vjp_of(path):
+    def run(x, weights, w_gate, w_up, w_down, d_out):
+      _, pullback = jax.vjp(lambda *a: path(a[0], a[1], order, group_sizes, *a[2:]), x, weights, w_gate, w_up, w_down)
+      return pullback(d_out)
+    return run
+
+  grads = jax.lax.cond(jnp.sum(group_sizes) <= capacity, vjp_of(functools.partial(_first_rows, capacity=capacity)),
+                       vjp_of(_all_rows), x, weights, w_gate, w_up, w_down, d_out)
+  d_x, d_weights, d_gate, d_up, d_down = grads
+  return d_x, d_weights, None, None, d_gate, d_up, d_down
+
+
+_bounded_experts.defvjp(_bounded_experts_fwd, _bounded_experts_bwd)

@@ -1,0 +1,87 @@
+"""The MoE's capacity with a dropless fallback (`ModelConfig.moe_capacity_factor`, `sao.models.moe._bounded_experts`):
+the same values and gradients as every row, on the fast path (this shard's assignments fit) and on the fallback
+(they do not), for one shard's experts and on an expert-sharded mesh of the 8 fake devices against the dense oracle."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+from sao.models import moe
+from sao.models.config import ModelConfig
+from sao.models.layers import MoE
+
+# float32 sums in another order (a float32 scatter-add instead of the un-sort and einsum).
+ATOL = 2e-5
+
+
+def _close(got, want, atol=ATOL):
+  want = np.asarray(want)
+  np.testing.assert_allclose(np.asarray(got), want, atol=atol * max(1.0, float(np.abs(want).max())))
+
+
+def _shard_problem(tokens=512, k=2, experts=8, local=2, hidden=16, width=24, seed=0):
+  rng = np.random.default_rng(seed)
+  x = jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.float32)
+  weights = jnp.asarray(rng.random((tokens, k)), jnp.float32)
+  chosen = jnp.asarray(np.stack([rng.choice(experts, k, replace=False) for _ in range(tokens)]), jnp.int32)
+  w_gate, w_up = (jnp.asarray(rng.standard_normal((local, width, hidden)) * 0.2, jnp.float32) for _ in range(2))
+  w_down = jnp.asarray(rng.standard_normal((local, hidden, width)) * 0.2, jnp.float32)
+  return x, weights, chosen, w_gate, w_up, w_down
+
+
+@pytest.mark.parametrize("path", ["fast", "fallback"])
+def test_one_shards_experts_equal_every_row(path):
+  """Shard 1 of 4 (experts 2 and 3 of 8) over 512 tokens × top-2: ≈ 256 of the 1,024 assignments are its own. A
+  capacity of 384 holds them (the fast path: the first 384 sorted rows), one of 128 does not (the fallback); values
+  and the gradients of x, the router weights and the three expert weights equal the every-row path's."""
+  x, weights, chosen, w_gate, w_up, w_down = _shard_problem()
+  mine = int(np.sum((np.asarray(chosen) >= 2) & (np.asarray(chosen) < 4)))
+  capacity = 384 if path == "fast" else 128
+  assert (mine <= capacity) == (path == "fast"), mine
+
+  def loss(capacity):
+    def f(x, weights, w_gate, w_up, w_down):
+      out = moe._local_experts(x, weights, chosen, w_gate, w_up, w_down, first_expert=2, capacity=capacity)
+      return jnp.sum(jnp.sin(out)), out
+    return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2, 3, 4), has_aux=True))
+
+  (_, want), want_grads = loss(None)(x, weights, w_gate, w_up, w_down)
+  (_, got), got_grads = loss(capacity)(x, weights, w_gate, w_up, w_down)
+  _close(got, want)
+  assert float(jnp.abs(want).max()) > 0.1  # the shard's experts did contribute
+  for g, w in zip(got_grads, want_grads):
+    _close(g, w)
+
+
+def test_capacity_rows():
+  assert moe.expert_capacity(4096, 8, 1.0) == 512
+  assert moe.expert_capacity(4096, 8, 1.1) == 640  # 450.56 → 451 → a multiple of 128
+  assert moe.expert_capacity(4096, 8, 16.0) == 4096  # never more than every row
+  with pytest.raises(ValueError, match="moe_capacity_factor"):
+    moe.expert_capacity(4096, 8, 0.0)
+  with pytest.raises(ValueError, match="moe_capacity_factor"):
+    ModelConfig.tiny("qwen3_moe", moe_capacity_factor=-1.0)
+
+
+@pytest.mark.parametrize("capacity_factor", [2.0, 0.25])
+def test_expert_sharded_mesh_equals_dense(capacity_factor):
+  """The MoE block on `data` 2 × `expert` 4 (2 of 8 experts per shard, 128 tokens per shard gathered to 512, 1,024
+  assignments of which ≈ 256 are a shard's): capacity factor 2 (512 rows: every shard's fast path) and 0.25 (128
+  rows: every shard falls back) both equal the dense oracle, values and gradients."""
+  mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "expert"))
+  routed = ModelConfig.tiny("qwen3_moe", moe_capacity_factor=capacity_factor)
+  dense = routed.replace(moe_impl="dense", moe_capacity_factor=0.0)
+  x = jax.random.normal(jax.random.PRNGKey(1), (4, 256, routed.hidden_size))
+  params = MoE(routed).init(jax.random.PRNGKey(0), x)["params"]
+
+  def value_and_grad(config):
+    loss = lambda p, x: jnp.sum(jnp.sin(MoE(config).apply({"params": p}, x)))
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+
+  want, want_grads = value_and_grad(dense)(params, x)
+  with jax.set_mesh(mesh):
+    got, got_grads = value_and_grad(routed)(params, x)
+  _close(got, want, atol=5e-5)
+  for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+    _close(g, w, atol=2.5e-4)
