@@ -129,6 +129,9 @@ def format_breakdown(result, chip, chips: int, model_flops: float, row: dict | N
   if result.conditional_seconds:
     lines.append(f"  inside conditionals   {result.conditional_seconds:12.3f} s      (their most expensive branch "
                  f"counted: an upper bound)")
+    cheapest = seconds - result.conditional_savings
+    lines.append(f"  time, cheapest branches {cheapest:10.3f} s      MFU {mfu(cheapest)}   (Σ with every conditional's "
+                 "cheapest branch instead: which one runs is data)")
   if result.unknown_trip_counts:
     lines.append("  loops with no trip count found (counted once): " + "; ".join(result.unknown_trip_counts[:5]))
   if overlap is not None:

@@ -104,6 +104,9 @@ class Breakdown:
   # Seconds inside `conditional`s, where the most expensive branch is counted (an upper bound: e.g. blockwise causal
   # attention skips the blocks above the diagonal at run time, about half of them).
   conditional_seconds: float = 0.0
+  # What taking every conditional's cheapest branch instead would save (the lower bound beside it: e.g. the MoE's
+  # capacity path, `sao.models.moe._bounded_experts`, whose every-row branch runs only when a shard overflows).
+  conditional_savings: float = 0.0
 
   def total(self) -> float:
     """Seconds of one run of the program: Σ count · seconds."""
@@ -354,6 +357,7 @@ def _walk(module: Module, comp: Computation, chip: Chip, count: float, out: Brea
         out.ops += chosen.ops
         out.unknown_trip_counts += chosen.unknown_trip_counts
         out.conditional_seconds += chosen.total()  # nested conditionals are inside it already
+        out.conditional_savings += chosen.total() - min(b.total() - b.conditional_savings for b in branches)
     elif op in ("call", "async-start", "call-start"):
       for key in ("calls", "to_apply"):
         for name in inst.called.get(key, []):

@@ -387,3 +387,49 @@ def test_an_unknown_gpu_library_call_is_listed_by_name():
   text = GPU_HLO.replace("__cudnn$fmhaSoftmaxBackward", "__cudnn$somethingNew")
   result = hlo_cost.breakdown(hlo_text.parse_module(text), tpu_topology_chip("h200"))
   assert result.unknown_custom_calls == {"__cudnn$somethingNew": 1}
+
+
+def test_conditionals_priced_by_the_costliest_branch_with_the_cheapest_beside_it():
+  """A conditional whose branches are a [64,128] @ [128,256] dot and a negate: the sum counts the dot's branch, and
+  `conditional_savings` is the difference to the negate's (nested inside the cheap branch: a second conditional
+  whose own cheapest branch counts for the lower bound)."""
+  text = """HloModule m
+
+%costly (a: f32[64,128], b: f32[128,256]) -> f32[64,256] {
+  %a = f32[64,128]{1,0} parameter(0)
+  %b = f32[128,256]{1,0} parameter(1)
+  ROOT %d = f32[64,256]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%cheap_inner (a.1: f32[64,128], b.1: f32[128,256]) -> f32[64,256] {
+  %a.1 = f32[64,128]{1,0} parameter(0)
+  %b.1 = f32[128,256]{1,0} parameter(1)
+  %zero = f32[] constant(0)
+  ROOT %z = f32[64,256]{1,0} broadcast(%zero), dimensions={}
+}
+
+%middle (a.2: f32[64,128], b.2: f32[128,256]) -> f32[64,256] {
+  %a.2 = f32[64,128]{1,0} parameter(0)
+  %b.2 = f32[128,256]{1,0} parameter(1)
+  %p.2 = pred[] constant(true)
+  %inner = f32[64,256]{1,0} conditional(%p.2, %a.2, %b.2), true_computation=%costly, false_computation=%cheap_inner
+  ROOT %n = f32[64,256]{1,0} negate(%inner)
+}
+
+ENTRY %main (x: f32[64,128], w: f32[128,256], i: s32[]) -> f32[64,256] {
+  %x = f32[64,128]{1,0} parameter(0)
+  %w = f32[128,256]{1,0} parameter(1)
+  %i = s32[] parameter(2)
+  ROOT %c = f32[64,256]{1,0} conditional(%i, %x, %w), branch_computations={%costly, %middle}
+}
+"""
+  result = hlo_cost.breakdown(hlo_text.parse_module(text), CHIP)
+  dot = max(2 * 64 * 128 * 256 / CHIP.peak_bf16_flops,
+            (64 * 128 + 128 * 256 + 64 * 256) * 4 / CHIP.hbm_bytes_per_second)
+  negate = 2 * 64 * 256 * 4 / CHIP.hbm_bytes_per_second
+  zeros = 64 * 256 * 4 / CHIP.hbm_bytes_per_second
+  # Costliest: `middle` with its inner dot (dot + negate) over `costly` (dot); cheapest: `middle` with zeros.
+  assert result.total() == pytest.approx(dot + negate)
+  assert result.conditional_seconds == pytest.approx(dot + negate)
+  # (the scalar constant's 4 bytes aside)
+  assert result.total() - result.conditional_savings == pytest.approx(min(dot, zeros + negate), rel=1e-4)
