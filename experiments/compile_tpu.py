@@ -147,7 +147,9 @@ def main(argv):
         f"master weights "
         f"{config.learner.actor.optimizer.master_weights}, {model_config.num_layers} layers), "
         f"{_TOPOLOGY.value} = {len(devices)} chips, mesh {dict(config.learner.mesh)}, "
-        f"micro_batch_size {config.learner.batching.micro_batch_size}", flush=True)
+        f"micro_batch_size {config.learner.batching.micro_batch_size}"
+        + (f" ({config.learner.batching.micro_batch_by_length} by length)"
+           if config.learner.batching.get("micro_batch_by_length") else ""), flush=True)
   settings = run_settings(config, model_config, _TOPOLOGY.value, len(devices), chip)
   try:
     row_file = report.RowFile(_OUT.value, settings, _RESUME.value, _ALLOW_CODE_CHANGE.value) if _OUT.value \

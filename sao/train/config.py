@@ -14,6 +14,7 @@ from typing import Any
 import ml_collections
 
 from sao.models.mesh_axes import MESH_AXES
+from sao.train import micro_batching
 
 ALGORITHMS = ("sao", "gspo", "grpo")
 SCHEDULES = ("constant", "cosine")
@@ -92,6 +93,9 @@ def default_learner_config() -> ml_collections.ConfigDict:
       ),
       batching=dict(
           micro_batch_size=0,  # rows per gradient-accumulation micro-batch (global); 0 = the whole batch at once
+          # per padded length: "<max length>:<rows>,…" overrides micro_batch_size up to each length
+          # (sao.train.micro_batching; e.g. "8192:64,32768:16"); "" = micro_batch_size everywhere
+          micro_batch_by_length="",
           bucket_lengths=(32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768),
           pad_batch_to=0,  # pad B up to this many rows (a fixed shape despite dropped trajectories); 0 = off
           # >0: each step sorts the rows by length into this many groups, each padded only to its own bucket (the
@@ -228,6 +232,7 @@ def validate_learner_config(config: ml_collections.ConfigDict) -> ml_collections
         raise ValueError(f"learner config: {role}.frozen_params[{i}] is not a valid regex: {e}") from e
   positive("critic.value_clip", c.critic.value_clip, allow_zero=True)
   positive("batching.micro_batch_size", c.batching.micro_batch_size, allow_zero=True)
+  micro_batching.parse(c.batching.micro_batch_size, c.batching.get("micro_batch_by_length", ""))
   positive("batching.pad_batch_to", c.batching.pad_batch_to, allow_zero=True)
   positive("batching.length_groups", c.batching.length_groups, allow_zero=True)
   buckets = tuple(c.batching.bucket_lengths)

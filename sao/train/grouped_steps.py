@@ -40,7 +40,7 @@ class GroupedStep:
 
   def __init__(self, micro_loss: Callable, kind: str, denominator_fn: Callable[[jax.Array], jax.Array],
                tx: optax.GradientTransformation, trainable: Any, state_shardings: Any, mesh: Mesh,
-               micro_batch_size: int):
+               micro_batch_size: int | steps.MicroBatching):
     self.kind = kind
     self._micro_loss = micro_loss
     rep = self._replicated = mesh_lib.replicated(mesh)
@@ -112,7 +112,7 @@ class GroupedStep:
     with self._lock:
       if self._zeros is not None:
         return
-      num_micro = steps.num_micro_batches(group["input_ids"].shape[0], self._micro_batch_size)
+      num_micro = steps.num_micro_batches(group["input_ids"].shape, self._micro_batch_size)
       example = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
                              jax.eval_shape(lambda b: steps.split_micro(b, num_micro), group))
       metrics_shape = steps.check_metric_names(self._micro_loss, self.kind, params, example)
@@ -123,7 +123,7 @@ class GroupedStep:
 
 
 def make_grouped_actor_step(kind: str, model_config: ModelConfig, tx: optax.GradientTransformation, trainable: Any,
-                            state_shardings: Any, mesh: Mesh, *, micro_batch_size: int = 0, temperature: float = 1.0,
+                            state_shardings: Any, mesh: Mesh, *, micro_batch_size: int | steps.MicroBatching = 0, temperature: float = 1.0,
                             logprob_chunk_size: int = 128, hparams: dict[str, Any] | None = None) -> GroupedStep:
   """`steps.make_actor_step`'s update as a `GroupedStep` (same arguments)."""
   loss = actor_losses.get(kind)
@@ -134,7 +134,7 @@ def make_grouped_actor_step(kind: str, model_config: ModelConfig, tx: optax.Grad
 
 
 def make_grouped_critic_step(model_config: ModelConfig, tx: optax.GradientTransformation, trainable: Any,
-                             state_shardings: Any, mesh: Mesh, *, micro_batch_size: int = 0,
+                             state_shardings: Any, mesh: Mesh, *, micro_batch_size: int | steps.MicroBatching = 0,
                              value_clip: float = 0.0) -> GroupedStep:
   """`steps.make_critic_step`'s update as a `GroupedStep` (same arguments)."""
   return GroupedStep(steps.critic_micro_loss(model_config, value_clip), "value", actor_losses.token_count, tx,

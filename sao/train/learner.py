@@ -49,6 +49,7 @@ from sao.train import critic_correction, critic_stats, routing_replay
 from sao.train import distributed
 from sao.train import grouped_update
 from sao.train import learner_checkpoint
+from sao.train import micro_batching
 from sao.train import precompile as precompile_lib
 from sao.train import targets
 from sao.train import update_plan as update_plan_lib
@@ -83,11 +84,10 @@ class Learner:
         actor_losses.get(c.actor_loss or actor_losses.DEFAULT_FOR_ALGORITHM[c.algorithm]), c)
     targets.check_loss_fits_algorithm(self.actor_loss, c.algorithm)
     shards = mesh_lib.batch_parallel_size(self.mesh)
-    mbs = c.batching.micro_batch_size
-    if mbs and mbs % shards:
-      raise ValueError(f"batching.micro_batch_size: {mbs} must be a multiple of the batch shards (data×fsdp×expert "
-                       f"= {shards})")
-    self.batcher = batching.Batcher(c.batching.bucket_lengths, mbs or shards, c.batching.pad_batch_to,
+    # Rows per micro-batch, per padded length (`sao.train.micro_batching`): static, so each shape compiles its own.
+    mbs = micro_batching.parse(c.batching.micro_batch_size, c.batching.get("micro_batch_by_length", ""))
+    mbs.check_shards(shards)
+    self.batcher = batching.Batcher(c.batching.bucket_lengths, mbs.batch_multiple(shards), c.batching.pad_batch_to,
                                     routing_replay.batcher_routing(c, model_config))
     rng = jax.random.PRNGKey(c.seed)
     rng, critic_rng = jax.random.split(rng)
@@ -352,7 +352,7 @@ class Learner:
     rows = np.shape(batch["input_ids"])[0]
     if rows % self.batcher.batch_multiple:
       raise ValueError(f"batch: input_ids has {rows} rows, not a multiple of {self.batcher.batch_multiple} "
-                       "(batch shards × batching.micro_batch_size); build it with Learner.make_batch")
+                       "(batch shards × every micro-batch row count); build it with Learner.make_batch")
 
   def _guard(self, metrics: dict[str, float]) -> None:
     """The NaN guard's per-role counts (`roles.count_nonfinite`); an applied actor update bumps `version`."""

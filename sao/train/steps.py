@@ -42,6 +42,7 @@ from sao.train import mesh as mesh_lib
 from sao.train import optim
 from sao.train.actor_losses import Mean
 from sao.train.mesh_jit import MeshJit
+from sao.train.micro_batching import MicroBatching
 
 STEP_METRICS = ("loss", "grad_norm", "l2_params", "l2_updates", "skipped", "step", "tokens")  # every step reports
 CRITIC_KEYS = ("input_ids", "attention_mask", "action_mask", "returns", "old_values")
@@ -68,12 +69,17 @@ def select(batch: dict[str, Any], keys: tuple[str, ...], where: str) -> dict[str
   return {k: batch[k] for k in keys}
 
 
-def num_micro_batches(batch_size: int, micro_batch_size: int) -> int:
-  if micro_batch_size <= 0:
+def num_micro_batches(shape: tuple[int, ...], micro_batch_size: int | MicroBatching) -> int:
+  """Micro-batches of a `[B, T, …]` batch: B / rows, rows = `micro_batch_size` or, per length T, the
+  `MicroBatching`'s (`sao.train.micro_batching`); rows 0 = one micro-batch."""
+  batch_size, length = shape[0], shape[1]
+  rows = micro_batch_size.rows(length) if isinstance(micro_batch_size, MicroBatching) else micro_batch_size
+  if rows <= 0:
     return 1
-  if batch_size % micro_batch_size:
-    raise ValueError(f"batching.micro_batch_size: {micro_batch_size} does not divide the batch size {batch_size}")
-  return batch_size // micro_batch_size
+  if batch_size % rows:
+    raise ValueError(f"batching: micro-batches of {rows} rows (at length {length}) do not divide the batch size "
+                     f"{batch_size}")
+  return batch_size // rows
 
 
 def split_micro(tree: Any, num_micro: int) -> Any:
@@ -180,10 +186,10 @@ def zero_carry(metrics_shape: Any, train_params: Any) -> tuple[Any, jax.Array, A
           jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metrics_shape))
 
 
-def accumulate_grads(micro_loss: Callable, trainable: Any, micro_batch_size: int, mesh: Mesh, params: Any, batch: dict,
+def accumulate_grads(micro_loss: Callable, trainable: Any, micro_batch_size: int | MicroBatching, mesh: Mesh, params: Any, batch: dict,
                 carry: tuple[Any, jax.Array, Any]) -> tuple[Any, jax.Array, Any]:
   """Adds the batch's `(Σ_m ∇loss_sum_m, Σ_m loss_sum_m, merged metrics)` to `carry`, one micro-batch at a time."""
-  num_micro = num_micro_batches(batch["input_ids"].shape[0], micro_batch_size)
+  num_micro = num_micro_batches(batch["input_ids"].shape, micro_batch_size)
   train_params, frozen_params = partition_params(params, trainable)
 
   def body(carry, mb):
@@ -230,13 +236,13 @@ def apply_grads(tx: optax.GradientTransformation, trainable: Any, state: TrainSt
 
 
 def _make_step(micro_loss: Callable, kind: str, denominator_fn: Callable[[jax.Array], jax.Array],
-               tx: optax.GradientTransformation, trainable: Any, micro_batch_size: int, mesh: Mesh):
+               tx: optax.GradientTransformation, trainable: Any, micro_batch_size: int | MicroBatching, mesh: Mesh):
   """The shared step body: micro-batch scan → exact mean gradient → clip/AdamW → NaN guard → metrics."""
 
   def step(state: TrainState, batch: dict, rng: jax.Array) -> tuple[TrainState, dict]:
     del rng  # no stochastic layers yet; kept so every step has the same signature
     TRACE_COUNTS[kind] += 1
-    num_micro = num_micro_batches(batch["input_ids"].shape[0], micro_batch_size)
+    num_micro = num_micro_batches(batch["input_ids"].shape, micro_batch_size)
     metrics_shape = check_metric_names(micro_loss, kind, state.params,
                                         jax.tree.map(lambda x: x[0], split_micro(batch, num_micro)))
     carry = zero_carry(metrics_shape, partition_params(state.params, trainable)[0])
@@ -255,7 +261,7 @@ def _jit_step(step, state_shardings, mesh, name: str) -> MeshJit:
 
 
 def make_actor_step(kind: str, model_config: ModelConfig, tx: optax.GradientTransformation, trainable: Any,
-                    state_shardings: Any, mesh: Mesh, *, micro_batch_size: int = 0, temperature: float = 1.0,
+                    state_shardings: Any, mesh: Mesh, *, micro_batch_size: int | MicroBatching = 0, temperature: float = 1.0,
                     logprob_chunk_size: int = 128, hparams: dict[str, Any] | None = None) -> Callable:
   """Jitted `actor_step(state, batch, rng) -> (state, metrics)` for the registered actor loss `kind`.
 
@@ -276,7 +282,7 @@ def make_actor_step(kind: str, model_config: ModelConfig, tx: optax.GradientTran
 
 
 def make_critic_step(model_config: ModelConfig, tx: optax.GradientTransformation, trainable: Any,
-                     state_shardings: Any, mesh: Mesh, *, micro_batch_size: int = 0,
+                     state_shardings: Any, mesh: Mesh, *, micro_batch_size: int | MicroBatching = 0,
                      value_clip: float = 0.0) -> Callable:
   """Jitted `critic_step(state, batch, rng) -> (state, metrics)` minimising `(1/N) Σ m·½(V − R)²`.
 
@@ -289,14 +295,14 @@ def make_critic_step(model_config: ModelConfig, tx: optax.GradientTransformation
   return _jit_step(step, state_shardings, mesh, "critic_step")
 
 
-def _micro_map(fn, params, batch, micro_batch_size: int, mesh: Mesh):
-  num_micro = num_micro_batches(batch["input_ids"].shape[0], micro_batch_size)
+def _micro_map(fn, params, batch, micro_batch_size: int | MicroBatching, mesh: Mesh):
+  num_micro = num_micro_batches(batch["input_ids"].shape, micro_batch_size)
   out = jax.lax.map(lambda mb: fn(params, _constrain(mb, mesh)), split_micro(batch, num_micro))
   return merge_micro(out)
 
 
 def make_critic_values(model_config: ModelConfig, param_shardings: Any, mesh: Mesh,
-                       micro_batch_size: int = 0) -> Callable:
+                       micro_batch_size: int | MicroBatching = 0) -> Callable:
   """Jitted `critic_values(params, batch) -> values [B, T]` (aligned as in the module docstring), forward only,
   one micro-batch at a time. `batch`: input_ids, attention_mask `[B, T]`."""
   fn = functools.partial(critic_values_fn, model_config=model_config)
@@ -305,7 +311,7 @@ def make_critic_values(model_config: ModelConfig, param_shardings: Any, mesh: Me
                  mesh, name="critic_values", in_shardings=(param_shardings, sharding), out_shardings=sharding)
 
 
-def make_actor_logprobs(model_config: ModelConfig, param_shardings: Any, mesh: Mesh, micro_batch_size: int = 0,
+def make_actor_logprobs(model_config: ModelConfig, param_shardings: Any, mesh: Mesh, micro_batch_size: int | MicroBatching = 0,
                         temperature: float = 1.0, logprob_chunk_size: int = 128) -> Callable:
   """Jitted `actor_logprobs(params, batch) -> (logprobs [B, T], entropy [B, T])`, forward only."""
   sharding = mesh_lib.batch_sharding(mesh)

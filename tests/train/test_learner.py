@@ -70,11 +70,14 @@ def _assert_gradients_close(full_opt_state, other_opt_state):
     np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-5 * float(np.max(np.abs(x))))
 
 
-def test_micro_batched_step_equals_full_batch():
+@pytest.mark.parametrize("micro", [{"batching.micro_batch_size": 2},
+                                   {"batching.micro_batch_size": 0, "batching.micro_batch_by_length": "16:4,4096:2"}],
+                         ids=["micro_batch_size", "by_length"])
+def test_micro_batched_step_equals_full_batch(micro):
   trajs = helpers.trajectories(seed=3)
   results = []
-  for micro in (0, 2):
-    learner = helpers.make_learner(_smooth_adam_config(**{"batching.micro_batch_size": micro}))
+  for overrides in ({"batching.micro_batch_size": 0}, micro):
+    learner = helpers.make_learner(_smooth_adam_config(**overrides))
     batch, _ = learner.make_batch(trajs)
     rng = np.random.default_rng(0)
     actor_batch = steps.select(dict(batch, advantages=np.where(
