@@ -110,8 +110,8 @@ def base_config() -> ml_collections.ConfigDict:
           # Training and scoring run the decoder layers as one `lax.scan` over periods of layer kinds (same param
           # tree; `sao.models.scan`): compile time stays that of one period whatever the depth (docs/models.md).
           scan_layers=False,
-          # MoE under expert parallelism: a shard computes capacity × its balanced share of the gathered rows when
-          # its assignments fit, every row when not (nothing dropped; sao.models.moe). 0: every row always.
+          # MoE under expert parallelism: a shard runs its own rows in chunks of this × its balanced share of the
+          # gathered rows (one chunk when they fit; nothing dropped; sao.models.moe). 0: every gathered row at once.
           moe_capacity_factor=0.0,
           toy=dict(model_type="qwen3", hidden_size=64, intermediate_size=192, num_layers=2, num_heads=4,
                    num_kv_heads=2, head_dim=16, max_position_embeddings=1024,

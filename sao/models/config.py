@@ -91,8 +91,8 @@ class ModelConfig:
   linear_chunk_size: int = 64  # ours: chunk length of the parallel Gated DeltaNet form
   linear_attn_form: str = "chunked"  # ours: "chunked" | "recurrent" (see the class docstring)
   moe_impl: str = "routed"  # ours: "routed" (sorted, grouped matmuls) | "dense" (every expert, the oracle)
-  # ours: > 0 under expert parallelism: rows a shard computes on its fast path, × its balanced share (sao.models.moe;
-  # a shard whose assignments do not fit runs every row: nothing is dropped). 0: every row always.
+  # ours: > 0 under expert parallelism: a shard runs its sorted rows in chunks of this × its balanced share (one
+  # chunk when they fit; sao.models.moe), nothing dropped. 0: every gathered row at once.
   moe_capacity_factor: float = 0.0
   bos_token_id: int | None = None
   eos_token_id: int | tuple[int, ...] | None = None

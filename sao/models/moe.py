@@ -34,13 +34,13 @@ in one `shard_map` manual over every mesh axis (`_mesh_experts`):
     the group, each shard runs its X/E experts on them (the other assignments sort after every local group), and the
     partial outputs are reduce-scattered back (`psum_scatter`); tensor parallelism: each shard's F/|tensor| slice
     gives a partial down projection, summed with `psum` over `tensor`.
-  Capacity with a dropless fallback (`ModelConfig.moe_capacity_factor` = c > 0, expert parallelism only): the
-    gathered assignments are E·N·k rows of which ≈ 1/E are this shard's, and every row-sized array (the sorted copy,
-    the un-sort, their transposes) costs HBM traffic for all of them (docs/tpu_hlo_breakdown.md, "Lever 3"). With a
-    capacity C = c·M/E (rounded up to 128 rows) a shard whose local assignments fit in C gathers, multiplies and
-    scatter-adds only the first C sorted rows; one whose do not runs the all-rows path (`lax.cond` per shard): the
-    result is the same either way, nothing is dropped. Its backward (`_bounded_experts`, a custom VJP) keeps the
-    inputs only and recomputes the branch taken, so no residual of the other branch is ever written.
+  Chunks of a capacity (`ModelConfig.moe_capacity_factor` = c > 0, expert parallelism only): the gathered
+    assignments are E·N·k rows of which ≈ 1/E are this shard's, and every row-sized array (the sorted copy, the
+    un-sort, their transposes) costs HBM traffic for all of them (docs/tpu_hlo_breakdown.md, "Lever 3"). With a
+    capacity C = c·M/E (rounded up to 128 rows) a shard runs its sorted rows C at a time, gathered, multiplied and
+    scatter-added (float32), over as many chunks as its own assignments fill (one when they fit in C): time follows the
+    shard's own rows, memory C; nothing is dropped.
+    Its backward (`_bounded_experts`, a custom VJP) keeps the inputs only and recomputes each chunk.
 Why all-gather + reduce-scatter over `expert` and not all-to-all: dropless all-to-all needs either worst-case
 static buffers (every token to one shard: E× the activations) or `ragged_all_to_all` (not on CPU, so not testable
 here); the gather and the scatter move N·D per layer, and no buffer depends on how the router splits the tokens.
@@ -165,7 +165,7 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
 
 
 def expert_capacity(rows: int, expert_shards: int, capacity_factor: float) -> int:
-  """Rows a shard computes on its fast path: capacity_factor × its balanced share of the `rows` assignments it
+  """Rows of a shard's chunk: capacity_factor × its balanced share of the `rows` assignments it
   receives, rounded up to 128 and at most `rows`."""
   if capacity_factor <= 0:
     raise ValueError(f"moe_capacity_factor: {capacity_factor} is not > 0")
@@ -175,8 +175,8 @@ def expert_capacity(rows: int, expert_shards: int, capacity_factor: float) -> in
 def _local_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up: Array, w_down: Array,
                    first_expert: Array | int, capacity: int | None = None) -> Array:
   """The experts `first_expert ... first_expert + X_local − 1` (the X_local = w_gate.shape[0] held here) applied to
-  their assignments among x [N, D]; other assignments contribute 0. → [N, D]. `capacity`: the fast path's rows
-  (`_bounded_experts`); None: every row."""
+  their assignments among x [N, D]; other assignments contribute 0. → [N, D]. `capacity`: the chunk's rows
+  (`_bounded_experts`: the rows in chunks of it); None: every row at once."""
   n_tok, k = experts.shape
   n_local = w_gate.shape[0]
   local = experts.reshape(-1) - first_expert  # [N·k]
@@ -209,26 +209,36 @@ def _all_rows(x: Array, weights: Array, order: Array, group_sizes: Array, w_gate
   return jnp.einsum("nkd,nk->nd", unsorted, weights.astype(x.dtype))
 
 
-def _first_rows(x: Array, weights: Array, order: Array, group_sizes: Array, w_gate: Array, w_up: Array,
-                w_down: Array, capacity: int) -> Array:
-  """The first `capacity` sorted assignments only (all of this shard's when Σ group_sizes ≤ capacity; the rest
-  come out of the experts as 0): gathered [C, D], the experts, weighted and scatter-added into [N, D] (float32
-  accumulation)."""
+def _chunk(x: Array, weights: Array, order: Array, group_sizes: Array, w_gate: Array, w_up: Array, w_down: Array,
+           start: Array, capacity: int) -> Array:
+  """The sorted assignments `start … start + C − 1` (order padded to whole chunks): gathered [C, D], the experts
+  with each group's rows inside the window, weighted and scatter-added → [N, D] float32 (rows of no group — other
+  shards' assignments, the padding — come out of the experts as 0 and add nothing)."""
   k = weights.shape[1]
-  take = order[:capacity]  # [C]
+  take = jax.lax.dynamic_slice_in_dim(order, start, capacity)  # [C]
+  ends = jnp.cumsum(group_sizes)
+  window = (jnp.clip(ends, start, start + capacity) - jnp.clip(ends - group_sizes, start, start + capacity))
   token = take // k
-  ys = _expert_mlp(x[token], group_sizes, w_gate, w_up, w_down)  # [C, D]
+  ys = _expert_mlp(x[token], window.astype(jnp.int32), w_gate, w_up, w_down)  # [C, D]
   gate = weights.reshape(-1)[take].astype(jnp.float32)
-  out = jnp.zeros(x.shape, jnp.float32).at[token].add(ys.astype(jnp.float32) * gate[:, None])
-  return out.astype(x.dtype)
+  return jnp.zeros(x.shape, jnp.float32).at[token].add(ys.astype(jnp.float32) * gate[:, None])
+
+
+def _chunks(order: Array, group_sizes: Array, capacity: int) -> tuple[Array, Array]:
+  """(order padded to whole chunks of `capacity`, the number of chunks this shard's Σ group_sizes rows need)."""
+  padded = -(-order.shape[0] // capacity) * capacity
+  order = jnp.pad(order, (0, padded - order.shape[0]))  # padding rows sort past every group: they add 0
+  return order, (jnp.sum(group_sizes) + capacity - 1) // capacity
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
 def _bounded_experts(x: Array, weights: Array, order: Array, group_sizes: Array, w_gate: Array, w_up: Array,
                      w_down: Array, capacity: int) -> Array:
-  """`_first_rows` when this shard's assignments fit in `capacity`, else `_all_rows`: the same value."""
-  return jax.lax.cond(jnp.sum(group_sizes) <= capacity, functools.partial(_first_rows, capacity=capacity),
-                      _all_rows, x, weights, order, group_sizes, w_gate, w_up, w_down)
+  """`_all_rows`' value, computed `capacity` sorted rows at a time over as many chunks as this shard's assignments
+  fill (one when they fit): time ∝ the shard's own rows, memory ∝ `capacity`."""
+  order, n_chunks = _chunks(order, group_sizes, capacity)
+  body = lambda i, out: out + _chunk(x, weights, order, group_sizes, w_gate, w_up, w_down, i * capacity, capacity)
+  return jax.lax.fori_loop(0, n_chunks, body, jnp.zeros(x.shape, jnp.float32)).astype(x.dtype)
 
 
 def _bounded_experts_fwd(x, weights, order, group_sizes, w_gate, w_up, w_down, capacity):
@@ -237,19 +247,22 @@ def _bounded_experts_fwd(x, weights, order, group_sizes, w_gate, w_up, w_down, c
 
 
 def _bounded_experts_bwd(capacity, residuals, d_out):
-  """The VJP of the branch the forward took, recomputed from the inputs (a `cond` differentiated by JAX would write
-  the residuals of both branches, the all-rows branch's [M, ·] arrays included, whichever ran)."""
+  """The VJP chunk by chunk, each chunk's forward recomputed from the inputs (a loop with a data-dependent trip
+  count has no reverse-mode derivative of its own, and no chunk's residuals outlive it). Gradients accumulate in
+  float32."""
   x, weights, order, group_sizes, w_gate, w_up, w_down = residuals
+  padded, n_chunks = _chunks(order, group_sizes, capacity)
+  diff = (x, weights, w_gate, w_up, w_down)
 
-  def vjp_of(path):
-    def run(x, weights, w_gate, w_up, w_down, d_out):
-      _, pullback = jax.vjp(lambda *a: path(a[0], a[1], order, group_sizes, *a[2:]), x, weights, w_gate, w_up, w_down)
-      return pullback(d_out)
-    return run
+  def body(i, acc):
+    chunk = lambda x, weights, w_gate, w_up, w_down: _chunk(x, weights, padded, group_sizes, w_gate, w_up, w_down,
+                                                            i * capacity, capacity)
+    _, pullback = jax.vjp(chunk, *diff)
+    return jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, pullback(d_out.astype(jnp.float32)))
 
-  grads = jax.lax.cond(jnp.sum(group_sizes) <= capacity, vjp_of(functools.partial(_first_rows, capacity=capacity)),
-                       vjp_of(_all_rows), x, weights, w_gate, w_up, w_down, d_out)
-  d_x, d_weights, d_gate, d_up, d_down = grads
+  zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32), diff)
+  grads = jax.lax.fori_loop(0, n_chunks, body, zeros)
+  d_x, d_weights, d_gate, d_up, d_down = (g.astype(a.dtype) for g, a in zip(grads, diff))
   return d_x, d_weights, None, None, d_gate, d_up, d_down
 
 

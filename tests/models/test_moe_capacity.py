@@ -1,6 +1,6 @@
-"""The MoE's capacity with a dropless fallback (`ModelConfig.moe_capacity_factor`, `sao.models.moe._bounded_experts`):
-the same values and gradients as every row, on the fast path (this shard's assignments fit) and on the fallback
-(they do not), for one shard's experts and on an expert-sharded mesh of the 8 fake devices against the dense oracle."""
+"""The MoE's rows in chunks of a capacity (`ModelConfig.moe_capacity_factor`, `sao.models.moe._bounded_experts`): the
+same values and gradients as every row at once, in one chunk (this shard's assignments fit) and in several (they do
+not), for one shard's experts and on an expert-sharded mesh of the 8 fake devices against the dense oracle."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,15 +30,15 @@ def _shard_problem(tokens=512, k=2, experts=8, local=2, hidden=16, width=24, see
   return x, weights, chosen, w_gate, w_up, w_down
 
 
-@pytest.mark.parametrize("path", ["fast", "fallback"])
+@pytest.mark.parametrize("path", ["one_chunk", "chunks"])
 def test_one_shards_experts_equal_every_row(path):
   """Shard 1 of 4 (experts 2 and 3 of 8) over 512 tokens × top-2: ≈ 256 of the 1,024 assignments are its own. A
-  capacity of 384 holds them (the fast path: the first 384 sorted rows), one of 128 does not (the fallback); values
-  and the gradients of x, the router weights and the three expert weights equal the every-row path's."""
+  capacity of 384 holds them (one chunk: the first 384 sorted rows), one of 128 does not (3 chunks); values and the
+  gradients of x, the router weights and the three expert weights equal the every-row path's."""
   x, weights, chosen, w_gate, w_up, w_down = _shard_problem()
   mine = int(np.sum((np.asarray(chosen) >= 2) & (np.asarray(chosen) < 4)))
-  capacity = 384 if path == "fast" else 128
-  assert (mine <= capacity) == (path == "fast"), mine
+  capacity = 384 if path == "one_chunk" else 128
+  assert -(-mine // capacity) == (1 if path == "one_chunk" else 3), mine
 
   def loss(capacity):
     def f(x, weights, w_gate, w_up, w_down):
@@ -67,8 +67,8 @@ def test_capacity_rows():
 @pytest.mark.parametrize("capacity_factor", [2.0, 0.25])
 def test_expert_sharded_mesh_equals_dense(capacity_factor):
   """The MoE block on `data` 2 × `expert` 4 (2 of 8 experts per shard, 128 tokens per shard gathered to 512, 1,024
-  assignments of which ≈ 256 are a shard's): capacity factor 2 (512 rows: every shard's fast path) and 0.25 (128
-  rows: every shard falls back) both equal the dense oracle, values and gradients."""
+  assignments of which ≈ 256 are a shard's): capacity factor 2 (512 rows: one chunk on every shard) and 0.25 (128
+  rows: 2–3 chunks) both equal the dense oracle, values and gradients."""
   mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "expert"))
   routed = ModelConfig.tiny("qwen3_moe", moe_capacity_factor=capacity_factor)
   dense = routed.replace(moe_impl="dense", moe_capacity_factor=0.0)
