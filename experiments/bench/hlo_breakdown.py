@@ -10,7 +10,9 @@ and done hides (`sao.aot.hlo_overlap`), with the collectives' seconds by kind, a
 
 `--expert_shards=E` prices the MoE's megablox grouped matmuls by the rows of the shard's own experts under balanced
 routing (1/E of the rows all-gathered over `expert`, plus one partial row tile per expert: the kernels' grid visits
-only those) instead of the kernels' static estimate over every row (E = 1, the upper bound).
+only those) instead of the kernels' static estimate over every row (E = 1, the upper bound). A program compiled
+with `model.moe_capacity_factor` = c > 0 runs its grouped matmuls on chunks of c × the balanced share: give
+`--moe_capacity_factor=c` too, and 1/c of a chunk's rows are priced.
 
 All figures are per chip (the HLO is the per-device program) and from a cost model, not a measurement. `--report`
 (the compile report's JSON) adds XLA's own figures for the same program and bucket (its FLOPs count, the report's
@@ -31,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 def define_flags() -> None:
   """The command's flags, defined when it runs (not on import)."""
-  global _HLO, _CHIP, _CHIPS, _TOP, _MODEL_FLOPS, _REPORT, _EXPERT_SHARDS  # pylint: disable=global-statement
+  global _HLO, _CHIP, _CHIPS, _TOP, _MODEL_FLOPS, _REPORT, _EXPERT_SHARDS, _CAPACITY  # pylint: disable=global-statement
   _HLO = flags.DEFINE_string("hlo", None, "The program's HLO text (<program>_T<bucket>.hlo.txt.gz, or plain text).")
   _CHIP = flags.DEFINE_enum("chip", "v5p", ["v4", "v5e", "v5p", "v6e", "h100", "h200"],
                             "The chip (TPU) or GPU the program was compiled for.")
@@ -43,6 +45,8 @@ def define_flags() -> None:
                                 "program and bucket gives XLA's figures, the model FLOPs and the chip count.")
   _EXPERT_SHARDS = flags.DEFINE_integer("expert_shards", 1, "The program's `expert` mesh axis: > 1 prices the "
                                         "grouped matmuls by the local experts' rows under balanced routing.")
+  _CAPACITY = flags.DEFINE_float("moe_capacity_factor", 0.0, "The program's model.moe_capacity_factor (> 0: its "
+                                 "grouped matmuls run on chunks of this × the balanced share; with --expert_shards).")
   flags.mark_flags_as_required(["hlo"])
 
 
@@ -167,11 +171,15 @@ def main(argv):
   module = hlo_text.read_module(_HLO.value)
   if _EXPERT_SHARDS.value < 1:
     raise app.UsageError(f"--expert_shards: {_EXPERT_SHARDS.value} is not a positive axis size")
-  share = 1.0 / _EXPERT_SHARDS.value
+  share, why = 1.0, ""
+  if _EXPERT_SHARDS.value > 1 and _CAPACITY.value > 0:
+    share = min(1.0, 1.0 / _CAPACITY.value)
+    why = f"1/{_CAPACITY.value:g} of a chunk's rows (capacity {_CAPACITY.value:g})"
+  elif _EXPERT_SHARDS.value > 1:
+    share, why = 1.0 / _EXPERT_SHARDS.value, f"1/{_EXPERT_SHARDS.value} of their rows"
   result, overlap = hlo_cost.breakdown(module, chip, share), hlo_overlap.overlap(module, chip, share)
   print(f"{_HLO.value}: {len(result.ops)} executed instructions" +
-        (f"; grouped matmuls priced by 1/{_EXPERT_SHARDS.value} of their rows (balanced routing)"
-         if share < 1 else ""))
+        (f"; grouped matmuls priced by {why} (balanced routing)" if share < 1 else ""))
   print(format_breakdown(result, chip, chips, model_flops, row, _TOP.value, overlap))
 
 
