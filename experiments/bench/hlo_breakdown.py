@@ -63,6 +63,18 @@ def report_row(path: str, hlo_path: str) -> dict:
   raise ValueError(f"--report: {path} has no row for {match.group(1)} at T={match.group(2)}")
 
 
+def grouped_row_share(expert_shards: int, capacity_factor: float) -> tuple[float, str]:
+  """(share of a megablox call's rows in its local groups, how it was chosen): 1/E of the every-row path's E×
+  gathered rows; 1/c of a capacity chunk's rows (a chunk holds c × the balanced share); 1 without expert parallelism."""
+  if expert_shards < 1 or capacity_factor < 0:
+    raise ValueError(f"--expert_shards {expert_shards} / --moe_capacity_factor {capacity_factor}: out of range")
+  if expert_shards > 1 and capacity_factor > 0:
+    return min(1.0, 1.0 / capacity_factor), f"1/{capacity_factor:g} of a chunk's rows (capacity {capacity_factor:g})"
+  if expert_shards > 1:
+    return 1.0 / expert_shards, f"1/{expert_shards} of their rows"
+  return 1.0, ""
+
+
 def _share_table(title: str, shares: dict[str, float], total: float, extra=None) -> list[str]:
   lines = [f"{title:<22}{'seconds':>10}{'share':>8}" + (f"  {extra[0]}" if extra else "")]
   for key, seconds in shares.items():
@@ -169,14 +181,7 @@ def main(argv):
   chips = _CHIPS.value or (int(row["chips"]) if row and row.get("chips") else 0)
   model_flops = _MODEL_FLOPS.value or (float(row["analytic_flops"]) if row else 0.0)
   module = hlo_text.read_module(_HLO.value)
-  if _EXPERT_SHARDS.value < 1:
-    raise app.UsageError(f"--expert_shards: {_EXPERT_SHARDS.value} is not a positive axis size")
-  share, why = 1.0, ""
-  if _EXPERT_SHARDS.value > 1 and _CAPACITY.value > 0:
-    share = min(1.0, 1.0 / _CAPACITY.value)
-    why = f"1/{_CAPACITY.value:g} of a chunk's rows (capacity {_CAPACITY.value:g})"
-  elif _EXPERT_SHARDS.value > 1:
-    share, why = 1.0 / _EXPERT_SHARDS.value, f"1/{_EXPERT_SHARDS.value} of their rows"
+  share, why = grouped_row_share(_EXPERT_SHARDS.value, _CAPACITY.value)
   result, overlap = hlo_cost.breakdown(module, chip, share), hlo_overlap.overlap(module, chip, share)
   print(f"{_HLO.value}: {len(result.ops)} executed instructions" +
         (f"; grouped matmuls priced by {why} (balanced routing)" if share < 1 else ""))
