@@ -86,12 +86,50 @@ def _backward_substitution(strict: Array, rhs: Array) -> Array:
   return jax.lax.fori_loop(0, c, row, rhs)
 
 
+# Rows of a diagonal block of the blocked substitutions: each row step then reads a [SOLVE_BLOCK, D] block, not the
+# whole [C, D] solution, and the blocks below it are updated by one matmul per block.
+SOLVE_BLOCK = 16
+
+
+def _blocked_forward(strict: Array, rhs: Array, block: int = SOLVE_BLOCK) -> Array:
+  """`_forward_substitution` by diagonal blocks of `block` rows: X_i = (I + L_ii)⁻¹ (R_i − L_{i,<i} X_{<i}) — the
+  same arithmetic reassociated (the off-diagonal sums as matmuls), so the same stability. C not a multiple of
+  `block`: one block."""
+  c = strict.shape[-1]
+  if c % block or c <= block:
+    return _forward_substitution(strict, rhs)
+  solved = []
+  for lo in range(0, c, block):  # C / block (≤ 8) unrolled steps
+    r = rhs[..., lo:lo + block, :]
+    if solved:
+      r = r - jnp.einsum("...ij,...jd->...id", strict[..., lo:lo + block, :lo], jnp.concatenate(solved, axis=-2),
+                         precision=_HIGHEST)
+    solved.append(_forward_substitution(strict[..., lo:lo + block, lo:lo + block], r))
+  return jnp.concatenate(solved, axis=-2)
+
+
+def _blocked_backward(strict: Array, rhs: Array, block: int = SOLVE_BLOCK) -> Array:
+  """`_backward_substitution` by diagonal blocks, last first: Y_i = (I + L_ii)⁻ᵀ (R_i − L_{>i,i}ᵀ Y_{>i})."""
+  c = strict.shape[-1]
+  if c % block or c <= block:
+    return _backward_substitution(strict, rhs)
+  solved = []  # the blocks after the current one, in order
+  for lo in range(c - block, -1, -block):
+    r = rhs[..., lo:lo + block, :]
+    if solved:
+      r = r - jnp.einsum("...ji,...jd->...id", strict[..., lo + block:, lo:lo + block],
+                         jnp.concatenate(solved, axis=-2), precision=_HIGHEST)
+    solved.insert(0, _backward_substitution(strict[..., lo:lo + block, lo:lo + block], r))
+  return jnp.concatenate(solved, axis=-2)
+
+
 @jax.custom_vjp
 def solve_unit_lower(strict: Array, rhs: Array) -> Array:
-  """X = (I + L)⁻¹ R by forward substitution: `x_i = r_i − Σ_{j<i} L_ij x_j`, one row per `fori_loop` step.
+  """X = (I + L)⁻¹ R by forward substitution: `x_i = r_i − Σ_{j<i} L_ij x_j`, in diagonal blocks of `SOLVE_BLOCK`
+  rows (`_blocked_forward`: one row per `fori_loop` step inside a block, a matmul per block below it).
 
   strict: [..., C, C], the strictly lower triangle L (entries on and above the diagonal must be zero);
-  rhs: [..., C, D]. Each step is one batched [C] · [C, D] product over all leading dims. (XLA:CPU's
+  rhs: [..., C, D]. Each row step is one batched [b] · [b, D] product over all leading dims. (XLA:CPU's
   `lax.linalg.triangular_solve` takes ~8 ms per batched 64×64 system, ~70× slower than this loop; substitution is
   also what keeps the WY solve stable when keys are nearly parallel, where a Neumann-series product blows up.)
 
@@ -101,17 +139,17 @@ def solve_unit_lower(strict: Array, rhs: Array) -> Array:
   times the size of X ([64, N, B, H, 64, Dk + Dv] float32 in `chunked_gated_delta_rule`: 4 GiB per chip for
   Qwen3.5-35B-A3B at 32,768 tokens on a v5p-128, docs/history.md); this VJP keeps only L and X.
   """
-  return _forward_substitution(strict, rhs)
+  return _blocked_forward(strict, rhs)
 
 
 def _solve_fwd(strict: Array, rhs: Array) -> tuple[Array, tuple[Array, Array]]:
-  x = _forward_substitution(strict, rhs)
+  x = _blocked_forward(strict, rhs)
   return x, (strict, x)
 
 
 def _solve_bwd(residuals: tuple[Array, Array], dx: Array) -> tuple[Array, Array]:
   strict, x = residuals
-  drhs = _backward_substitution(strict, dx)
+  drhs = _blocked_backward(strict, dx)
   c = strict.shape[-1]
   below = jnp.tril(jnp.ones((c, c), bool), -1)
   dstrict = jnp.where(below, -jnp.einsum("...id,...jd->...ij", drhs, x, precision=_HIGHEST), 0.0)

@@ -136,6 +136,28 @@ def test_unit_lower_solve_matches_float64_with_nearly_parallel_keys():
   np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=0)  # |X| up to ~4 here
 
 
+@pytest.mark.parametrize("c", [64, 48, 20])  # 4 and 3 blocks of 16; 20: not a multiple, one block
+def test_blocked_substitutions_equal_row_by_row_and_float64(c):
+  """The blocked solves (diagonal blocks of 16 rows, matmuls below them) against the row-by-row loops they replace
+  and float64 numpy, forward ((I + L)⁻¹R) and backward ((I + L)⁻ᵀR), keys 99 % parallel."""
+  from sao.models import gated_deltanet  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(3)
+  keys = 0.99 * rng.standard_normal(16) + 0.01 * rng.standard_normal((2, c, 16))
+  keys /= np.linalg.norm(keys, axis=-1, keepdims=True)
+  strict = np.tril(rng.uniform(0.5, 1.0, (2, c, 1)) * keys @ keys.swapaxes(-1, -2), -1)
+  rhs = rng.standard_normal((2, c, 8))
+  a = np.eye(c) + strict
+  f32 = lambda v: jnp.asarray(v, jnp.float32)
+  gdn = gated_deltanet  # pylint: disable=protected-access
+  cases = ((gdn._blocked_forward, gdn._forward_substitution, np.linalg.solve(a, rhs)),
+           (gdn._blocked_backward, gdn._backward_substitution, np.linalg.solve(a.swapaxes(-1, -2), rhs)))
+  for blocked, loop, want in cases:
+    got = np.asarray(jax.jit(blocked)(f32(strict), f32(rhs)))
+    np.testing.assert_allclose(got, want, atol=2e-5 * max(1.0, np.abs(want).max()), rtol=0)
+    np.testing.assert_allclose(got, np.asarray(jax.jit(loop)(f32(strict), f32(rhs))),
+                               atol=2e-5 * max(1.0, np.abs(want).max()), rtol=0)
+
+
 # ------------------------------------------------------------------------------- the solve's VJP (backward memory)
 def _autodiff_of_the_loop(monkeypatch):
   """The chunked rule as it was before `solve_unit_lower` had a custom VJP: jax differentiates the substitution loop
