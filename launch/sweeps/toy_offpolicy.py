@@ -44,6 +44,7 @@ ANALYSIS = {
     "kind": "ablations",
     "reference": REFERENCE,
     "factors": {arm: what for arm, (what, _) in FACTORS.items()},
+    "also_against": {"stress": tuple(f"stress_{arm}" for arm in OPTIONS)},
     "threshold_pct": 60.0,
 }
 

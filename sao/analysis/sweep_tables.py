@@ -162,10 +162,25 @@ def ablation_tables(runs: Sequence[SweepRun], analysis: Mapping[str, Any], m: Ma
       row.append(_difference_cell(iv, 1))
     rows.append(row + [_cell(rs, "best", m), _cell(rs, "ev", m, 3), _cell(rs, "step_s", m, 2),
                        _cell(rs, "staleness", m, 2)])
-  return [f"### One-factor ablations vs `{reference}` (final validation %)", markdown_table(
+  parts = [f"### One-factor ablations vs `{reference}` (final validation %)", markdown_table(
       ["arm", "change", "complete/started", "in-run last-3 mean", "re-measured validation",
        f"Δ last-3 vs {reference}", f"Δ re-measured vs {reference}", "in-run best", f"critic EV last {window}",
        "s per RL step", "staleness"], rows)]
+  # `also_against = {base arm: (arms, …)}`: those arms against a second base as well (e.g. each correction under a
+  # stress setting against the stress setting alone), with how many runs broke down (last-3 below 5 %).
+  for base, others in dict(analysis.get("also_against", {})).items():
+    base_runs = arms.get(base, [])
+    rows = []
+    for arm in (base, *others):
+      rs = arms.get(arm, [])
+      cells = ["—" if arm == base else _difference_cell(stats.difference_interval(
+          _arm_values(rs, key, m), _arm_values(base_runs, key, m)), 1) for key in ("last3", "final/validation")]
+      broke = sum(1 for r in rs if r.complete and m[r.name]["last3"] < 5.0)
+      rows.append([arm, _count(rs), _cell(rs, "last3", m), *cells, f"{broke}/{sum(r.complete for r in rs)}"])
+    parts += [f"### Against `{base}` (final validation %)", markdown_table(
+        ["arm", "complete/started", "in-run last-3 mean", f"Δ last-3 vs {base}", f"Δ re-measured vs {base}",
+         "broke down (last-3 < 5 %)"], rows)]
+  return parts
 
 
 KINDS: dict[str, Callable[..., list[str]]] = {"algorithms": algorithms_tables, "concurrency": concurrency_tables,

@@ -236,3 +236,20 @@ def test_a_resumed_run_keeps_its_last_attempt():
   kept, restarts = archive.drop_abandoned(records)
   assert restarts == 2 and [r["step"] for r in kept] == [0, 1, 2, 3, 4, 5, 6]
   assert [r["attempt"] for r in kept] == [0, 1, 5, 9, 10, 11, 12]
+
+
+def test_ablation_tables_against_a_second_base(tmp_path, monkeypatch):
+  """`also_against`: arms against another arm than the reference too, paired by seed, with the breakdowns counted."""
+  work = tmp_path / "work"
+  for seed, (ref, ablated) in enumerate(((0.60, 0.02), (0.64, 0.60), (0.62, 0.49))):
+    fx.write_run(str(work / f"stabilized-seed{seed}"), [0.4, 0.5, ref, ref, ref], monkeypatch=monkeypatch)
+    fx.write_run(str(work / f"no_whitening-seed{seed}"), [0.4, 0.45, ablated, ablated, ablated],
+                 monkeypatch=monkeypatch)
+  analysis = ABLATIONS[:-1] + ', "also_against": {"no_whitening": ("stabilized",)}}'
+  sweep = fx.sweep_file(tmp_path, analysis, ABLATION_RUNS)
+  sweeps.trim_sweep(sweep, str(work), str(tmp_path / "a"))
+  text, _ = sweeps.sweep_report(sweep, str(tmp_path / "a"))
+  # stabilized − no_whitening per seed: +58, +4, +13: mean 25.0; one no_whitening run at 2 %.
+  assert "### Against `no_whitening` (final validation %)" in text
+  assert "| no_whitening | 3/3 | 37.0 [" in text and "| — | — | 1/3 |" in text
+  assert "| stabilized | 3/3 | 62.0 [57.0, 67.0] | +25.0 [" in text and "(paired t, n=3) | — | 0/3 |" in text
