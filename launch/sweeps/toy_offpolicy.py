@@ -26,7 +26,7 @@ OPTIONS = {
     "tis": ("truncated IS actor loss (C = 2) instead of DIS", {"learner.actor_loss": "tis"}),
     "icepop": ("IcePop masked actor loss ([0.5, 5]) instead of DIS", {"learner.actor_loss": "icepop"}),
     "vtrace": ("V-trace critic targets (ρ̄ = c̄ = 1)", {"learner.sao.critic_target_correction": "vtrace"}),
-    "ev_gate": ("actor start gated on critic EV (0.3 over 5 updates, cap 100) instead of 20 warmup updates",
+    "ev_gate": ("actor start gated on critic EV (0.3 over 5 updates, cap 100) instead of the fixed warm-up",
                 {"learner.sao.actor_start": "critic_ev"}),
     "adaptive_staleness": ("max_outstanding follows the log-prob mismatch",
                            {"server.adaptive_staleness.enabled": True}),

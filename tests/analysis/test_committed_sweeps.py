@@ -105,3 +105,15 @@ def test_toy_critic_matters_tables():
               "| sao-seed4 | sao | 4 | complete | 99 / 99 | 46.5 → 46.9 | — |  |",
               "| frozen_critic-seed4 | frozen_critic | 4 | complete | 99 / 99 | 41.8 → 37.5 | — |  |"):
     assert row in text, row
+
+def test_toy_chain_offpolicy_tables():
+  """Issue 48's off-policy options on search_chain, all 36 runs (docs/results.md)."""
+  text = _report("toy_chain_offpolicy")
+  assert "code version dd9b84cbb887192cbfe4d714db2e872ca5c2ddac" in text
+  assert "36 runs started: 36 complete, 0 incomplete" in text
+  assert "| icepop | IcePop masked actor loss ([0.5, 5]) instead of DIS | 3/3 | 50.7 [26.3, 75.0] | — | " \
+      "+3.2 [-1.1, 7.5] (paired t, n=3) |" in text
+  assert "| stress | 3/3 | 31.6 [-37.7, 100.9] | — | — | 1/3 |" in text
+  assert "| stress_vtrace | 3/3 | 33.6 [-39.8, 107.0] | +2.0 [-132.6, 136.6] (paired t, n=3) | — | 1/3 |" in text
+  assert "| stress_adaptive_staleness | 3/3 | 53.0 [31.9, 74.2] | +21.4 [-58.6, 101.5] (paired t, n=3) | — | 0/3 |" \
+      in text
