@@ -174,12 +174,17 @@ ABLATION_RUNS = '''  seeds = s.product(s.sweep("seed", [0, 1, 2]),
                  s.product(seeds, s.fixed(**{"learner.sao.whiten_advantages": False})), name_keys=("seed",)))'''
 
 
-def test_ablation_tables(tmp_path, monkeypatch):
-  work = tmp_path / "work"
-  for seed, (ref, ablated) in enumerate(((0.60, 0.50), (0.64, 0.60), (0.62, 0.49))):
+def _ablation_runs(work, finals, monkeypatch) -> None:
+  """stabilized / no_whitening runs of seeds 0.. whose last three validations are the given (ref, ablated) pairs."""
+  for seed, (ref, ablated) in enumerate(finals):
     fx.write_run(str(work / f"stabilized-seed{seed}"), [0.4, 0.5, ref, ref, ref], monkeypatch=monkeypatch)
     fx.write_run(str(work / f"no_whitening-seed{seed}"), [0.4, 0.45, ablated, ablated, ablated],
                  monkeypatch=monkeypatch)
+
+
+def test_ablation_tables(tmp_path, monkeypatch):
+  work = tmp_path / "work"
+  _ablation_runs(work, ((0.60, 0.50), (0.64, 0.60), (0.62, 0.49)), monkeypatch)
   sweep = fx.sweep_file(tmp_path, ABLATIONS, ABLATION_RUNS)
   sweeps.trim_sweep(sweep, str(work), str(tmp_path / "a"))
   text, _ = sweeps.sweep_report(sweep, str(tmp_path / "a"))
@@ -241,10 +246,7 @@ def test_a_resumed_run_keeps_its_last_attempt():
 def test_ablation_tables_against_a_second_base(tmp_path, monkeypatch):
   """`also_against`: arms against another arm than the reference too, paired by seed, with the breakdowns counted."""
   work = tmp_path / "work"
-  for seed, (ref, ablated) in enumerate(((0.60, 0.02), (0.64, 0.60), (0.62, 0.49))):
-    fx.write_run(str(work / f"stabilized-seed{seed}"), [0.4, 0.5, ref, ref, ref], monkeypatch=monkeypatch)
-    fx.write_run(str(work / f"no_whitening-seed{seed}"), [0.4, 0.45, ablated, ablated, ablated],
-                 monkeypatch=monkeypatch)
+  _ablation_runs(work, ((0.60, 0.02), (0.64, 0.60), (0.62, 0.49)), monkeypatch)
   analysis = ABLATIONS[:-1] + ', "also_against": {"no_whitening": ("stabilized",)}}'
   sweep = fx.sweep_file(tmp_path, analysis, ABLATION_RUNS)
   sweeps.trim_sweep(sweep, str(work), str(tmp_path / "a"))
