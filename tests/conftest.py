@@ -28,9 +28,12 @@ jax.config.update("jax_threefry_partitionable", True)
 # the others. The grouping is this file's own scheduler (below), decided from the node id's path: pytest-xdist's
 # `xdist_group` marker works by rewriting node ids, which pytest 9.2 no longer lets it do (pytest-xdist issue 1386):
 # the marked tests were silently spread over both workers.
-MULTIPROCESS_TESTS = ("tests/e2e/", "tests/train/test_multihost_learner.py", "tests/train/test_coordination.py",
-                      "tests/train/test_cpu_cache_keys.py",
-                      "tests/train/test_multihost_export.py", "tests/train/test_multihost_offpolicy.py")
+# Node-id prefixes of the tests that start processes of their own (whole files, or single tests of a file whose other
+# tests run in-process and spread like any other).
+MULTIPROCESS_TESTS = ("tests/e2e/", "tests/train/test_multihost_learner.py", "tests/train/test_cpu_cache_keys.py",
+                      "tests/train/test_multihost_offpolicy.py",
+                      "tests/train/test_coordination.py::test_two_jax_processes_share_messages_and_name_a_frozen_process",
+                      "tests/train/test_coordination.py::test_two_jax_processes_with_different_plans_stop_with_both_named")
 MULTIPROCESS_GROUP = "multiprocess"
 
 

@@ -29,7 +29,10 @@ OTHER_2 = "tests/core/test_losses.py"
 
 def test_scheduling_unit_groups_exactly_the_multiprocess_tests():
   assert conftest.scheduling_unit("tests/e2e/test_x.py::test_y[a]") == conftest.MULTIPROCESS_GROUP
-  assert conftest.scheduling_unit("tests/train/test_coordination.py::test_z") == conftest.MULTIPROCESS_GROUP
+  two_processes = "tests/train/test_coordination.py::test_two_jax_processes_with_different_plans_stop_with_both_named"
+  assert conftest.scheduling_unit(two_processes) == conftest.MULTIPROCESS_GROUP
+  in_process = "tests/train/test_coordination.py::test_bad_arguments_are_named"  # a file's in-process tests spread
+  assert conftest.scheduling_unit(in_process) == in_process
   assert conftest.scheduling_unit(f"{OTHER}::test_w") == f"{OTHER}::test_w"
 
 
