@@ -11,11 +11,34 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from sao.models.config import ModelConfig
+from sao.models.mesh_axes import TENSOR_AXIS, logical_mesh_axes
 from sao.models.transformer import CausalLM, unembedding
 
 Array = jax.Array
+
+# The unembedding inside the chunk loop: V over `tensor` as its parameter (`sao.models.sharding`'s `vocab` rule, not
+# imported: sharding imports the transformer), E whole on every chip.
+GATHERED_UNEMBEDDING_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (("vocab", (TENSOR_AXIS,)),)
+
+
+def gather_unembedding(unembed: Array) -> Array:
+  """unembed [V, E] constrained to V over `tensor` and E whole under the context mesh; the identity without one.
+
+  Why: the parameter's E is sharded over `fsdp`. Left to itself, XLA's partitioner gathers it where the chunk loop
+  reads it, once per chunk and again in the backward's recompute (on the v5p-128 slice of docs/tpu_hlo_breakdown.md,
+  128 all-gathers of 0.5 GB per step, 0.28 s of the LM head's 0.39 s). Constrained here, before the loop, it is
+  gathered once; the backward accumulates the gradient in this layout and reduce-scatters it once after the loop."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return unembed
+  axes = {a: n for a, n in mesh.shape.items() if a in mesh.auto_axes and n > 1}
+  if not axes:
+    return unembed
+  spec = logical_mesh_axes(("vocab", None), unembed.shape, axes, GATHERED_UNEMBEDDING_RULES)
+  return jax.lax.with_sharding_constraint(unembed, P(*spec))
 
 
 def logits_from_hidden(hidden: Array, unembed: Array, dtype) -> Array:
@@ -55,6 +78,7 @@ def logprobs_from_hidden(hidden: Array, unembed: Array, input_ids: Array, attent
   # [n_chunks, B, C, ...] so lax.map walks over time chunks.
   h_chunks = prev_hidden.reshape(b, n_chunks, chunk, e).swapaxes(0, 1)
   y_chunks = targets.reshape(b, n_chunks, chunk).swapaxes(0, 1)
+  unembed = gather_unembedding(unembed.astype(dtype))  # once, not per chunk (`gather_unembedding`)
 
   @jax.checkpoint
   def score(args):

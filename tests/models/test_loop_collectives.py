@@ -78,3 +78,44 @@ def test_kv_gradient_is_not_reduced_inside_the_block_loop():
   with jax.set_mesh(mesh):
     compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(q, k, k).compile()
   assert _loop_collectives(compiled, chip, "all-reduce") == []
+
+
+def _unembedding_loss(chunk_size: int):
+  from sao.models.logprobs import logprobs_from_hidden  # pylint: disable=g-import-not-at-top
+  def loss(hidden, unembed, ids):
+    return jnp.sum(logprobs_from_hidden(hidden, unembed, ids, chunk_size=chunk_size))
+  return jax.value_and_grad(loss, argnums=(0, 1))
+
+
+def test_gathered_unembedding_is_exact_on_a_cpu_mesh():
+  """Under a mesh with fsdp = 2 × tensor = 2 the log-probs and both gradients equal the meshless ones."""
+  devices = jax.devices()
+  if len(devices) < 4:
+    pytest.skip("needs 4 CPU devices")
+  mesh = Mesh(np.array(devices[:4]).reshape(2, 2), ("fsdp", "tensor"))
+  keys = jax.random.split(jax.random.PRNGKey(1), 3)
+  hidden = jax.random.normal(keys[0], (2, 40, 16), jnp.float32)
+  unembed = jax.random.normal(keys[1], (64, 16), jnp.float32) * 0.3
+  ids = jax.random.randint(keys[2], (2, 40), 0, 64)
+  step = jax.jit(_unembedding_loss(chunk_size=8))
+  expected = step(hidden, unembed, ids)
+  with jax.set_mesh(mesh):
+    sharded = jax.device_put(unembed, NamedSharding(mesh, P("tensor", "fsdp")))
+    got = step(jax.device_put(hidden, NamedSharding(mesh, P("fsdp", None, "tensor"))), sharded, ids)
+  for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(got)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
+
+
+@needs_libtpu
+def test_unembedding_is_gathered_once_not_per_chunk():
+  """The [V, E] unembedding with E over `fsdp` (its parameter layout): the chunked log-probs gather it before the
+  time loop (`logprobs.gather_unembedding`), so no all-gather of it runs once per chunk, forward or backward."""
+  chip, mesh = _tpu_mesh(2, 2)
+  b, t, e, v = 4, 1024, 256, 4096
+  hidden = jax.ShapeDtypeStruct((b, t, e), "bfloat16", sharding=NamedSharding(mesh, P("fsdp", None, "tensor")))
+  unembed = jax.ShapeDtypeStruct((v, e), "bfloat16", sharding=NamedSharding(mesh, P("tensor", "fsdp")))
+  ids = jax.ShapeDtypeStruct((b, t), "int32", sharding=NamedSharding(mesh, P("fsdp")))
+  with jax.set_mesh(mesh):
+    compiled = jax.jit(_unembedding_loss(chunk_size=128)).lower(hidden, unembed, ids).compile()
+  in_loop = [o for o in _loop_collectives(compiled, chip, "all-gather") if f"[{v // 2},{e}]" in o.shape]
+  assert in_loop == [], [(o.name, o.shape, o.count) for o in in_loop]
