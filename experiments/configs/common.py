@@ -275,6 +275,9 @@ def full_scale(config: ml_collections.ConfigDict) -> None:
   c.actor.optimizer.schedule = "constant"  # 10 warmup steps (the base's), then constant (the toy decays)
   c.batching.bucket_lengths = (32768, 65536, 131072)
   c.batching.length_groups = 0  # one [B, T] program per bucket: the shapes compile_tpu.py compiles ahead of time
+  # 1,024-token chunks make the LM head compute-bound on a chip (128 re-read the unembedding per chunk, memory-bound):
+  # the v5p-128 slice's step 0.644 → 0.462 s (docs/tpu_hlo_breakdown.md, "The LM head").
+  c.logprob_chunk_size = 1024
   full_precision(config)
   full_mesh(config)
   config.rollout.max_new_tokens = 8192
