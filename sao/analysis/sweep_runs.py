@@ -142,6 +142,8 @@ def measures(run: SweepRun, threshold_pct: float, window: int = 20) -> dict[str,
   for split in SPLITS:
     result = (run.evaluation or {}).get(split)
     out[f"final/{split}"] = 100.0 * float(result["success_rate"]) if result else math.nan
+  # The RL step of the first trained policy's evaluation below 5 % (where a run that broke down did so), or NaN.
+  out["first_below_5"] = next((float(step) for step, ver, v, _ in evals if ver > 0 and 100.0 * v < 5.0), math.nan)
   hit = next(((step, t) for step, _, v, t in evals if 100.0 * v >= threshold_pct), None)
   if hit is None:
     out["traj_to_thr"], out["min_to_thr"] = math.nan, math.nan

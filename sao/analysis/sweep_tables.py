@@ -175,11 +175,13 @@ def ablation_tables(runs: Sequence[SweepRun], analysis: Mapping[str, Any], m: Ma
       rs = arms.get(arm, [])
       cells = ["—" if arm == base else _difference_cell(stats.difference_interval(
           _arm_values(rs, key, m), _arm_values(base_runs, key, m)), 1) for key in ("last3", "final/validation")]
-      broke = sum(1 for r in rs if r.complete and m[r.name]["last3"] < 5.0)
-      rows.append([arm, _count(rs), _cell(rs, "last3", m), *cells, f"{broke}/{sum(r.complete for r in rs)}"])
+      broken = [r for r in rs if r.complete and m[r.name]["last3"] < 5.0]
+      steps = ", ".join(f"{m[r.name]['first_below_5']:.0f}" for r in broken) or "—"
+      rows.append([arm, _count(rs), _cell(rs, "last3", m), *cells, f"{len(broken)}/{sum(r.complete for r in rs)}",
+                   steps])
     parts += [f"### Against `{base}` (final validation %)", markdown_table(
         ["arm", "complete/started", "in-run last-3 mean", f"Δ last-3 vs {base}", f"Δ re-measured vs {base}",
-         "broke down (last-3 < 5 %)"], rows)]
+         "broke down (last-3 < 5 %)", "RL step of its first evaluation < 5 %"], rows)]
   return parts
 
 
