@@ -117,3 +117,22 @@ def test_toy_chain_offpolicy_tables():
   assert "| stress_vtrace | 3/3 | 33.6 [-39.8, 107.0] | +2.0 [-132.6, 136.6] (paired t, n=3) | — | 1/3 | 51 |" in text
   assert "| stress_adaptive_staleness | 3/3 | 53.0 [31.9, 74.2] | +21.4 [-58.6, 101.5] (paired t, n=3) | — | 0/3 | — |" \
       in text
+
+
+def test_toy_offpolicy_tables():
+  """Issue 48's off-policy options on number search, all 36 runs (docs/results.md)."""
+  text = _report("toy_offpolicy")
+  assert "code version 48ec73c" in text
+  assert "36 runs started: 36 complete, 0 incomplete" in text
+  assert "| stabilized | the stabilized recipe | 3/3 | 73.9 [63.1, 84.6] | — | — | — |" in text
+  assert "| icepop | IcePop masked actor loss ([0.5, 5]) instead of DIS | 3/3 | 78.2 [76.2, 80.2] | — | " \
+      "+4.3 [-7.4, 16.1] (paired t, n=3) |" in text
+  assert "| ev_gate | actor start gated on critic EV (0.3 over 5 updates, cap 100) instead of the fixed warm-up | 3/3 " \
+      "| 71.8 [60.1, 83.4] | — | -2.1 [-7.8, 3.7] (paired t, n=3) |" in text
+  assert "| stress | 3/3 | 28.8 [-95.2, 152.8] | — | — | 2/3 | 61, 62 |" in text
+  assert "| stress_tis | 3/3 | 31.0 [-102.3, 164.3] | +2.2 [-7.2, 11.5] (paired t, n=3) | — | 2/3 | 40, 41 |" in text
+  assert "| stress_icepop | 3/3 | 58.7 [-67.7, 185.1] | +29.9 [-89.8, 149.5] (paired t, n=3) | — | 1/3 | 40 |" in text
+  assert "| stress_ev_gate | 3/3 | 0.0 [0.0, 0.0] | -28.8 [-152.8, 95.2] (paired t, n=3) | — | 3/3 | 131, 170, 140 |" \
+      in text
+  assert "| stress_adaptive_staleness | 3/3 | 54.8 [-63.1, 172.6] | +26.0 [-92.5, 144.4] (paired t, n=3) | — | 1/3 " \
+      "| 81 |" in text
