@@ -12,9 +12,11 @@ Arms (each changes one thing from its reference; `FACTORS` names the config keys
   stress_<option>      the stress setting with one option on (read against `stress`)
 Routing replay (option e) needs a MoE policy; the toy's is dense, so its arm lives with the MoE runs.
 
-    python -m launch.local --sweep=launch/sweeps/toy_offpolicy.py --workdir=/tmp/toy_offpolicy --max_parallel=1
-    python experiments/paper/trim.py --sweep=toy_offpolicy --workdir=/tmp/toy_offpolicy --evaluate
+    python -m launch.local --sweep=launch/sweeps/toy_offpolicy.py --workdir=/tmp/toy_offpolicy --max_parallel=2
+    python experiments/paper/trim.py --sweep=toy_offpolicy --workdir=/tmp/toy_offpolicy   # --evaluate: re-measure
     python experiments/reproduce.py --sweep=toy_offpolicy
+
+The committed runs (`experiments/paper/runs/toy_offpolicy/`, docs/results.md) ran two at a time, not re-measured.
 """
 from launch import sweep as s
 
