@@ -30,7 +30,7 @@ def gather_unembedding(unembed: Array) -> Array:
   Why: the parameter's E is sharded over `fsdp`. Left to itself, XLA's partitioner gathers it where the chunk loop
   reads it, once per chunk and again in the backward's recompute (on the v5p-128 slice of docs/tpu_hlo_breakdown.md,
   128 all-gathers of 0.5 GB per step, 0.28 s of the LM head's 0.39 s). Constrained here, before the loop, it is
-  gathered once; the backward accumulates the gradient in this layout and reduce-scatters it once after the loop."""
+  gathered once; the backward accumulates the gradient in this layout and reduces it once after the loop."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return unembed
