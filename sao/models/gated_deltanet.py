@@ -123,37 +123,62 @@ def _blocked_backward(strict: Array, rhs: Array, block: int = SOLVE_BLOCK) -> Ar
   return jnp.concatenate(solved, axis=-2)
 
 
+def unit_lower_inverse(strict: Array, block: int = SOLVE_BLOCK) -> Array:
+  """(I + L)⁻¹ for a strictly lower L [..., C, C]: the C / `block` diagonal blocks inverted at once by forward
+  substitution on the identity (`block` row steps over [..., C / block, block, block]), then the block rows below them
+  by block substitution — for A = [[A₁₁, 0], [L₂₁, A₂₂]], A⁻¹ = [[A₁₁⁻¹, 0], [−A₂₂⁻¹ L₂₁ A₁₁⁻¹, A₂₂⁻¹]] — one pair of
+  matmuls per block row (flash-linear-attention's `solve_tril` builds the same inverse). C not a multiple of
+  `block`: row-by-row substitution on the identity."""
+  c = strict.shape[-1]
+  if c % block or c <= block:
+    return _forward_substitution(strict, jnp.broadcast_to(jnp.eye(c, dtype=strict.dtype), strict.shape))
+  n = c // block
+  diagonal = jnp.stack([strict[..., i * block:(i + 1) * block, i * block:(i + 1) * block] for i in range(n)], -3)
+  diagonal_inverse = _forward_substitution(
+      diagonal, jnp.broadcast_to(jnp.eye(block, dtype=strict.dtype), diagonal.shape))  # [..., n, b, b]
+  inverse = diagonal_inverse[..., 0, :, :]
+  for i in range(1, n):  # ≤ 7 unrolled block rows
+    lo = i * block
+    below = -jnp.einsum("...ij,...jk,...kl->...il", diagonal_inverse[..., i, :, :], strict[..., lo:lo + block, :lo],
+                        inverse, precision=_HIGHEST)  # [..., b, lo]
+    top = jnp.concatenate([inverse, jnp.zeros(inverse.shape[:-1] + (block,), inverse.dtype)], axis=-1)
+    inverse = jnp.concatenate([top, jnp.concatenate([below, diagonal_inverse[..., i, :, :]], axis=-1)], axis=-2)
+  return inverse
+
+
 @jax.custom_vjp
 def solve_unit_lower(strict: Array, rhs: Array) -> Array:
-  """X = (I + L)⁻¹ R by forward substitution: `x_i = r_i − Σ_{j<i} L_ij x_j`, in diagonal blocks of `SOLVE_BLOCK`
-  rows (`_blocked_forward`: one row per `fori_loop` step inside a block, a matmul per block below it).
+  """X = (I + L)⁻¹ R: the inverse of the unit lower-triangular matrix (`unit_lower_inverse`, blocked substitution on
+  the identity: its row steps read [C, C]-sized blocks, not the [C, D] right-hand side) times R, one matmul.
 
   strict: [..., C, C], the strictly lower triangle L (entries on and above the diagonal must be zero);
-  rhs: [..., C, D]. Each row step is one batched [b] · [b, D] product over all leading dims. (XLA:CPU's
-  `lax.linalg.triangular_solve` takes ~8 ms per batched 64×64 system, ~70× slower than this loop; substitution is
-  also what keeps the WY solve stable when keys are nearly parallel, where a Neumann-series product blows up.)
+  rhs: [..., C, D]. (XLA:CPU's `lax.linalg.triangular_solve` takes ~8 ms per batched 64×64 system, ~70× slower than
+  substitution; substitution, not a Neumann-series product, is what keeps the WY solve stable when keys are nearly
+  parallel. `_blocked_forward`, substitution on R itself, is the test oracle: with D = Dk + Dv = 256 columns against
+  C = 64 its row steps moved 4× the bytes, docs/tpu_hlo_breakdown.md "Gated DeltaNet".)
 
-  Gradient (a custom VJP): with A = I + L and X = A⁻¹R, `dR = A⁻ᵀ dX` (back substitution, the same loop run last
-  row first) and `dL = strictly_lower(−dR Xᵀ)` (zero on and above the diagonal, where L is zero by contract).
-  Autodiff of the loop itself would save the whole [..., C, D] carry at each of its C steps for the backward — C
-  times the size of X ([64, N, B, H, 64, Dk + Dv] float32 in `chunked_gated_delta_rule`: 4 GiB per chip for
-  Qwen3.5-35B-A3B at 32,768 tokens on a v5p-128, docs/history.md); this VJP keeps only L and X.
+  Gradient (a custom VJP): with A = I + L and X = A⁻¹R, `dR = A⁻ᵀ dX` (the inverse's transpose, one matmul) and
+  `dL = strictly_lower(−dR Xᵀ)` (zero on and above the diagonal, where L is zero by contract). Autodiff of a
+  substitution loop would save the whole [..., C, D] carry at each of its C steps for the backward — C times the
+  size of X ([64, N, B, H, 64, Dk + Dv] float32 in `chunked_gated_delta_rule`: 4 GiB per chip for Qwen3.5-35B-A3B at
+  32,768 tokens on a v5p-128, docs/history.md); this VJP keeps only A⁻¹ and X.
   """
-  return _blocked_forward(strict, rhs)
+  return jnp.einsum("...ij,...jd->...id", unit_lower_inverse(strict), rhs, precision=_HIGHEST)
 
 
 def _solve_fwd(strict: Array, rhs: Array) -> tuple[Array, tuple[Array, Array]]:
-  x = _blocked_forward(strict, rhs)
-  return x, (strict, x)
+  inverse = unit_lower_inverse(strict)
+  x = jnp.einsum("...ij,...jd->...id", inverse, rhs, precision=_HIGHEST)
+  return x, (inverse, x)
 
 
 def _solve_bwd(residuals: tuple[Array, Array], dx: Array) -> tuple[Array, Array]:
-  strict, x = residuals
-  drhs = _blocked_backward(strict, dx)
-  c = strict.shape[-1]
+  inverse, x = residuals
+  drhs = jnp.einsum("...ji,...jd->...id", inverse, dx, precision=_HIGHEST)
+  c = inverse.shape[-1]
   below = jnp.tril(jnp.ones((c, c), bool), -1)
   dstrict = jnp.where(below, -jnp.einsum("...id,...jd->...ij", drhs, x, precision=_HIGHEST), 0.0)
-  return dstrict.astype(strict.dtype), drhs.astype(x.dtype)
+  return dstrict.astype(inverse.dtype), drhs.astype(x.dtype)
 
 
 solve_unit_lower.defvjp(_solve_fwd, _solve_bwd)

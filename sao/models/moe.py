@@ -37,9 +37,9 @@ in one `shard_map` manual over every mesh axis (`_mesh_experts`):
   Chunks of a capacity (`ModelConfig.moe_capacity_factor` = c > 0, expert parallelism only): the gathered
     assignments are E·N·k rows of which ≈ 1/E are this shard's, and every row-sized array (the sorted copy, the
     un-sort, their transposes) costs HBM traffic for all of them (docs/tpu_hlo_breakdown.md, "Lever 3"). With a
-    capacity C = c·M/E (rounded up to 128 rows) a shard runs its sorted rows C at a time, gathered, multiplied and
-    scatter-added (float32), over as many chunks as its own assignments fill (one when they fit in C): time follows the
-    shard's own rows, memory C; nothing is dropped.
+    capacity C = c·M/E (rounded up to 128 rows) a shard runs its sorted rows C at a time, gathered, multiplied (the
+    router weight folded into the [C, F] activations) and scatter-added in x.dtype, over as many chunks as its own
+    assignments fill (one when they fit in C): time follows the shard's own rows, memory C; nothing is dropped.
     Its backward (`_bounded_experts`, a custom VJP) keeps the inputs only and recomputes each chunk.
 Why all-gather + reduce-scatter over `expert` and not all-to-all: dropless all-to-all needs either worst-case
 static buffers (every token to one shard: E× the activations) or `ragged_all_to_all` (not on CPU, so not testable
@@ -184,44 +184,46 @@ def _local_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up
   key = jnp.where(here, local, n_local)  # other shards' assignments sort after every local group
   order = jnp.argsort(key, stable=True)  # [M = N·k]
   group_sizes = jnp.bincount(key, length=n_local + 1)[:n_local].astype(jnp.int32)  # [X_local]
+  # Gate and up as one [X, 2F, D] operand: one grouped matmul reads the sorted rows once, and its transpose gives one
+  # d_rows instead of two [M, D] cotangents summed (the concatenation is weight-sized, X·2F·D, not row-sized).
+  w_gate_up = jnp.concatenate([w_gate, w_up], axis=1)
   if capacity is None or capacity >= n_tok * k:
-    return _all_rows(x, weights, order, group_sizes, w_gate, w_up, w_down)
-  return _bounded_experts(x, weights, order, group_sizes, w_gate, w_up, w_down, capacity)
+    return _all_rows(x, weights, order, group_sizes, w_gate_up, w_down)
+  return _bounded_experts(x, weights, order, group_sizes, w_gate_up, w_down, capacity)
 
 
-def _expert_mlp(xs: Array, group_sizes: Array, w_gate: Array, w_up: Array, w_down: Array) -> Array:
-  """SwiGLU of the sorted rows xs [R, D] with their groups' experts → [R, D]; rows past Σ group_sizes are 0."""
+def _expert_mlp(xs: Array, group_sizes: Array, w_gate_up: Array, w_down: Array,
+                row_scale: Array | None = None) -> Array:
+  """SwiGLU of the sorted rows xs [R, D] with their groups' experts (w_gate_up [X, 2F, D]: gate then up, w_down
+  [X, D, F]) → [R, D]; rows past Σ group_sizes are 0. `row_scale` [R]: each row's result times it, applied to the
+  [R, F] activations before the down projection (linear in them) instead of to the [R, D] result."""
+  width = w_down.shape[2]
   # The weights are stored [X, out, in] (HF's layout): grouped_matmul reads them transposed, no swapped copy.
-  h = jax.nn.silu(grouped_matmul(xs, w_gate.astype(xs.dtype), group_sizes, transpose_rhs=True))
-  h = h * grouped_matmul(xs, w_up.astype(xs.dtype), group_sizes, transpose_rhs=True)
+  gate_up = grouped_matmul(xs, w_gate_up.astype(xs.dtype), group_sizes, transpose_rhs=True)  # [R, 2F]
+  h = jax.nn.silu(gate_up[:, :width]) * gate_up[:, width:]
+  if row_scale is not None:
+    h = h * row_scale[:, None].astype(h.dtype)
   # The rows outside every group (other shards' assignments, sorted last) come out exactly 0: `grouped_matmul`
   # zeroes the rows past Σ group_sizes, so no [R, D] select is needed.
   return grouped_matmul(h, w_down.astype(xs.dtype), group_sizes, transpose_rhs=True)
 
 
-def _all_rows(x: Array, weights: Array, order: Array, group_sizes: Array, w_gate: Array, w_up: Array,
-              w_down: Array) -> Array:
+def _all_rows(x: Array, weights: Array, order: Array, group_sizes: Array, w_gate_up: Array, w_down: Array) -> Array:
   """Every one of the M = N·k sorted assignments: gathered [M, D], the experts, un-sorted to [N, k, D] (the inverse
   permutation, a gather) and summed with the router weights → [N, D]."""
   n_tok, k = weights.shape
-  ys = _expert_mlp(x[order // k], group_sizes, w_gate, w_up, w_down)  # [M, D]
+  ys = _expert_mlp(x[order // k], group_sizes, w_gate_up, w_down)  # [M, D]
   unsorted = ys[jnp.argsort(order)].reshape(n_tok, k, -1)  # back to [N, k, D]
   return jnp.einsum("nkd,nk->nd", unsorted, weights.astype(x.dtype))
 
 
-def _chunk(x: Array, weights: Array, order: Array, group_sizes: Array, w_gate: Array, w_up: Array, w_down: Array,
-           start: Array, capacity: int) -> Array:
-  """The sorted assignments `start … start + C − 1` (order padded to whole chunks): gathered [C, D], the experts
-  with each group's rows inside the window, weighted and scatter-added → [N, D] float32 (rows of no group — other
-  shards' assignments, the padding — come out of the experts as 0 and add nothing)."""
-  k = weights.shape[1]
+def _window(order: Array, group_sizes: Array, start: Array, capacity: int) -> tuple[Array, Array]:
+  """The sorted assignments `start … start + C − 1` of `order` (padded to whole chunks): (their flat indices [C]
+  into the N·k assignments, each group's rows inside the window [X_local])."""
   take = jax.lax.dynamic_slice_in_dim(order, start, capacity)  # [C]
   ends = jnp.cumsum(group_sizes)
-  window = (jnp.clip(ends, start, start + capacity) - jnp.clip(ends - group_sizes, start, start + capacity))
-  token = take // k
-  ys = _expert_mlp(x[token], window.astype(jnp.int32), w_gate, w_up, w_down)  # [C, D]
-  gate = weights.reshape(-1)[take].astype(jnp.float32)
-  return jnp.zeros(x.shape, jnp.float32).at[token].add(ys.astype(jnp.float32) * gate[:, None])
+  window = jnp.clip(ends, start, start + capacity) - jnp.clip(ends - group_sizes, start, start + capacity)
+  return take, window.astype(jnp.int32)
 
 
 def _chunks(order: Array, group_sizes: Array, capacity: int) -> tuple[Array, Array]:
@@ -231,39 +233,60 @@ def _chunks(order: Array, group_sizes: Array, capacity: int) -> tuple[Array, Arr
   return order, (jnp.sum(group_sizes) + capacity - 1) // capacity
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
-def _bounded_experts(x: Array, weights: Array, order: Array, group_sizes: Array, w_gate: Array, w_up: Array,
-                     w_down: Array, capacity: int) -> Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _bounded_experts(x: Array, weights: Array, order: Array, group_sizes: Array, w_gate_up: Array, w_down: Array,
+                     capacity: int) -> Array:
   """`_all_rows`' value, computed `capacity` sorted rows at a time over as many chunks as this shard's assignments
-  fill (one when they fit): time ∝ the shard's own rows, memory ∝ `capacity`."""
+  fill (one when they fit): time ∝ the shard's own rows, memory ∝ `capacity`.
+
+  Per chunk: the rows gathered [C, D], the experts with the router weight folded into the [C, F] activations, and
+  the [C, D] result scatter-added into the output, which is accumulated in x.dtype. Why not float32: a token
+  receives at most k additions on a shard (k/E on average under balanced routing), each rounded once — what the
+  every-row path's bf16 combine and the `expert`-axis psum_scatter of bf16 partials after it round too — while a
+  float32 accumulator made every [C, D] update and the [N, D] output twice as many bytes (the largest temporaries of
+  the expert-parallel step, docs/tpu_hlo_breakdown.md "The MoE's data movement")."""
   order, n_chunks = _chunks(order, group_sizes, capacity)
-  body = lambda i, out: out + _chunk(x, weights, order, group_sizes, w_gate, w_up, w_down, i * capacity, capacity)
-  return jax.lax.fori_loop(0, n_chunks, body, jnp.zeros(x.shape, jnp.float32)).astype(x.dtype)
+  gates = weights.reshape(-1)
+  k = weights.shape[1]
+
+  def body(i, out):
+    take, window = _window(order, group_sizes, i * capacity, capacity)
+    token = take // k
+    return out.at[token].add(_expert_mlp(x[token], window, w_gate_up, w_down, row_scale=gates[take]))
+
+  return jax.lax.fori_loop(0, n_chunks, body, jnp.zeros(x.shape, x.dtype))
 
 
-def _bounded_experts_fwd(x, weights, order, group_sizes, w_gate, w_up, w_down, capacity):
-  out = _bounded_experts(x, weights, order, group_sizes, w_gate, w_up, w_down, capacity)
-  return out, (x, weights, order, group_sizes, w_gate, w_up, w_down)
+def _bounded_experts_fwd(x, weights, order, group_sizes, w_gate_up, w_down, capacity):
+  out = _bounded_experts(x, weights, order, group_sizes, w_gate_up, w_down, capacity)
+  return out, (x, weights, order, group_sizes, w_gate_up, w_down)
 
 
 def _bounded_experts_bwd(capacity, residuals, d_out):
-  """The VJP chunk by chunk, each chunk's forward recomputed from the inputs (a loop with a data-dependent trip
-  count has no reverse-mode derivative of its own, and no chunk's residuals outlive it). Gradients accumulate in
-  float32."""
-  x, weights, order, group_sizes, w_gate, w_up, w_down = residuals
+  """The VJP chunk by chunk, each chunk's experts recomputed from the gathered rows (a loop with a data-dependent trip
+  count has no reverse-mode derivative of its own, and no chunk's residuals outlive it): d_out gathered [C, D] (in
+  its dtype), the chunk's VJP with respect to its rows, gates and weights, d_rows scatter-added into d_x (x.dtype, as
+  the forward's output) and d_gates into the N·k router weights. The weight gradients accumulate in float32."""
+  x, weights, order, group_sizes, w_gate_up, w_down = residuals
   padded, n_chunks = _chunks(order, group_sizes, capacity)
-  diff = (x, weights, w_gate, w_up, w_down)
+  gates = weights.reshape(-1)
+  k = weights.shape[1]
 
   def body(i, acc):
-    chunk = lambda x, weights, w_gate, w_up, w_down: _chunk(x, weights, padded, group_sizes, w_gate, w_up, w_down,
-                                                            i * capacity, capacity)
-    _, pullback = jax.vjp(chunk, *diff)
-    return jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, pullback(d_out.astype(jnp.float32)))
+    d_x, d_gates, d_gate_up, d_down = acc
+    take, window = _window(padded, group_sizes, i * capacity, capacity)
+    token = take // k
+    mlp = lambda rows, scale, w_gu, w_d: _expert_mlp(rows, window, w_gu, w_d, row_scale=scale)
+    _, pullback = jax.vjp(mlp, x[token], gates[take], w_gate_up, w_down)
+    g_rows, g_scale, g_gate_up, g_down = pullback(d_out[token].astype(x.dtype))
+    return (d_x.at[token].add(g_rows.astype(x.dtype)), d_gates.at[take].add(g_scale.astype(jnp.float32)),
+            d_gate_up + g_gate_up.astype(jnp.float32), d_down + g_down.astype(jnp.float32))
 
-  zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32), diff)
-  grads = jax.lax.fori_loop(0, n_chunks, body, zeros)
-  d_x, d_weights, d_gate, d_up, d_down = (g.astype(a.dtype) for g, a in zip(grads, diff))
-  return d_x, d_weights, None, None, d_gate, d_up, d_down
+  init = (jnp.zeros(x.shape, x.dtype), jnp.zeros(gates.shape, jnp.float32),
+          jnp.zeros(w_gate_up.shape, jnp.float32), jnp.zeros(w_down.shape, jnp.float32))
+  d_x, d_gates, d_gate_up, d_down = jax.lax.fori_loop(0, n_chunks, body, init)
+  return (d_x, d_gates.reshape(weights.shape).astype(weights.dtype), None, None,
+          d_gate_up.astype(w_gate_up.dtype), d_down.astype(w_down.dtype))
 
 
 _bounded_experts.defvjp(_bounded_experts_fwd, _bounded_experts_bwd)

@@ -158,6 +158,23 @@ def test_blocked_substitutions_equal_row_by_row_and_float64(c):
                                atol=2e-5 * max(1.0, np.abs(want).max()), rtol=0)
 
 
+@pytest.mark.parametrize("c", [64, 48, 20])
+def test_unit_lower_inverse_matches_float64(c):
+  """(I + L)⁻¹ by blocks (diagonal blocks by substitution on the identity, block rows below by matmuls) against
+  float64 `np.linalg.inv`, keys 99 % parallel, and is lower unit-triangular."""
+  from sao.models.gated_deltanet import unit_lower_inverse  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(7)
+  keys = 0.99 * rng.standard_normal(16) + 0.01 * rng.standard_normal((2, c, 16))
+  keys /= np.linalg.norm(keys, axis=-1, keepdims=True)
+  strict = np.tril(rng.uniform(0.5, 1.0, (2, c, 1)) * keys @ keys.swapaxes(-1, -2), -1)
+  want = np.linalg.inv(np.eye(c) + strict)
+  got = np.asarray(jax.jit(unit_lower_inverse)(jnp.asarray(strict, jnp.float32)))
+  assert np.abs(np.tril(want, -1)).max() > 0.5  # far from the identity
+  np.testing.assert_allclose(got, want, atol=2e-5 * np.abs(want).max(), rtol=0)
+  np.testing.assert_array_equal(np.triu(got, 1), 0.0)
+  np.testing.assert_array_equal(np.diagonal(got, axis1=-2, axis2=-1), 1.0)
+
+
 # ------------------------------------------------------------------------------- the solve's VJP (backward memory)
 def _autodiff_of_the_loop(monkeypatch):
   """The chunked rule as it was before `solve_unit_lower` had a custom VJP: jax differentiates the substitution loop
@@ -209,8 +226,9 @@ def test_chunked_values_and_gradients_equal_autodiff_of_the_loop(t, chunk_size, 
   grads, (out, s) = value_and_grads()
   _autodiff_of_the_loop(monkeypatch)
   want_grads, (want_out, want_s) = value_and_grads()
-  np.testing.assert_array_equal(np.asarray(out), np.asarray(want_out))  # the forward is the same loop
-  np.testing.assert_array_equal(np.asarray(s), np.asarray(want_s))
+  # The forward multiplies by the blocked inverse where the loop substitutes: float32 rounding apart.
+  np.testing.assert_allclose(np.asarray(out), np.asarray(want_out), atol=1e-6, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(s), np.asarray(want_s), atol=1e-6, rtol=1e-6)
   for name, got, want in zip("q k v g beta state".split(), grads, want_grads):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5, err_msg=name)
 
@@ -255,7 +273,7 @@ def test_block_gradients_equal_autodiff_of_the_loop(t, monkeypatch):
   grads, out = value_and_grads()
   _autodiff_of_the_loop(monkeypatch)
   want_grads, want_out = value_and_grads()
-  np.testing.assert_array_equal(np.asarray(out), np.asarray(want_out))
+  np.testing.assert_allclose(np.asarray(out), np.asarray(want_out), atol=1e-6, rtol=1e-6)
   flat, want_flat = jax.tree_util.tree_flatten_with_path(grads)[0], jax.tree.leaves(want_grads)
   for (path, got), want in zip(flat, want_flat):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-4, err_msg=str(path))
