@@ -33,7 +33,10 @@ in one `shard_map` manual over every mesh axis (`_mesh_experts`):
   - expert parallelism (E = |expert| > 1): the tokens of the E shards of an expert group are all-gathered within
     the group, each shard runs its X/E experts on them (the other assignments sort after every local group), and the
     partial outputs are reduce-scattered back (`psum_scatter`); tensor parallelism: each shard's F/|tensor| slice
-    gives a partial down projection, summed with `psum` over `tensor`.
+    gives a partial down projection, summed with `psum` over `tensor` — or, when the tokens' rows outnumber the
+    weights' (`_tokens_over_tensor`: training micro-batches), `tensor` splits the tokens instead (a slice of rows
+    each shard already holds; whole expert widths gathered over `tensor`), so the row-sized data movement is not
+    repeated on every `tensor` shard.
   Chunks of a capacity (`ModelConfig.moe_capacity_factor` = c > 0, expert parallelism only): the gathered
     assignments are E·N·k rows of which ≈ 1/E are this shard's, and every row-sized array (the sorted copy, the
     un-sort, their transposes) costs HBM traffic for all of them (docs/tpu_hlo_breakdown.md, "Lever 3"). With a
@@ -130,8 +133,9 @@ def _axis_size(mesh, name: str) -> int:
 def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array, w_up: Array,
                   w_down: Array, capacity_factor: float = 0.0) -> Array:
   """`routed_experts` in one shard_map manual over every axis of `mesh` (the module docstring): x [N, D] and the
-  routing [N, k] by rows over the batch axes, w_gate / w_up [X, F, D] and w_down [X, D, F] (HF's `[out, in]`) by
-  experts over `expert` and F over `tensor` → [N, D], rows over the batch axes."""
+  routing [N, k] by rows over the batch axes (and over `tensor` when `_tokens_over_tensor`), w_gate / w_up [X, F, D]
+  and w_down [X, D, F] (HF's `[out, in]`) by experts over `expert` and, unless the tokens take `tensor`, F over it
+  → [N, D], rows over the batch axes."""
   n_exp, n_width = w_gate.shape[0], w_gate.shape[1]
   n_expert_shards = _axis_size(mesh, EXPERT_AXIS)
   if n_exp % n_expert_shards:
@@ -141,6 +145,8 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
   if x.shape[0] % math.prod(_axis_size(mesh, a) for a in token_axes):
     token_axes = ()  # tokens replicated (see the module docstring)
   width_axis = TENSOR_AXIS if _axis_size(mesh, TENSOR_AXIS) > 1 and n_width % mesh.shape[TENSOR_AXIS] == 0 else None
+  if width_axis is not None and _tokens_over_tensor(mesh, token_axes, x.shape[0], n_exp, n_width):
+    token_axes, width_axis = token_axes + (TENSOR_AXIS,), None
   expert_axis = EXPERT_AXIS if n_expert_shards > 1 else None
   gather_tokens = expert_axis is not None and expert_axis in token_axes
 
@@ -162,6 +168,22 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
   w_in, w_out = P(expert_axis, width_axis, None), P(expert_axis, None, width_axis)
   return jax.shard_map(per_shard, mesh=mesh, in_specs=(rows, rows, rows, w_in, w_in, w_out), out_specs=rows,
                        axis_names=set(mesh.axis_names), check_vma=False)(x, weights, experts, w_gate, w_up, w_down)
+
+
+def _tokens_over_tensor(mesh, token_axes: tuple[str, ...], n_tokens: int, n_exp: int, n_width: int) -> bool:
+  """Whether the `tensor` shards take different tokens (each with whole expert widths) rather than the same tokens
+  with F / |tensor| each: by the bytes each layout adds per shard. Splitting F makes every `tensor` shard gather,
+  sort, multiply and scatter the same N_local·E token rows of D (the expert all-gather and each row-sized array, the
+  largest data movement of a training step, duplicated |tensor| times); splitting the tokens instead gathers each
+  shard's X/E experts' whole widths over `tensor`, 3·(X/E)·F rows of D. The tokens take `tensor` when their rows
+  outnumber the weights' (a training micro-batch: 262,144 gathered rows against 49,152 at T = 32,768 on the v5p-128
+  expert mesh) and split evenly; decoding's few tokens keep F split."""
+  tensor = mesh.shape[TENSOR_AXIS]
+  batch_shards = math.prod(_axis_size(mesh, a) for a in token_axes)
+  if not token_axes or n_tokens % (batch_shards * tensor):
+    return False
+  gathered = n_tokens // batch_shards * _axis_size(mesh, EXPERT_AXIS)
+  return gathered > 3 * (n_exp // _axis_size(mesh, EXPERT_AXIS)) * n_width
 
 
 def expert_capacity(rows: int, expert_shards: int, capacity_factor: float) -> int:

@@ -219,3 +219,31 @@ def test_flops_grow_with_experts_per_token_not_num_experts():
   assert routed[(64, 2)] / routed[(8, 2)] < 2
   assert 1.5 < routed[(64, 4)] / routed[(64, 2)] < 2.5
   assert routed[(64, 2)] < dense[64] / 8
+
+
+def test_long_micro_batches_split_tokens_over_tensor():
+  """With many tokens per shard (8 × 96 here: 384 gathered rows per expert group against 3 × 4 × 32 = 384 rows of
+  expert weights, so 8 × 128 tips it) `tensor` takes tokens, not expert widths: x arrives in the shard_map as
+  N / (batch shards · tensor) rows and the expert weights whole; values and gradients still equal dense."""
+  mesh = _mesh(fsdp=2, expert=2, tensor=2)
+  routed, dense = _configs("qwen3_moe", True)
+  x = jax.random.normal(jax.random.PRNGKey(3), (8, 128, routed.hidden_size))
+  params = MoE(routed).init(jax.random.PRNGKey(0), x)["params"]
+  assert moe._tokens_over_tensor(mesh, ("fsdp", "expert"), 8 * 128, routed.num_experts,
+                                 routed.moe_intermediate_size)
+  assert not moe._tokens_over_tensor(mesh, ("fsdp", "expert"), 8 * 96, routed.num_experts,
+                                     routed.moe_intermediate_size)
+
+  def value_and_grad(config):
+    loss = lambda p, x: jnp.sum(jnp.sin(MoE(config).apply({"params": p}, x)))
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+
+  want, want_grads = value_and_grad(dense)(params, x)
+  with jax.set_mesh(mesh):
+    mapped = _shard_map_eqns(jax.make_jaxpr(value_and_grad(routed))(params, x).jaxpr)
+    got, got_grads = value_and_grad(routed)(params, x)
+  inputs = mapped[0].params["jaxpr"].invars
+  assert inputs[0].aval.shape == (8 * 128 // 8, routed.hidden_size)  # 4 batch shards × 2 tensor shards
+  assert inputs[3].aval.shape[1] == routed.moe_intermediate_size  # w_gate whole over F
+  _assert_close(got, want)
+  _assert_trees_close(got_grads, want_grads)
