@@ -145,13 +145,25 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
   if x.shape[0] % math.prod(_axis_size(mesh, a) for a in token_axes):
     token_axes = ()  # tokens replicated (see the module docstring)
   width_axis = TENSOR_AXIS if _axis_size(mesh, TENSOR_AXIS) > 1 and n_width % mesh.shape[TENSOR_AXIS] == 0 else None
-  if width_axis is not None and _tokens_over_tensor(mesh, token_axes, x.shape[0], n_exp, n_width):
+  whole_width = width_axis is not None and _tokens_over_tensor(mesh, token_axes, x.shape[0], n_exp, n_width)
+  hidden_axis = None  # whole widths: the weights enter as stored (F over `tensor`, D over `fsdp`), gathered inside
+  if whole_width:
     token_axes, width_axis = token_axes + (TENSOR_AXIS,), None
+    fsdp = _axis_size(mesh, "fsdp")
+    hidden_axis = "fsdp" if fsdp > 1 and x.shape[1] % fsdp == 0 else None
   expert_axis = EXPERT_AXIS if n_expert_shards > 1 else None
   gather_tokens = expert_axis is not None and expert_axis in token_axes
 
+  def gather_weight(w, width_dim, hidden_dim):
+    # An all-gather inside the shard_map transposes to a reduce-scatter of the weight gradient (GSPMD's gather before
+    # it came back as an all-reduce of the whole local experts' gradients).
+    w = jax.lax.all_gather(w, TENSOR_AXIS, axis=width_dim, tiled=True)
+    return w if hidden_axis is None else jax.lax.all_gather(w, hidden_axis, axis=hidden_dim, tiled=True)
+
   def per_shard(x, weights, experts, w_gate, w_up, w_down):
     first = 0 if expert_axis is None else jax.lax.axis_index(expert_axis) * (n_exp // n_expert_shards)
+    if whole_width:
+      w_gate, w_up, w_down = gather_weight(w_gate, 1, 2), gather_weight(w_up, 1, 2), gather_weight(w_down, 2, 1)
     if gather_tokens:  # the expert group's tokens: [N_local · E, ...]
       x, weights, experts = (jax.lax.all_gather(a, expert_axis, tiled=True) for a in (x, weights, experts))
     rows = experts.shape[0] * experts.shape[1]
@@ -165,7 +177,10 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
     return jax.lax.psum(out, width_axis) if width_axis is not None else out
 
   rows = P(token_axes or None)
-  w_in, w_out = P(expert_axis, width_axis, None), P(expert_axis, None, width_axis)
+  if whole_width:
+    w_in, w_out = P(expert_axis, TENSOR_AXIS, hidden_axis), P(expert_axis, hidden_axis, TENSOR_AXIS)
+  else:
+    w_in, w_out = P(expert_axis, width_axis, None), P(expert_axis, None, width_axis)
   return jax.shard_map(per_shard, mesh=mesh, in_specs=(rows, rows, rows, w_in, w_in, w_out), out_specs=rows,
                        axis_names=set(mesh.axis_names), check_vma=False)(x, weights, experts, w_gate, w_up, w_down)
 
