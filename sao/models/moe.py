@@ -148,7 +148,7 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
   whole_width = width_axis is not None and _tokens_over_tensor(mesh, token_axes, x.shape[0], n_exp, n_width)
   hidden_axis = None  # whole widths: the weights enter as stored (F over `tensor`, D over `fsdp`), gathered inside
   if whole_width:
-    token_axes, width_axis = token_axes + (TENSOR_AXIS,), None
+    width_axis = None
     fsdp = _axis_size(mesh, "fsdp")
     hidden_axis = "fsdp" if fsdp > 1 and x.shape[1] % fsdp == 0 else None
   expert_axis = EXPERT_AXIS if n_expert_shards > 1 else None
@@ -164,6 +164,11 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
     first = 0 if expert_axis is None else jax.lax.axis_index(expert_axis) * (n_exp // n_expert_shards)
     if whole_width:
       w_gate, w_up, w_down = gather_weight(w_gate, 1, 2), gather_weight(w_up, 1, 2), gather_weight(w_down, 2, 1)
+      # This `tensor` shard's part of the rows it holds (the shard_map's boundary keeps GSPMD's layout, rows
+      # replicated over `tensor`: a slice here, an all-gather at the end, and no resharding around the block).
+      part = x.shape[0] // mesh.shape[TENSOR_AXIS]
+      start = jax.lax.axis_index(TENSOR_AXIS) * part
+      x, weights, experts = (jax.lax.dynamic_slice_in_dim(a, start, part) for a in (x, weights, experts))
     if gather_tokens:  # the expert group's tokens: [N_local · E, ...]
       x, weights, experts = (jax.lax.all_gather(a, expert_axis, tiled=True) for a in (x, weights, experts))
     rows = experts.shape[0] * experts.shape[1]
@@ -174,6 +179,8 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
       out = jax.lax.psum_scatter(out, expert_axis, scatter_dimension=0, tiled=True)
     elif expert_axis is not None:
       out = jax.lax.psum(out, expert_axis)
+    if whole_width:
+      return jax.lax.all_gather(out, TENSOR_AXIS, tiled=True)
     return jax.lax.psum(out, width_axis) if width_axis is not None else out
 
   rows = P(token_axes or None)

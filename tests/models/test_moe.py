@@ -223,9 +223,9 @@ def test_flops_grow_with_experts_per_token_not_num_experts():
 
 def test_long_micro_batches_split_tokens_over_tensor():
   """With many tokens per shard (8 × 96 here: 384 gathered rows per expert group against 3 × 4 × 32 = 384 rows of
-  expert weights, so 8 × 128 tips it) `tensor` takes tokens, not expert widths: x arrives in the shard_map as
-  N / (batch shards · tensor) rows and the expert weights are gathered whole inside it; values and gradients still
-  equal dense."""
+  expert weights, so 8 × 128 tips it) `tensor` takes tokens, not expert widths: each `tensor` shard runs half of
+  the N / batch shards rows it holds, the expert weights gathered whole inside the shard_map and the output gathered
+  over `tensor` at its end; values and gradients still equal dense."""
   mesh = _mesh(fsdp=2, expert=2, tensor=2)
   routed, dense = _configs("qwen3_moe", True)
   x = jax.random.normal(jax.random.PRNGKey(3), (8, 128, routed.hidden_size))
@@ -244,7 +244,7 @@ def test_long_micro_batches_split_tokens_over_tensor():
     mapped = _shard_map_eqns(jax.make_jaxpr(value_and_grad(routed))(params, x).jaxpr)
     got, got_grads = value_and_grad(routed)(params, x)
   inputs = mapped[0].params["jaxpr"].invars
-  assert inputs[0].aval.shape == (8 * 128 // 8, routed.hidden_size)  # 4 batch shards × 2 tensor shards
+  assert inputs[0].aval.shape == (8 * 128 // 4, routed.hidden_size)  # 4 batch shards; halved over tensor inside
   # w_gate enters as stored (experts over `expert`, F over `tensor`, D over `fsdp`) and is gathered whole inside.
   assert inputs[3].aval.shape == (routed.num_experts // 2, routed.moe_intermediate_size // 2, routed.hidden_size // 2)
   gathered = [e for e in mapped[0].params["jaxpr"].eqns if e.primitive.name == "all_gather"]
