@@ -133,9 +133,9 @@ def _axis_size(mesh, name: str) -> int:
 def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array, w_up: Array,
                   w_down: Array, capacity_factor: float = 0.0) -> Array:
   """`routed_experts` in one shard_map manual over every axis of `mesh` (the module docstring): x [N, D] and the
-  routing [N, k] by rows over the batch axes (and over `tensor` when `_tokens_over_tensor`), w_gate / w_up [X, F, D]
-  and w_down [X, D, F] (HF's `[out, in]`) by experts over `expert` and, unless the tokens take `tensor`, F over it
-  → [N, D], rows over the batch axes."""
+  routing [N, k] by rows over the batch axes, w_gate / w_up [X, F, D] and w_down [X, D, F] (HF's `[out, in]`) by
+  experts over `expert` and F over `tensor` → [N, D], rows over the batch axes. When `_tokens_over_tensor`, each
+  `tensor` shard runs 1/|tensor| of its rows with the experts' whole widths (gathered inside) instead."""
   n_exp, n_width = w_gate.shape[0], w_gate.shape[1]
   n_expert_shards = _axis_size(mesh, EXPERT_AXIS)
   if n_exp % n_expert_shards:
@@ -199,7 +199,7 @@ def _tokens_over_tensor(mesh, token_axes: tuple[str, ...], n_tokens: int, n_exp:
   largest data movement of a training step, duplicated |tensor| times); splitting the tokens instead gathers each
   shard's X/E experts' whole widths over `tensor`, 3·(X/E)·F rows of D. The tokens take `tensor` when their rows
   outnumber the weights' (a training micro-batch: 262,144 gathered rows against 49,152 at T = 32,768 on the v5p-128
-  expert mesh) and split evenly; decoding's few tokens keep F split."""
+  expert mesh, docs/tpu_hlo_breakdown.md) and split evenly; decoding's few tokens keep F split."""
   tensor = mesh.shape[TENSOR_AXIS]
   batch_shards = math.prod(_axis_size(mesh, a) for a in token_axes)
   if not token_axes or n_tokens % (batch_shards * tensor):
