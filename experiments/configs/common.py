@@ -20,6 +20,8 @@ from sao import run_config
 from sao.engines import compilation_cache
 from sao.train.config import default_learner_config
 
+from experiments.configs import pod_layout
+
 # The paper's base policy (a local copy of the HF checkpoint; override `model.hf_path`).
 FULL_MODEL = "Qwen/Qwen3.5-35B-A3B"
 # The router `launch/tpu_pod.py` starts in front of the SGLang fleet; override with --config.engine_urls.
@@ -278,8 +280,8 @@ def full_scale(config: ml_collections.ConfigDict) -> None:
   # 1,024-token chunks make the LM head compute-bound on a chip (128 re-read the unembedding per chunk, memory-bound):
   # the v5p-128 slice's step 0.644 → 0.462 s (docs/tpu_hlo_breakdown.md, "The LM head").
   c.logprob_chunk_size = 1024
-  full_precision(config)
-  full_mesh(config)
+  pod_layout.full_precision(config)
+  pod_layout.full_mesh(config)
   config.rollout.max_new_tokens = 8192
   config.rollout.max_turns = FULL_MAX_TURNS
   config.rollout.max_total_tokens = 131072
@@ -289,35 +291,6 @@ def full_scale(config: ml_collections.ConfigDict) -> None:
   config.rollout.concurrency = 64
   config.server.host = "0.0.0.0"  # remote workers must reach the trainer
   config.server.max_staleness = 8
-
-
-def full_precision(config: ml_collections.ConfigDict) -> None:
-  """bf16 as TPU trainers run it (MaxText, levanter): bf16 parameters and activations in HBM, float32 AdamW moments
-  and float32 master weights (the update is applied to the master copy and the bf16 params are its cast: at the
-  actor's lr 1e-6 an update is ~1e-6 relative, far below bf16's 2^-8 spacing, so applied to bf16 directly most would
-  round away). Per-layer remat: the backward pass recomputes each decoder layer from its input instead of keeping
-  its activations (one layer's [rows, T, hidden] input per layer is all that is kept). Scan over layers: the
-  ahead-of-time compile of the full depth takes about one period of layers' time (docs/tpu_compile_report.md)."""
-  config.model.param_dtype = "bfloat16"
-  config.model.compute_dtype = "bfloat16"
-  config.model.remat = "full"
-  config.model.scan_layers = True
-  for role in (config.learner.actor, config.learner.critic):
-    role.optimizer.master_weights = True
-
-
-def full_mesh(config: ml_collections.ConfigDict) -> None:
-  """The learner mesh for the full configs on a v5p-128 (128 chips; on 256 chips `tensor` doubles): the batch over
-  `fsdp` = 8, the model over `tensor` = −1 (the remaining 16), micro-batches of 8 rows — one row per batch shard.
-
-  Why: the batch rule shards rows over data × fsdp × expert, and a micro-batch must split evenly over them, so a
-  micro-batch of M rows allows at most M batch shards. One row of 131,072 tokens per chip is already the most a
-  chip's activations hold, so more rows per micro-batch only buys more batch shards at the cost of memory; the rest
-  of the chips shard the model (heads, expert widths, vocabulary) over `tensor`. The compile report
-  (docs/tpu_compile_report.md) measures this layout."""
-  c = config.learner
-  c.batching.micro_batch_size = 8
-  c.mesh.data, c.mesh.fsdp, c.mesh.expert, c.mesh.tensor = 1, 8, 1, -1
 
 
 def sao_full_critic(config: ml_collections.ConfigDict) -> None:

@@ -30,10 +30,14 @@ Full (the paper's setting; needs an SGLang GPU fleet and a TPU/GPU trainer):
 
     python experiments/train.py --config=experiments/configs/sao_openswe.py:full --workdir=gs://.../sao_openswe \
         --config.engine_urls=http://router:30000
+
+Full, 64k (episodes up to 65,536 tokens on the expert-parallel mesh, `pod_layout.full_expert_mesh`: the cost model
+prices its 32k step 5× faster than `full`'s mesh, which is the one that fits 131,072): `:full_64k`.
 """
 from experiments.configs import common
+from experiments.configs import pod_layout
 
-VARIANTS = ("toy", "full", "swe_toy", "smollm2")
+VARIANTS = ("toy", "full", "full_64k", "swe_toy", "smollm2")
 
 
 def smollm2(config):
@@ -79,9 +83,11 @@ def get_config(arg: str | None = None):
   common.stabilized_sao(config)
   if variant == "toy":
     config.total_steps = common.SAO_TOY_RL_STEPS
-  elif variant == "full":
+  elif variant in ("full", "full_64k"):
     common.full_scale(config)
     common.sao_full_critic(config)
+    if variant == "full_64k":
+      pod_layout.full_expert_mesh(config)
   elif variant == "swe_toy":
     common.swe_toy(config)
   elif variant == "smollm2":

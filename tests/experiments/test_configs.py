@@ -13,7 +13,7 @@ from sao.rollout import envs
 from sao.train.config import validate_learner_config
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "configs"
-MODULES = sorted(p.stem for p in CONFIG_DIR.glob("*.py") if p.stem not in ("__init__", "common"))
+MODULES = sorted(p.stem for p in CONFIG_DIR.glob("*.py") if p.stem not in ("__init__", "common", "pod_layout"))
 STABILIZED = ("sao_openswe", "sao_multilingual", "sao_mixed_harness")
 INITIAL = ("sao_openswe_initial",)
 # Configs of a CPU toy task only (no paper-scale setting exists for it): `toy` and no `full`.
@@ -237,20 +237,20 @@ def test_flag_overrides_reach_the_derived_fields():
   assert by_flags.server.max_outstanding == 100 and by_flags.rollout.batch_size == 32
 
 
-FULL_CASES = [name for name in MODULES if "full" in _load(name).VARIANTS]
+FULL_CASES = [(name, variant) for name in MODULES for variant in _load(name).VARIANTS if variant.startswith("full")]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                     reason="libtpu is not installed (pip install -e '.[test]' installs it)")
 @pytest.mark.parametrize("topology", ["v5p:4x4x8", "v6e:16x16"])
-@pytest.mark.parametrize("name", FULL_CASES)
-def test_full_variant_builds_its_learner_mesh_on_a_pod_slice(name, topology):
-  """As shipped (no mesh overrides), every `full` config's learner mesh covers a v5p-128's (and a v6e-256's) chips
-  and its micro-batches split evenly over the batch shards — the learner's own precondition
-  (`Learner.__init__`) — without compiling anything (libtpu only describes the devices)."""
+@pytest.mark.parametrize("name, variant", FULL_CASES)
+def test_full_variant_builds_its_learner_mesh_on_a_pod_slice(name, variant, topology):
+  """As shipped (no mesh overrides), every `full` config's learner mesh (`full_64k`'s expert-parallel one too) covers
+  a v5p-128's (and a v6e-256's) chips and its micro-batches split evenly over the batch shards — the learner's own
+  precondition (`Learner.__init__`) — without compiling anything (libtpu only describes the devices)."""
   from sao.train import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from sao.aot import tpu_topology  # pylint: disable=g-import-not-at-top
-  config = _load(name).get_config("full")
+  config = _load(name).get_config(variant)
   _, devices = tpu_topology.topology_devices(topology)
   mesh = mesh_lib.make_mesh(dict(config.learner.mesh), devices)
   assert mesh.devices.size == len(devices), f"{name}: the mesh leaves chips idle on {topology}"
@@ -260,6 +260,8 @@ def test_full_variant_builds_its_learner_mesh_on_a_pod_slice(name, topology):
   assert config.rollout.batch_size % micro == 0  # whole micro-batches, no padded rows
   assert config.model.param_dtype == config.model.compute_dtype == "bfloat16"
   assert config.learner.actor.optimizer.master_weights and config.learner.critic.optimizer.master_weights
+  if mesh.shape["expert"] > 1:  # 256 experts over `expert`; no row longer than the layout fits
+    assert max(config.learner.batching.bucket_lengths) == config.rollout.max_total_tokens == 65536
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -12,7 +12,7 @@ from experiments.compile_tpu import model_config_of
 from experiments.configs import sao_openswe
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "configs"
-MODULES = sorted(p.stem for p in CONFIG_DIR.glob("*.py") if p.stem not in ("__init__", "common"))
+MODULES = sorted(p.stem for p in CONFIG_DIR.glob("*.py") if p.stem not in ("__init__", "common", "pod_layout"))
 REAL_CPU = {("sao_openswe", "smollm2")}  # float32 on CPU, layers scanned: one layer's programs compile, not thirty
 
 
