@@ -145,7 +145,8 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
   if x.shape[0] % math.prod(_axis_size(mesh, a) for a in token_axes):
     token_axes = ()  # tokens replicated (see the module docstring)
   width_axis = TENSOR_AXIS if _axis_size(mesh, TENSOR_AXIS) > 1 and n_width % mesh.shape[TENSOR_AXIS] == 0 else None
-  whole_width = width_axis is not None and _tokens_over_tensor(mesh, token_axes, x.shape[0], n_exp, n_width)
+  whole_width = width_axis is not None and _tokens_over_tensor(mesh, token_axes, x.shape[0], experts.shape[1],
+                                                                 n_exp, n_width)
   hidden_axis = None  # whole widths: the weights enter as stored (F over `tensor`, D over `fsdp`), gathered inside
   if whole_width:
     width_axis = None
@@ -192,20 +193,22 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
                        axis_names=set(mesh.axis_names), check_vma=False)(x, weights, experts, w_gate, w_up, w_down)
 
 
-def _tokens_over_tensor(mesh, token_axes: tuple[str, ...], n_tokens: int, n_exp: int, n_width: int) -> bool:
+def _tokens_over_tensor(mesh, token_axes: tuple[str, ...], n_tokens: int, k: int, n_exp: int,
+                        n_width: int) -> bool:
   """Whether the `tensor` shards take different tokens (each with whole expert widths) rather than the same tokens
-  with F / |tensor| each: by the bytes each layout adds per shard. Splitting F makes every `tensor` shard gather,
-  sort, multiply and scatter the same N_local·E token rows of D (the expert all-gather and each row-sized array, the
-  largest data movement of a training step, duplicated |tensor| times); splitting the tokens instead gathers each
-  shard's X/E experts' whole widths over `tensor`, 3·(X/E)·F rows of D. The tokens take `tensor` when their rows
-  outnumber the weights' (a training micro-batch: 262,144 gathered rows against 49,152 at T = 32,768 on the v5p-128
-  expert mesh, docs/tpu_hlo_breakdown.md) and split evenly; decoding's few tokens keep F split."""
+  with F / |tensor| each: by the rows each layout moves per shard. Splitting F makes every `tensor` shard gather,
+  sort, multiply and scatter the same N_local·E·k sorted assignment rows of D (with the expert all-gather, the
+  largest data movement of a training step, repeated on every `tensor` shard); splitting the tokens instead gathers
+  each shard's X/E experts' whole widths over `tensor`, 3·(X/E)·F rows of D. The tokens take `tensor` when the
+  assignment rows outnumber the weights' (training micro-batches: 2,097,152 against 49,152 at T = 32,768 on the
+  v5p-128 expert mesh; 1,048,576 against 393,216 at 131,072 on the `full` configs' mesh, docs/tpu_hlo_breakdown.md)
+  and split evenly; decoding's few tokens keep F split."""
   tensor = mesh.shape[TENSOR_AXIS]
   batch_shards = math.prod(_axis_size(mesh, a) for a in token_axes)
   if not token_axes or n_tokens % (batch_shards * tensor):
     return False
   gathered = n_tokens // batch_shards * _axis_size(mesh, EXPERT_AXIS)
-  return gathered > 3 * (n_exp // _axis_size(mesh, EXPERT_AXIS)) * n_width
+  return gathered * k > 3 * (n_exp // _axis_size(mesh, EXPERT_AXIS)) * n_width
 
 
 def expert_capacity(rows: int, expert_shards: int, capacity_factor: float) -> int:

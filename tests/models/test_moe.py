@@ -222,18 +222,17 @@ def test_flops_grow_with_experts_per_token_not_num_experts():
 
 
 def test_long_micro_batches_split_tokens_over_tensor():
-  """With many tokens per shard (8 × 96 here: 384 gathered rows per expert group against 3 × 4 × 32 = 384 rows of
-  expert weights, so 8 × 128 tips it) `tensor` takes tokens, not expert widths: each `tensor` shard runs half of
+  """With many tokens per shard (8 × 48 here: 192 gathered tokens × top-2 = 384 sorted rows per expert group against
+  3 × 4 × 32 = 384 rows of expert weights, so 8 × 128 tips it) `tensor` takes tokens, not expert widths: each `tensor` shard runs half of
   the N / batch shards rows it holds, the expert weights gathered whole inside the shard_map and the output gathered
   over `tensor` at its end; values and gradients still equal dense."""
   mesh = _mesh(fsdp=2, expert=2, tensor=2)
   routed, dense = _configs("qwen3_moe", True)
   x = jax.random.normal(jax.random.PRNGKey(3), (8, 128, routed.hidden_size))
   params = MoE(routed).init(jax.random.PRNGKey(0), x)["params"]
-  assert moe._tokens_over_tensor(mesh, ("fsdp", "expert"), 8 * 128, routed.num_experts,
-                                 routed.moe_intermediate_size)
-  assert not moe._tokens_over_tensor(mesh, ("fsdp", "expert"), 8 * 96, routed.num_experts,
-                                     routed.moe_intermediate_size)
+  k, experts, width = routed.num_experts_per_tok, routed.num_experts, routed.moe_intermediate_size
+  assert moe._tokens_over_tensor(mesh, ("fsdp", "expert"), 8 * 128, k, experts, width)
+  assert not moe._tokens_over_tensor(mesh, ("fsdp", "expert"), 8 * 48, k, experts, width)
 
   def value_and_grad(config):
     loss = lambda p, x: jnp.sum(jnp.sin(MoE(config).apply({"params": p}, x)))
