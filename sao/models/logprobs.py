@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from sao.models.config import ModelConfig
-from sao.models.mesh_axes import TENSOR_AXIS, logical_mesh_axes
+from sao.models.mesh_axes import TENSOR_AXIS, constrainable_axes, logical_mesh_axes
 from sao.models.transformer import CausalLM, unembedding
 
 Array = jax.Array
@@ -31,10 +31,7 @@ def gather_unembedding(unembed: Array) -> Array:
   reads it, once per chunk and again in the backward's recompute (on the v5p-128 slice of docs/tpu_hlo_breakdown.md,
   128 all-gathers of 0.5 GB per step, 0.28 s of the LM head's 0.39 s). Constrained here, before the loop, it is
   gathered once; the backward accumulates the gradient in this layout and reduces it once after the loop."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
-    return unembed
-  axes = {a: n for a, n in mesh.shape.items() if a in mesh.auto_axes and n > 1}
+  axes = constrainable_axes(jax.sharding.get_abstract_mesh())
   if not axes:
     return unembed
   spec = logical_mesh_axes(("vocab", None), unembed.shape, axes, GATHERED_UNEMBEDDING_RULES)

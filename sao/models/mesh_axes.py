@@ -46,6 +46,14 @@ def logical_mesh_axes(names: Sequence[str | None], shape: Sequence[int], mesh_sh
   return tuple(entries)
 
 
+def constrainable_axes(mesh) -> dict[str, int]:
+  """The axes of a context mesh (`jax.sharding.get_abstract_mesh()`, duck-typed: this module imports no JAX) that a
+  sharding constraint can use — the automatic ones of size > 1 — by size; {} for an empty mesh."""
+  if mesh.empty:
+    return {}
+  return {a: n for a, n in mesh.shape.items() if a in mesh.auto_axes and n > 1}
+
+
 def kv_repeats(heads: int, kv_heads: int, tensor: int) -> int:
   """How many copies of each KV head attention makes when `tensor` splits the H query heads over K KV heads
   (`sao.models.attention.replicate_kv_heads`, `sao.models.splash_attention.splash_layout`): 1 (none) when `tensor`

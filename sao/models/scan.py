@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from sao.models.config import ModelConfig
-from sao.models.mesh_axes import BATCH_AXES, TENSOR_AXIS, logical_mesh_axes
+from sao.models.mesh_axes import BATCH_AXES, TENSOR_AXIS, constrainable_axes, logical_mesh_axes
 
 Array = jax.Array
 # (layer params, hidden [B, T, E]) → hidden [B, T, E]: one decoder layer applied functionally.
@@ -73,11 +73,8 @@ RESIDUAL_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (("batch", BATCH_AXES)
 def shard_residual(x: Array) -> Array:
   """x [B, T, E] constrained to B over the batch axes and E over `tensor` of the context mesh (module docstring);
   the identity where that mesh has no automatic `tensor` axis of size > 1 dividing E."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
-    return x
   # Only automatic axes of size > 1 can take the constraint; the rule drops the axes this view lacks.
-  axes = {a: n for a, n in mesh.shape.items() if a in mesh.auto_axes and n > 1}
+  axes = constrainable_axes(jax.sharding.get_abstract_mesh())
   spec = logical_mesh_axes(("batch",) + (None,) * (x.ndim - 2) + ("residual_hidden",), x.shape, axes,
                            RESIDUAL_RULES)
   if spec[-1] is None:
