@@ -163,7 +163,7 @@ def solve_unit_lower(strict: Array, rhs: Array) -> Array:
   size of X ([64, N, B, H, 64, Dk + Dv] float32 in `chunked_gated_delta_rule`: 4 GiB per chip for Qwen3.5-35B-A3B at
   32,768 tokens on a v5p-128, docs/history.md); this VJP keeps only A⁻¹ and X.
   """
-  return jnp.einsum("...ij,...jd->...id", unit_lower_inverse(strict), rhs, precision=_HIGHEST)
+  return _solve_fwd(strict, rhs)[0]
 
 
 def _solve_fwd(strict: Array, rhs: Array) -> tuple[Array, tuple[Array, Array]]:
