@@ -155,7 +155,7 @@ def solve_unit_lower(strict: Array, rhs: Array) -> Array:
   rhs: [..., C, D]. (XLA:CPU's `lax.linalg.triangular_solve` takes ~8 ms per batched 64×64 system, ~70× slower than
   substitution; substitution, not a Neumann-series product, is what keeps the WY solve stable when keys are nearly
   parallel. `_blocked_forward`, substitution on R itself, is the test oracle: with D = Dk + Dv = 256 columns against
-  C = 64 its row steps moved 4× the bytes, docs/tpu_hlo_breakdown.md "Gated DeltaNet".)
+  C = 64 its row steps moved 4× the bytes, docs/history.md "Gated DeltaNet: the WY solve in blocks".)
 
   Gradient (a custom VJP): with A = I + L and X = A⁻¹R, `dR = A⁻ᵀ dX` (the inverse's transpose, one matmul) and
   `dL = strictly_lower(−dR Xᵀ)` (zero on and above the diagonal, where L is zero by contract). Autodiff of a

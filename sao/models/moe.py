@@ -39,7 +39,7 @@ in one `shard_map` manual over every mesh axis (`_mesh_experts`):
     repeated on every `tensor` shard.
   Chunks of a capacity (`ModelConfig.moe_capacity_factor` = c > 0, expert parallelism only): the gathered
     assignments are E·N·k rows of which ≈ 1/E are this shard's, and every row-sized array (the sorted copy, the
-    un-sort, their transposes) costs HBM traffic for all of them (docs/tpu_hlo_breakdown.md, "Lever 3"). With a
+    un-sort, their transposes) costs HBM traffic for all of them (docs/history.md, "Lever 3"). With a
     capacity C = c·M/E (rounded up to 128 rows) a shard runs its sorted rows C at a time, gathered, multiplied (the
     router weight folded into the [C, F] activations) and scatter-added in x.dtype, over as many chunks as its own
     assignments fill (one when they fit in C): time follows the shard's own rows, memory C; nothing is dropped.
