@@ -32,7 +32,7 @@ def get_config(arg: str | None = None):
   # 60 / 20 / 20 % of the plans train / validate / test (11 / 3 / 2 plans: validation on the first ranges 1..17,
   # 1..26, 1..27). The budget is 5 + 10 + 2 spare = 17 turns: a search that wastes more than 2 guesses has lost,
   # which the observations say (slack < 0) ten turns before the reward does.
-  # Earlier versions (docs/results.md "How the task got here"): four real rounds (a first of 40..55, then 8..15)
+  # Earlier versions (docs/history.md "search_chain: how the task got here"): four real rounds (a first of 40..55, then 8..15)
   # shared one skill across rounds 2–4, which the last turns' credit teaches everywhere, and a frozen critic learned
   # as well as SAO (seed 0 with 400 supervised steps: 21.5 → 31 % against SAO's 23.8 → 32 %).
   config.env.kwargs = dict(sizes=(1,), first_sizes=tuple(range(16, 32)), rounds=11, spare_turns=2,
@@ -62,7 +62,7 @@ def get_config(arg: str | None = None):
   # Monte-Carlo returns minus a baseline, where the critic only reduces variance. With bootstrapping a guess's credit
   # is the change of value it caused (the slack it cost), which only a critic that reads the slack can give; a frozen
   # critic leaves the search without credit. At λ = 0.97 on plans whose rounds all have sizes 8..15 the frozen
-  # critic learned as fast as SAO on seed 0 (docs/results.md): every round asks for the same skill, which the late
+  # critic learned as fast as SAO on seed 0 (docs/results_critic.md): every round asks for the same skill, which the late
   # turns' credit teaches everywhere.
   config.learner.sao.lambda_policy = 0.95
   # The critic must read the slack from the last observation: with its token mixers frozen at the policy's (the

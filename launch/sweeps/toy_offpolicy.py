@@ -16,7 +16,7 @@ Routing replay (option e) needs a MoE policy; the toy's is dense, so its arm liv
     python experiments/paper/trim.py --sweep=toy_offpolicy --workdir=/tmp/toy_offpolicy   # --evaluate: re-measure
     python experiments/reproduce.py --sweep=toy_offpolicy
 
-The committed runs (`experiments/paper/runs/toy_offpolicy/`, docs/results.md) ran two at a time, not re-measured.
+The committed runs (`experiments/paper/runs/toy_offpolicy/`, docs/results_critic.md) ran two at a time, not re-measured.
 """
 from launch import sweep as s
 

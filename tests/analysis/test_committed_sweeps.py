@@ -1,7 +1,7 @@
-"""The tables of the sweeps committed under `experiments/paper/runs/` (docs/results.md's numbers, issue 21).
+"""The tables of the sweeps committed under `experiments/paper/runs/` (the numbers of docs/results_seeds.md and docs/results_critic.md).
 
 Each committed sweep's printed tables are pinned: a change to the analysis, or to the committed runs, that moves a
-number in docs/results.md shows up here.
+number in those pages shows up here.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from experiments.paper import sweeps
 
 def _report(name: str) -> str:
   if not os.path.isdir(os.path.join(sweeps.RUNS_ROOT, name)):
-    pytest.fail(f"experiments/paper/runs/{name} is missing: docs/results.md reports it")
+    pytest.fail(f"experiments/paper/runs/{name} is missing: docs/results_seeds.md or docs/results_critic.md reports it")
   text, groups = sweeps.sweep_report(name, "")
   assert len(groups) == 1  # one code version per comparison
   return text
@@ -74,7 +74,7 @@ def test_toy_ablations_tables():
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_toy_ablations_stabilized_arm_is_the_toy_algorithms_sao_run(seed):
-  """docs/results.md says the stabilized arm reuses toy_algorithms' SAO runs: their committed files must agree."""
+  """docs/results_seeds.md says the stabilized arm reuses toy_algorithms' SAO runs: their committed files must agree."""
   for name in ("metrics.jsonl", "evaluation/v220.json"):
     with open(os.path.join(sweeps.RUNS_ROOT, "toy_ablations", f"stabilized-seed{seed}", name), "rb") as f:
       reused = f.read()
@@ -93,7 +93,7 @@ def test_the_folders_readme_lists_every_committed_sweep_with_its_run_count():
 
 
 def test_toy_critic_matters_tables():
-  """Issue 48's search_chain sweep, all 10 runs (docs/results.md)."""
+  """Issue 48's search_chain sweep, all 10 runs (docs/results_critic.md)."""
   text = _report("toy_critic_matters")
   assert "code version dd9b84cbb887192cbfe4d714db2e872ca5c2ddac" in text
   assert "10 runs started: 10 complete, 0 incomplete" in text
@@ -107,7 +107,7 @@ def test_toy_critic_matters_tables():
     assert row in text, row
 
 def test_toy_chain_offpolicy_tables():
-  """Issue 48's off-policy options on search_chain, all 36 runs (docs/results.md)."""
+  """Issue 48's off-policy options on search_chain, all 36 runs (docs/results_critic.md)."""
   text = _report("toy_chain_offpolicy")
   assert "code version dd9b84cbb887192cbfe4d714db2e872ca5c2ddac" in text
   assert "36 runs started: 36 complete, 0 incomplete" in text
@@ -120,7 +120,7 @@ def test_toy_chain_offpolicy_tables():
 
 
 def test_toy_offpolicy_tables():
-  """Issue 48's off-policy options on number search, all 36 runs (docs/results.md)."""
+  """Issue 48's off-policy options on number search, all 36 runs (docs/results_critic.md)."""
   text = _report("toy_offpolicy")
   assert "code version 48ec73c" in text
   assert "36 runs started: 36 complete, 0 incomplete" in text
