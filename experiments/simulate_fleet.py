@@ -1,4 +1,4 @@
-r"""A fleet you cannot afford, simulated: SAO and GSPO at thousands of agent loops (docs/fleet.md).
+r"""A fleet you cannot afford, simulated: SAO and GSPO at thousands of agent loops (docs/fleet_simulation.md).
 
     python experiments/simulate_fleet.py --config=experiments/configs/simulation/fleet_sim.py:full \
         --out_dir=/tmp/fleet_sim

@@ -62,7 +62,7 @@ def define_flags() -> None:
   _CRITIC_EPOCHS = flags.DEFINE_integer(
       "critic_epochs", 0, "SAO critic epochs per learner step (0 = the toy config's own, 2). More epochs make the "
       "trainer's step longer with real work and leave the rollout side as it is: the engine serves the actor, "
-      "never the critic. How to measure a trainer-bound fleet (docs/fleet.md, 'a busy trainer').")
+      "never the critic. How to measure a trainer-bound fleet (docs/fleet_simulation.md, 'a busy trainer').")
   _CACHE = flags.DEFINE_string("jax_cache_dir", "", "Persistent compilation cache ('' = <workdir>/jax_cache).")
   _OUT = flags.DEFINE_string("out", "", "Write every mode's measurements (distributions included) to this JSON file.")
 

@@ -11,5 +11,5 @@ simulated clock, driving the project's own dispenser, buffer, flow control and a
   bench_stalls   the engine's stalls in such a measurement, from its trajectory records
   bench_contention  the engine's per-turn time outside and inside the trainer's steps in such a measurement
 
-docs/fleet.md describes the model, what it finds and how it was validated.
+docs/fleet_simulation.md describes the model, what it finds and how it was validated.
 """

@@ -14,7 +14,7 @@ are at most the stall threshold (`bench_stalls.stall_threshold_s`: compilations 
 
 Trajectories whose turns straddle a step's start or end are in neither group. (A turn slowed by a step is longer,
 so it straddles more often: the busy group leans to the less slowed, and the factor errs low, not high.) In the
-twelve recorded runs the busy turns took 1.3-2.0 × the idle ones (docs/fleet.md). Nothing here looks at the metrics
+twelve recorded runs the busy turns took 1.3-2.0 × the idle ones (docs/fleet_simulation.md). Nothing here looks at the metrics
 the simulator is compared on (throughput, busy fraction, staleness).
 """
 from __future__ import annotations

@@ -17,7 +17,7 @@ lease until the trainer acknowledges the sample (accepted or rejected), a pushed
 new version can change the answer), an empty lease answer is retried after the server's hint, and running leases
 are heartbeated (every lease_ttl_s / 3, enough that a running lease never lapses). One difference, on purpose: the
 worker asks for `free // group_size` tasks, so `loops` bounds the episodes in flight also in group mode (the real
-worker asks for `free` tasks of G samples each; see docs/fleet.md).
+worker asks for `free` tasks of G samples each; see docs/fleet_simulation.md).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """experiments/bench/bench_pipeline.py: the config arg it hands the trainer and the rollout worker, and its
-`--critic_epochs` knob (a trainer-only way to lengthen the learner's step; docs/fleet.md, 'a busy trainer')."""
+`--critic_epochs` knob (a trainer-only way to lengthen the learner's step; docs/fleet_simulation.md, 'a busy trainer')."""
 from __future__ import annotations
 
 import os

@@ -43,7 +43,7 @@ def test_every_dispatched_sample_is_accounted_for(group_size, hours):
   """Stopped mid-run (samples running, pushed back, buffered, in the learner): every one is in exactly one place.
   SAO: a small buffer, max_staleness 1 and more loops than the trainer needs exercise every place. Group mode runs
   with max_outstanding = the buffer's capacity and no staleness bound in reach: a rejected sample holds its group
-  open until its lease lapses, which stalls a small group fleet (docs/fleet.md)."""
+  open until its lease lapses, which stalls a small group fleet (docs/fleet_simulation.md)."""
   group = {} if group_size == 1 else dict(max_outstanding=16, max_staleness=100)
   r = simulate(_heavy_tailed(group_size=group_size, max_hours=hours, **group))
   assert r.unaccounted() == 0

@@ -5,14 +5,14 @@ loops, with the service knobs the `full` configs ship and with flow control scal
         --out_dir=/tmp/fleet_sim
     python experiments/simulate_fleet.py --config=experiments/configs/simulation/fleet_sim.py:quick  # a smoke run
 
-Where the numbers come from (docs/fleet.md discusses each):
+Where the numbers come from (docs/fleet_simulation.md discusses each):
 - Trainer step times: the compile report's XLA cost-model estimates for the `full` configs on a v5p-128 (the `02552e5`
   report, docs/history.md, 2026-11-30; T = 32,768). No train-step program fits there, so a step is taken as 3 forwards
   of its shape (forward + backward, the 6N vs 2N FLOP rule): SAO = 2 critic forwards (12.49 s each) + 2 critic steps (3
   × 12.49 s) + 1 DIS actor step (3 × 12.67 s) ≈ 138 s for 64 trajectories; GSPO = 1 actor step on 512 trajectories (3 ×
   101.4 s) ≈ 304 s. At the 3 % MFU those estimates imply; `sao.step_s=...` / `gspo.step_s=...` to change. The recipe's
   SAO update (λ_critic = 1, no value clip) runs one critic forward, not two (no V⁰ before the critic's epochs), ≈ 125.5
-  s: the runs recorded in docs/fleet.md kept 138 s (`--config.sao.step_s=125.5` for the recipe's).
+  s: the runs recorded in docs/fleet_simulation.md kept 138 s (`--config.sao.step_s=125.5` for the recipe's).
 - Turns: log-normal around 40 (σ 0.5), clipped to [1, 100]: the write-up's stabilized SAO run averaged 49.1
   assistant turns (109.5 for the initial recipe under a 200-turn cap; `experiments/paper/reported.py`, RECIPE).
 - Per-turn generation (log-normal, median 5 s) and tool time (log-normal, median 2 s, σ 1.2: a few test runs take
