@@ -63,18 +63,6 @@ def report_row(path: str, hlo_path: str) -> dict:
   raise ValueError(f"--report: {path} has no row for {match.group(1)} at T={match.group(2)}")
 
 
-def grouped_row_share(expert_shards: int, capacity_factor: float) -> tuple[float, str]:
-  """(share of a megablox call's rows in its local groups, how it was chosen): 1/E of the every-row path's E×
-  gathered rows; 1/c of a capacity chunk's rows (a chunk holds c × the balanced share); 1 without expert parallelism."""
-  if expert_shards < 1 or capacity_factor < 0:
-    raise ValueError(f"--expert_shards {expert_shards} / --moe_capacity_factor {capacity_factor}: out of range")
-  if expert_shards > 1 and capacity_factor > 0:
-    return min(1.0, 1.0 / capacity_factor), f"1/{capacity_factor:g} of a chunk's rows (capacity {capacity_factor:g})"
-  if expert_shards > 1:
-    return 1.0 / expert_shards, f"1/{expert_shards} of their rows"
-  return 1.0, ""
-
-
 def _share_table(title: str, shares: dict[str, float], total: float, extra=None) -> list[str]:
   lines = [f"{title:<22}{'seconds':>10}{'share':>8}" + (f"  {extra[0]}" if extra else "")]
   for key, seconds in shares.items():
@@ -175,13 +163,13 @@ def format_breakdown(result, chip, chips: int, model_flops: float, row: dict | N
 
 def main(argv):
   del argv
-  from sao.aot import hlo_cost, hlo_overlap, hlo_text, tpu_topology  # pylint: disable=g-import-not-at-top
+  from sao.aot import hlo_cost, hlo_overlap, hlo_text, instruction_time, tpu_topology  # pylint: disable=g-import-not-at-top
   chip = tpu_topology.chip_named(_CHIP.value)
   row = report_row(_REPORT.value, _HLO.value) if _REPORT.value else None
   chips = _CHIPS.value or (int(row["chips"]) if row and row.get("chips") else 0)
   model_flops = _MODEL_FLOPS.value or (float(row["analytic_flops"]) if row else 0.0)
   module = hlo_text.read_module(_HLO.value)
-  share, why = grouped_row_share(_EXPERT_SHARDS.value, _CAPACITY.value)
+  share, why = instruction_time.grouped_row_share(_EXPERT_SHARDS.value, _CAPACITY.value)
   result, overlap = hlo_cost.breakdown(module, chip, share), hlo_overlap.overlap(module, chip, share)
   print(f"{_HLO.value}: {len(result.ops)} executed instructions" +
         (f"; grouped matmuls priced by {why} (balanced routing)" if share < 1 else ""))

@@ -29,7 +29,7 @@ import ml_collections
 from absl import logging
 
 from sao import run_config
-from sao.aot import compile_stats
+from sao.aot import compile_stats, instruction_time
 from sao.aot.tpu_topology import Chip
 from sao.models.config import ModelConfig
 from sao.train import critic_correction as critic_correction_lib
@@ -67,6 +67,14 @@ class ProgramRow:
   error: str = ""  # why it does not fit: XLA's message, or the compiled program's total over the capacity
   largest_buffers: list[dict[str, Any]] = dataclasses.field(default_factory=list)
   estimate_source: str = ""  # xla_optimal_seconds | roofline_of_xla_counts (when XLA's own time is not positive)
+  # The per-instruction serial sum of the compiled HLO on the chip (`instruction_time`), seconds per call, the MFU it
+  # implies, and the share of the MoE's grouped-matmul rows it priced (1: every row); None where the row has no
+  # compiled program, or a report row compiled before it was recorded (`experiments/annotate_report.py` adds it from
+  # the saved HLO). `instruction_error`: why the HLO could not be priced.
+  instruction_seconds: float | None = None
+  instruction_mfu: float | None = None
+  grouped_row_share: float = 1.0
+  instruction_error: str = ""
 
 
 class _Recorder:
@@ -198,8 +206,9 @@ def compile_program(name: str, jitted: Any, args: tuple, calls: int, learner: Le
   seconds = time.perf_counter() - start
   largest = [dataclasses.asdict(b) for b in report.largest] if report else []
   if compiled is not None:
+    text = compiled.as_text()
     if hlo_dir:
-      write_hlo(compiled, hlo_path(hlo_dir, name, bucket))
+      write_hlo(text, hlo_path(hlo_dir, name, bucket))
     memory = compiled.memory_analysis()
     outputs = memory.output_size_in_bytes - memory.alias_size_in_bytes
     arguments, temps = memory.argument_size_in_bytes, memory.temp_size_in_bytes
@@ -220,8 +229,12 @@ def compile_program(name: str, jitted: Any, args: tuple, calls: int, learner: Le
     fits = total <= chip.hbm_bytes
     error = "" if fits else (f"compiled, but needs {total / 2**30:.2f} GiB per chip, more than the chip's "
                              f"{chip.hbm_bytes / 2**30:.2f} GiB")
-    return ProgramRow(name, bucket, batch, calls, role, train, fits, arguments, outputs, temps, total,
-                      chip.hbm_bytes, flops, xla_flops, analytic, est, mfu, seconds, error, largest, source)
+    row = ProgramRow(name, bucket, batch, calls, role, train, fits, arguments, outputs, temps, total,
+                     chip.hbm_bytes, flops, xla_flops, analytic, est, mfu, seconds, error, largest, source)
+    share, _ = instruction_time.grouped_row_share(int(learner.mesh.shape.get("expert", 1)),
+                                                  float(model_config.moe_capacity_factor))
+    price_instructions(row, text, chip, chips, share)
+    return row
   if report is not None:
     arguments, outputs, temps = report.argument_bytes, report.output_bytes, report.temp_bytes
     total = arguments + outputs + temps
@@ -237,12 +250,28 @@ def hlo_path(hlo_dir: str, program: str, bucket: int) -> str:
   return os.path.join(hlo_dir, f"{program}_T{bucket}.hlo.txt.gz")
 
 
-def write_hlo(compiled: Any, path: str) -> None:
-  """The compiled module's HLO text, gzipped (a full-depth train step is tens of MB of text), written atomically."""
+def write_hlo(text: str, path: str) -> None:
+  """A compiled module's HLO text, gzipped (a full-depth train step is tens of MB of text), written atomically."""
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   with gzip.open(path + ".tmp", "wt", compresslevel=6) as f:
-    f.write(compiled.as_text())
+    f.write(text)
   os.replace(path + ".tmp", path)
+
+
+def price_instructions(row: ProgramRow, text: str, chip: Chip, chips: int, row_share: float) -> None:
+  """Sets `row`'s per-instruction time (`instruction_time.serial_seconds` of the HLO `text`) and its MFU; an HLO the
+  pricer cannot read leaves them None and says why in `instruction_error` (the compile itself stays recorded)."""
+  row.grouped_row_share = row_share
+  try:
+    seconds = instruction_time.serial_seconds(text, chip, row_share)
+  except Exception as e:  # pylint: disable=broad-except  # a pricing gap must not discard a minutes-long compile
+    row.instruction_seconds = row.instruction_mfu = None
+    row.instruction_error = f"{type(e).__name__}: {e}"[:1000]
+    logging.warning("%s at T=%d: the HLO could not be priced: %s", row.program, row.bucket, row.instruction_error)
+    return
+  row.instruction_seconds, row.instruction_error = seconds, ""
+  row.instruction_mfu = (row.analytic_flops / (seconds * chips * chip.peak_bf16_flops)
+                         if seconds > 0 and row.analytic_flops else None)
 
 
 def compile_update(config: ml_collections.ConfigDict, model_config: ModelConfig, devices: Sequence[jax.Device],

@@ -8,7 +8,8 @@ A block of a Markdown page between
 is what `report_table.format_table` and `update_summary` print for that row file (the path relative to the page),
 indented as a code block, with a commit column and a line naming the commits the rows were compiled from; `summary`
 instead of `table` renders a Markdown table with one line per file named after it (`summary a.json b.json …`):
-rows, largest HBM per chip, the estimated update per bucket. `check` is what the test suite runs: a page whose block
+rows, largest HBM per chip, the estimated update per bucket (the per-instruction sum where every program of the
+update has one, else XLA's estimate, marked "XLA"). `check` is what the test suite runs: a page whose block
 differs from its file fails, so a table in the docs cannot drift from the file it claims to show.
 """
 from __future__ import annotations
@@ -76,15 +77,23 @@ def render_table(path: str) -> str:
 
 
 def render_summary(paths: list[str], names: list[str]) -> str:
-  out = ["| report file | config, topology | rows | largest HBM per chip | estimated update: s (MFU) per bucket | "
-         "compiled from |", "|---|---|---|---|---|---|"]
+  out = ["| report file | config, topology | rows | largest HBM per chip | estimated update per bucket: s (MFU), "
+         "per-instruction sum or XLA's estimate | compiled from |", "|---|---|---|---|---|---|"]
   for path, name in zip(paths, names):
     rows = RowFile.load(path)
     table_rows = rows.rows()
     largest = max(table_rows, key=lambda r: r.hbm_bytes_per_chip)
-    estimates = report_table.update_estimates(table_rows, rows.chip, rows.chips)
-    per_bucket = ", ".join(
-        f"{b}: {e}" if isinstance(e, str) else f"{b}: {e[0]:,.1f} s ({100 * e[2]:.1f} %)" for b, e in estimates.items())
+    xla = report_table.update_estimates(table_rows, rows.chip, rows.chips)
+    priced = report_table.update_estimates(table_rows, rows.chip, rows.chips, per_instruction=True)
+
+    def bucket_estimate(b: int) -> str:
+      if isinstance(xla[b], str):
+        return f"{b}: {xla[b]}"
+      if not isinstance(priced[b], str):
+        return f"{b}: {priced[b][0]:,.1f} s ({100 * priced[b][2]:.1f} %)"
+      return f"{b}: {xla[b][0]:,.1f} s ({100 * xla[b][2]:.1f} %, XLA)"
+
+    per_bucket = ", ".join(bucket_estimate(b) for b in xla)
     fits = sum(r.fits for r in table_rows)
     first = rows.records[0]
     out.append(f"| [`{os.path.basename(name)}`]({name}) | `{first['config']}` ({first['config_overrides']}), "

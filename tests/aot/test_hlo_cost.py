@@ -435,11 +435,11 @@ ENTRY %main (x: f32[64,128], w: f32[128,256], i: s32[]) -> f32[64,256] {
   assert result.total() - result.conditional_savings == pytest.approx(min(dot, zeros + negate), rel=1e-4)
 
 
-def test_breakdown_grouped_row_share_follows_the_program():
-  from experiments.bench import hlo_breakdown  # pylint: disable=g-import-not-at-top
-  assert hlo_breakdown.grouped_row_share(1, 0.0) == (1.0, "")
-  assert hlo_breakdown.grouped_row_share(8, 0.0)[0] == 1 / 8
-  assert hlo_breakdown.grouped_row_share(8, 2.0)[0] == 0.5  # a chunk of 2 × the share
-  assert hlo_breakdown.grouped_row_share(8, 0.5)[0] == 1.0
-  with pytest.raises(ValueError, match="expert_shards 0"):
-    hlo_breakdown.grouped_row_share(0, 0.0)
+def test_grouped_row_share_follows_the_program():
+  from sao.aot import instruction_time  # pylint: disable=g-import-not-at-top
+  assert instruction_time.grouped_row_share(1, 0.0) == (1.0, "")
+  assert instruction_time.grouped_row_share(8, 0.0)[0] == 1 / 8
+  assert instruction_time.grouped_row_share(8, 2.0)[0] == 0.5  # a chunk of 2 × the share
+  assert instruction_time.grouped_row_share(8, 0.5)[0] == 1.0
+  with pytest.raises(ValueError, match="expert shards 0"):
+    instruction_time.grouped_row_share(0, 0.0)

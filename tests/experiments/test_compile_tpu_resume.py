@@ -14,7 +14,7 @@ import pytest
 
 from experiments.compile_tpu import model_config_of
 from experiments.configs import sao_openswe
-from sao.aot import driver, report
+from sao.aot import driver, instruction_time, report
 from sao.aot.tpu_topology import Chip
 
 CPU_CHIP = Chip("cpu", "cpu", 1 << 40, 1e12, 1e11, "")
@@ -121,7 +121,11 @@ def test_rows_reach_the_file_one_by_one_and_a_resume_compiles_only_the_missing(t
   assert real.status == "compiled" and real.hbm_bytes_per_chip > 0 and real.flops > 0
   assert real.peak_rss_bytes > 0 and real.peak_rss_scope in ("row", "process")
   with gzip.open(driver.hlo_path(str(tmp_path / "hlo"), "critic_values", 32), "rt") as f:  # the compiled module's text
-    assert "ENTRY" in f.read()
+    text = f.read()
+  assert "ENTRY" in text
+  # The row is priced per instruction from that same text (CPU devices: no expert axis, every grouped row).
+  assert real.instruction_seconds == instruction_time.serial_seconds(text, CPU_CHIP) > 0
+  assert real.grouped_row_share == 1.0 and real.instruction_error == ""
   assert by_key["critic_step", 16].status == "failed" and "no critic_step today" in by_key["critic_step", 16].error
 
   # Half of the file lost (as if the run had been killed after three rows): the resume compiles the other three.
