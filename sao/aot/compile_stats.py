@@ -40,7 +40,8 @@ def jaxpr_flops(jaxpr: Any, platform: str | None = None) -> float:
   Counted: `dot_general` and convolutions (`2·M·N·K`); `ragged_dot_general` (a grouped matmul: each row meets one
   group's matrix, so `2·M·K·N`, not `G` times that); a Pallas kernel (`pallas_call`, e.g. megablox's `gmm`) by
   the `cost_estimate` it declares — its body is one grid step and its grid may be data-dependent — or, without
-  one, its body times a static grid. A `cond` counts its most expensive branch, except the branches of
+  one, its body times a static grid. A `shard_map` body (local shapes) counts once per device of its manual axes, so
+  the total stays the whole program's over all chips. A `cond` counts its most expensive branch, except the branches of
   `lax.platform_dependent` when `platform` ("tpu", "cpu", …) is given: then the branch that platform runs. A
   `while` of unknown trip count counts its body once."""
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
@@ -65,6 +66,8 @@ def jaxpr_flops(jaxpr: Any, platform: str | None = None) -> float:
       platform_index[eqn.outvars[0]] = eqn.params["platforms"]
     elif name == "scan":
       total += eqn.params["length"] * jaxpr_flops(eqn.params["jaxpr"], platform)
+    elif name == "shard_map":  # its body's shapes are one shard's: every device of the manual axes runs it
+      total += _manual_devices(eqn.params) * jaxpr_flops(eqn.params["jaxpr"], platform)
     elif name == "cond":
       branches = eqn.params["branches"]
       index = eqn.invars[0]
@@ -77,6 +80,20 @@ def jaxpr_flops(jaxpr: Any, platform: str | None = None) -> float:
           if isinstance(sub, (jax_core.Jaxpr, jax_core.ClosedJaxpr)):
             total += jaxpr_flops(sub, platform)
   return total
+
+
+def _manual_devices(params: dict[str, Any]) -> int:
+  """How many devices run a `shard_map` body: the product of the mesh axes it makes manual (`newly_manual_axes` in
+  jax 0.10; `manual_axes`, or the mesh less `auto`, elsewhere), over which the body sees local shapes."""
+  mesh = params["mesh"]
+  sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+  if "newly_manual_axes" in params:
+    axes = params["newly_manual_axes"]
+  elif "manual_axes" in params:
+    axes = params["manual_axes"]
+  else:
+    axes = set(sizes) - set(params.get("auto", ()))
+  return math.prod(sizes[a] for a in axes)
 
 
 def _ragged_dot_flops(eqn: Any) -> float:

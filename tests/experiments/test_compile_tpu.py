@@ -76,6 +76,24 @@ def test_jaxpr_flops_multiplies_loops_out():
   assert compile_stats.program_flops(grad, w, jax.ShapeDtypeStruct((4, 8), "float32")) == 2 * (2 * 4 * 8 * 16)
 
 
+def test_jaxpr_flops_counts_a_shard_map_body_on_every_device_of_its_manual_axes():
+  """A shard_map body sees one shard's shapes; the program's count is over all chips, as for the unsharded matmul."""
+  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=jax.devices()[:8])
+  x, w = jax.ShapeDtypeStruct((8, 4), "float32"), jax.ShapeDtypeStruct((4, 16), "float32")
+  dense = 2 * 8 * 4 * 16
+  both = lambda x, w: jax.shard_map(lambda x, w: x @ w, mesh=mesh, in_specs=(P("a"), P(None, "b")),
+                                    out_specs=P("a", "b"))(x, w)
+  assert compile_stats.program_flops(both, x, w) == dense
+  # Only `a` manual (b stays automatic, its shapes global), and a body replicated over `a` runs on each of its 2.
+  rows = lambda x, w: jax.shard_map(lambda x, w: x @ w, mesh=mesh, in_specs=(P("a"), P()), out_specs=P("a"),
+                                    axis_names={"a"})(x, w)
+  assert compile_stats.program_flops(rows, x, w) == dense
+  replicated = lambda x, w: jax.shard_map(lambda x, w: x @ w, mesh=mesh, in_specs=(P(), P()), out_specs=P(),
+                                          axis_names={"a"}, check_vma=False)(x, w)
+  assert compile_stats.program_flops(replicated, x, w) == 2 * dense
+
+
 @pytest.mark.parametrize("impl", ["ragged_dot", "xla", "megablox_interpret", "auto"])
 def test_jaxpr_flops_counts_grouped_matmuls_once_per_row(impl):
   """A grouped matmul `[M, K] × [G, K, N]` does `2·M·K·N` FLOPs (each row meets one group), forward, and the same
