@@ -59,6 +59,7 @@ def _check_rows(rows, programs, model_config: ModelConfig):
       assert 0.5 * r.analytic_flops <= r.flops <= ratio_bound * r.analytic_flops, (r.program, r.flops,
                                                                                    r.analytic_flops)
       assert r.estimated_seconds > 0 and 0 < r.estimated_mfu < 1
+      assert r.instruction_seconds > 0 and 0 < r.instruction_mfu < 1
   calls = {r.program: r.calls for r in rows}
   if "critic_step" in calls:
     forwards = 2 if "critic_targets" in calls else 1  # V⁰ before the critic's epochs, V after them
@@ -198,7 +199,7 @@ def test_update_programs_compile_on_cpu_devices():
   config.learner.critic.value_clip = 0.2
   config.lock()
   model_config = model_config_of(config, "float32")
-  cpu_chip = Chip("cpu", "cpu", 1 << 40, 1e12, 1e11, "")
+  cpu_chip = Chip("cpu", "cpu", 1 << 40, 1e12, 1e11, "", 1e10, 4)  # ICI figures: the pricer needs them
   rows = driver.compile_update(config, model_config, jax.devices("cpu")[:4], cpu_chip)
   _check_rows(rows, SAO_PROGRAMS_WITH_V0, model_config)
 
@@ -224,8 +225,12 @@ def test_compile_tpu_reports_every_program_of_sao_and_gspo(tmp_path):
     # The advantage programs have no model FLOPs (analytic 0); the chunked GAE's small triangular matmuls give them
     # some XLA FLOPs all the same. Every model program has both.
     assert r["flops"] > 0 if r["analytic_flops"] > 0 else r["program"] in ADVANTAGE_PROGRAMS
-    assert set(r) >= {"analytic_flops", "estimated_seconds", "estimated_mfu"}
-  assert "actor_step_dis" in result.stdout and "estimated MFU" in result.stdout
+    assert set(r) >= {"analytic_flops", "estimated_seconds", "estimated_mfu", "instruction_seconds"}
+    assert r["instruction_seconds"] > 0 and r["instruction_error"] == ""  # every compiled row priced per instruction
+    if r["analytic_flops"] > 0:
+      assert 0 < r["instruction_mfu"] < 1
+  assert "actor_step_dis" in result.stdout
+  assert "update at T=64: per-instruction sum" in result.stdout and "XLA-estimated" in result.stdout
 
   from sao.aot import tpu_topology  # pylint: disable=g-import-not-at-top
   chip, devices = tpu_topology.topology_devices("v5p:2x2x1")

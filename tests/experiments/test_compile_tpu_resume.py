@@ -17,7 +17,7 @@ from experiments.configs import sao_openswe
 from sao.aot import driver, instruction_time, report
 from sao.aot.tpu_topology import Chip
 
-CPU_CHIP = Chip("cpu", "cpu", 1 << 40, 1e12, 1e11, "")
+CPU_CHIP = Chip("cpu", "cpu", 1 << 40, 1e12, 1e11, "", 1e10, 4)
 PROGRAMS = ("monte_carlo_returns", "critic_step", "critic_values")  # in the update's order
 
 
