@@ -153,6 +153,17 @@ def analytic_flops(model_config: ModelConfig, n_active: float, batch: int, lengt
   return (3.0 if train else 1.0) * per_token * batch * length
 
 
+def full_attention_flops(model_config: ModelConfig, batch: int, length: int, train: bool) -> float:
+  """The softmax-attention part of `analytic_flops`: full (non-causal) `Q·Kᵀ` and `P·V` in every full-attention layer.
+
+  MaxText counts it causal, half of this (`causal_attention_flops = noncausal_attention_flops / 2` in its
+  `calculate_tflops_training_per_device`), as a causal kernel computes it: its MFU of the same step is
+  `MFU_PaLM · (analytic − full_attention / 2) / analytic`."""
+  attn_layers = sum(kind == "full_attention" for kind in model_config.layer_types)
+  return (3.0 if train else 1.0) * 4.0 * attn_layers * model_config.num_heads * model_config.head_dim * \
+      float(length) ** 2 * batch
+
+
 # --------------------------------------------------------------------------------------------- HBM from XLA dumps
 @dataclasses.dataclass
 class Buffer:
