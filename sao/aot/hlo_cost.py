@@ -12,8 +12,9 @@ here is per chip. For each top-level instruction (those the entry computation ru
   result, except that an operand the fusion only slices (slice, dynamic-slice, gather) counts the slices, and a
   result written by an in-place dynamic-update-slice counts the update (and its buffer operand nothing). Arrays
   in the core's on-chip memory (`S(1)`) cost no HBM bytes.
-- Seconds: compute work `max(flops / peak bf16 FLOP/s, bytes / HBM bandwidth)` (`compute` or `memory` bound by the
-  larger); a collective `ring factor · bytes / ICI ring bandwidth` (`ici` bound), the ring factor `(n−1)/n` for an
+- Seconds: compute work `max(mxu flops / peak bf16 FLOP/s, bytes / HBM bandwidth)` (`compute` or `memory` bound by
+  the larger), where the MXU FLOPs are the FLOPs times the bf16 passes of an f32 matmul at `high` (3) or `highest`
+  (6) operand precision (`hlo_flops.mxu_passes`); a collective `ring factor · bytes / ICI ring bandwidth` (`ici` bound), the ring factor `(n−1)/n` for an
   all-gather (of its result), reduce-scatter and all-to-all (of the operand), `2(n−1)/n` for an all-reduce, 1 for a
   collective-permute, over a group of n chips (`replica_groups`; the TPU's async collective fusion is priced at its
   start as the collective it holds, its done is free); the ICI ring bandwidth is
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from sao.aot.hlo_async import COLLECTIVES, async_collective_fusion, carried_state
 from sao.aot.hlo_flops import (active_grouped_rows, conv_flops, custom_call_flops, custom_call_target, dot_flops,
-                               grouped_rows, kernel_name, matmul_flops)
+                               grouped_rows, kernel_name, matmul_flops, matmul_work, mxu_passes)
 from sao.aot.hlo_text import Computation, Instruction, Module, read_module, trip_count
 
 if TYPE_CHECKING:  # the chip facts; imported for the type only, so that this module runs without jax
@@ -89,6 +90,11 @@ class OpCost:
   group_size: int = 0  # chips in a collective's group
   detail: str = ""  # the collective, or the custom call's kernel
   shape: str = ""  # the result, e.g. bf16[1048576,32]
+  mxu_flops: float = -1.0  # per execution, what the matrix unit runs: FLOPs × bf16 passes (< 0: the same as flops)
+
+  def __post_init__(self):
+    if self.mxu_flops < 0:
+      self.mxu_flops = self.flops
 
   @property
   def total_seconds(self) -> float:
@@ -296,6 +302,7 @@ def price(module: Module, comp: Computation, inst: Instruction, chip: Chip, coun
   """One priced instruction (not a control-flow one: `_walk` descends into those). `grouped_row_share`: the
   expected share of a megablox gmm / tgmm's rows in its local groups (`breakdown`)."""
   flops, group, detail = 0.0, 0, ""
+  work = None  # MXU FLOPs where they differ from the FLOPs (f32 matmuls at high / highest precision)
   async_pair = async_collective_fusion(module, inst)
   if inst.opcode in COLLECTIVES or (async_pair and async_pair[0] == "start"):
     # An async collective fusion's start is priced as the collective it holds (its done: free, `_walk`).
@@ -308,9 +315,10 @@ def price(module: Module, comp: Computation, inst: Instruction, chip: Chip, coun
   if inst.opcode == "fusion":
     fused = module.computations[inst.called["calls"][0]]
     flops, data, kind = matmul_flops(module, fused), fusion_bytes(module, inst, comp, fused), fusion_kind(module, fused)
+    work = matmul_work(module, fused) if flops else 0.0
   elif inst.opcode in ("dot", "convolution"):
     flops = dot_flops(inst, comp) if inst.opcode == "dot" else conv_flops(inst, comp)
-    data, kind = op_bytes(inst, comp), "matmul"
+    data, kind, work = op_bytes(inst, comp), "matmul", flops * mxu_passes(inst, comp)
   elif inst.opcode == "custom-call":
     target = custom_call_target(inst)
     detail = kernel_name(inst) if target == "tpu_custom_call" else target
@@ -326,10 +334,11 @@ def price(module: Module, comp: Computation, inst: Instruction, chip: Chip, coun
   else:
     data = op_bytes(inst, comp)
     kind = "copy/transpose" if inst.opcode in MOVES else "other" if inst.opcode in OTHER else "elementwise"
-  compute, memory = flops / chip.peak_bf16_flops, data / chip.hbm_bytes_per_second
+  work = flops if work is None else work
+  compute, memory = work / chip.peak_bf16_flops, data / chip.hbm_bytes_per_second
   part = model_part(module, inst)
   return OpCost(inst.name, inst.opcode, kind, part, phase_of(inst, part), inst.op_name, count, flops, data,
-                max(compute, memory), "compute" if compute >= memory else "memory", group, detail)
+                max(compute, memory), "compute" if compute >= memory else "memory", group, detail, mxu_flops=work)
 
 
 def _walk(module: Module, comp: Computation, chip: Chip, count: float, out: Breakdown,

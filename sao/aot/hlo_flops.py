@@ -21,6 +21,10 @@ prices them; pure arithmetic on shapes, no jax.
   config and the head dim H of the query: forward `4·B·N·T·S·H` (Q·Kᵀ and P·V), backward `10·B·N·T·S·H` (the
   scores again, then dP, dV, dQ, dK), halved under a causal mask (the kernel skips the masked blocks). Triton gemm
   fusions are fusions with a `dot` inside: `matmul_flops` counts them.
+- MXU passes (`mxu_passes`): the TPU's matrix unit multiplies bf16; an f32 dot or convolution at `operand_precision`
+  `high` runs 3 bf16 passes and at `highest` 6 (`jax.lax.Precision`'s docstring; XLA's `ALG_DOT_BF16_BF16_F32_X3` /
+  `_X6`), `default` one. `matmul_work` is the FLOPs times the passes: what the matrix unit executes, and what
+  `sao.aot.hlo_cost` prices an instruction's compute time by (its FLOPs, for MFU, stay the model's).
 """
 from __future__ import annotations
 
@@ -31,6 +35,30 @@ import re
 import numpy as np
 
 from sao.aot.hlo_text import Computation, Instruction, Module
+
+# bf16 passes of an f32 matmul on the TPU's matrix unit, by operand precision (`jax.lax.Precision`).
+PRECISION_PASSES = {"default": 1, "high": 3, "highest": 6}
+
+
+def mxu_passes(inst: Instruction, comp: Computation) -> int:
+  """bf16 passes of one dot / convolution: an explicit `algorithm=dot_…_x<N>` gives N (`dot_f32_f32_f32`: 6);
+  else the largest `PRECISION_PASSES` of `operand_precision` over the f32 operands (a bf16 operand is one pass at
+  any precision); 1 without either attribute."""
+  algorithm = inst.attr("algorithm")
+  if algorithm:
+    repeat = re.search(r"_x(\d+)$", algorithm)
+    return int(repeat.group(1)) if repeat else 6 if "f32_f32_f32" in algorithm else 1
+  precision = inst.attr("operand_precision")
+  if not precision:
+    return 1
+  levels = precision.strip("{}").split(",")
+  passes = 1
+  for operand, level in zip(inst.operands, levels):
+    source = comp.by_name.get(operand)
+    if source is not None and source.shape and source.shape[0].dtype == "f32":
+      passes = max(passes, PRECISION_PASSES.get(level.strip(), 1))
+  return passes
+
 
 def dot_flops(inst: Instruction, comp: Computation) -> float:
   lhs = comp.by_name[inst.operands[0]].shape[0].dims
@@ -191,16 +219,21 @@ def _splash_flops(inst: Instruction, comp: Computation, kernel: str) -> float | 
   return factor * math.prod(q[:-1]) * keys * head_dim * fraction
 
 
-def matmul_flops(module: Module, comp: Computation) -> float:
-  """Matmul FLOPs of one run of a (fused) computation, nested fusions included."""
+def matmul_flops(module: Module, comp: Computation, passes: bool = False) -> float:
+  """Matmul FLOPs of one run of a (fused) computation, nested fusions included; with `passes`, each times its
+  `mxu_passes` (`matmul_work`)."""
   total = 0.0
   for inst in comp.instructions:
-    if inst.opcode == "dot":
-      total += dot_flops(inst, comp)
-    elif inst.opcode == "convolution":
-      total += conv_flops(inst, comp)
+    if inst.opcode in ("dot", "convolution"):
+      flops = dot_flops(inst, comp) if inst.opcode == "dot" else conv_flops(inst, comp)
+      total += flops * (mxu_passes(inst, comp) if passes else 1)
     elif inst.opcode == "fusion":
-      total += matmul_flops(module, module.computations[inst.called["calls"][0]])
+      total += matmul_flops(module, module.computations[inst.called["calls"][0]], passes)
   return total
+
+
+def matmul_work(module: Module, comp: Computation) -> float:
+  """What the matrix unit executes for one run of a (fused) computation: Σ FLOPs × `mxu_passes`."""
+  return matmul_flops(module, comp, passes=True)
 
 
