@@ -76,7 +76,8 @@ def model_config_of(config, dtype: str = ""):
   from sao.models.tokenizer import toy_tokenizer  # pylint: disable=g-import-not-at-top
   m = config.model
   precision = dict(dtype=dtype or m.compute_dtype, param_dtype=dtype or m.param_dtype, remat=m.remat,
-                   scan_layers=m.get("scan_layers", False), moe_capacity_factor=m.get("moe_capacity_factor", 0.0))
+                   scan_layers=m.get("scan_layers", False), moe_capacity_factor=m.get("moe_capacity_factor", 0.0),
+                   linear_attn_matmul=m.get("linear_attn_matmul", "float32"))
   if m.init == "hf":
     return ModelConfig.from_hf(known_configs.hf_config(m.hf_path), **precision)
   toy = {k: v for k, v in m.toy.items() if k != "model_type"}
@@ -123,7 +124,7 @@ def run_settings(config, model_config, topology: str, chips: int, chip) -> dict:
           "config_sha256": hashlib.sha256(config.to_json_best_effort(sort_keys=True).encode()).hexdigest(),
           "command": " ".join(sys.argv), "chips": chips, "peak_bf16_flops_per_chip": chip.peak_bf16_flops,
           "model_dtype": model_config.dtype, "param_dtype": model_config.param_dtype, "remat": model_config.remat,
-          "scan_layers": model_config.scan_layers,
+          "scan_layers": model_config.scan_layers, "linear_attn_matmul": model_config.linear_attn_matmul,
           "master_weights": bool(config.learner.actor.optimizer.master_weights), "mesh": dict(config.learner.mesh),
           "num_layers": model_config.num_layers, "code_version": code_version(), "jax_version": jax.__version__,
           "libtpu_version": libtpu_version}

@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+from typing import Sequence
 
 from absl import app, flags
 
@@ -29,7 +30,7 @@ def define_flags() -> None:
   """The command's flags, defined when it runs (not on import: tests import this module beside other commands
   whose flags share names, e.g. `--topology`, `--batch`)."""
   global _MODEL, _TOPOLOGY, _MESH, _BLOCK, _BATCH, _LENGTHS, _DTYPE  # pylint: disable=global-statement
-  global _REMAT, _TOP, _OUT  # pylint: disable=global-statement
+  global _REMAT, _TOP, _OUT, _HLO_DIR, _OVERRIDES  # pylint: disable=global-statement
   _MODEL = flags.DEFINE_string("model", "Qwen/Qwen3.5-35B-A3B",
                                "A hub id `sao.models.known_configs` knows, or tiny:<model_type> (ModelConfig.tiny).")
   _TOPOLOGY = flags.DEFINE_string("topology", "v5p:4x4x8", "TPU topology, <chip>:<shape>.")
@@ -41,6 +42,10 @@ def define_flags() -> None:
   _REMAT = flags.DEFINE_string("remat", "full", "Per-layer remat policy (sao.models.config.REMAT_POLICIES key).")
   _TOP = flags.DEFINE_integer("top", 5, "How many of the largest buffers to list.")
   _OUT = flags.DEFINE_string("out", "", "Write the rows as JSON here.")
+  _HLO_DIR = flags.DEFINE_string("hlo_dir", "", "Write each compiled program's HLO here (<block>_T<length>.hlo.txt.gz), "
+                                 "for experiments/bench/hlo_breakdown.py.")
+  _OVERRIDES = flags.DEFINE_list("model_override", [], "ModelConfig fields to set, field=value,… (e.g. "
+                                 "linear_chunk_size=128): a lever measured against the same block without it.")
 
 
 GIB = float(1 << 30)
@@ -60,14 +65,26 @@ class LayerRow:
   program_flops: float  # matmul FLOPs of the whole program over all chips, loops multiplied out
   largest: list[dict]
   error: str = ""
+  instruction_seconds: float | None = None  # per chip: Σ of the compiled program's priced instructions (hlo_cost)
 
 
-def model_config(model: str, dtype: str, remat: str):
+def model_config(model: str, dtype: str, remat: str, overrides: Sequence[str] = ()):
+  """The block's ModelConfig; `overrides` (`field=value`, the value parsed as the field's current type) replace
+  fields; ValueError naming an unknown field."""
   from sao.models import known_configs  # pylint: disable=g-import-not-at-top
   from sao.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
   if model.startswith("tiny:"):
-    return ModelConfig.tiny(model[len("tiny:"):], dtype=dtype, param_dtype=dtype, remat=remat)
-  return ModelConfig.from_hf(known_configs.hf_config(model), dtype=dtype, param_dtype=dtype, remat=remat)
+    cfg = ModelConfig.tiny(model[len("tiny:"):], dtype=dtype, param_dtype=dtype, remat=remat)
+  else:
+    cfg = ModelConfig.from_hf(known_configs.hf_config(model), dtype=dtype, param_dtype=dtype, remat=remat)
+  changes = {}
+  for item in overrides:
+    name, _, value = item.partition("=")
+    if not hasattr(cfg, name):
+      raise ValueError(f"--model_override: ModelConfig has no field {name!r}")
+    current = getattr(cfg, name)
+    changes[name] = (value.lower() in ("1", "true")) if isinstance(current, bool) else type(current)(value)
+  return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
 def parse_mesh(text: str) -> dict[str, int]:
@@ -131,9 +148,10 @@ def block_program(cfg, block: str, mesh, batch: int, length: int):
 
 
 def compile_block(cfg, block: str, mesh, batch: int, length: int, top: int = 5,
-                  capacity_bytes: int | None = None) -> LayerRow:
+                  capacity_bytes: int | None = None, chip=None, hlo_dir: str = "") -> LayerRow:
   """Lowers and compiles `block_program`; a program XLA refuses, or whose arguments + temporaries + outputs exceed
-  `capacity_bytes` (the chip's HBM; libtpu may compile such a program), gives `fits=False`."""
+  `capacity_bytes` (the chip's HBM; libtpu may compile such a program), gives `fits=False`. With `chip`, the row
+  records the per-instruction serial time (`sao.aot.instruction_time`); with `hlo_dir`, the HLO is written there."""
   from sao.aot import compile_stats  # pylint: disable=g-import-not-at-top
   jitted, args = block_program(cfg, block, mesh, batch, length)
   traced = jitted.trace(*args)
@@ -151,16 +169,25 @@ def compile_block(cfg, block: str, mesh, batch: int, length: int, top: int = 5,
   total = memory.argument_size_in_bytes + memory.temp_size_in_bytes + memory.output_size_in_bytes
   fits = capacity_bytes is None or total <= capacity_bytes
   error = "" if fits else f"compiled, but needs {total / GIB:.2f} GiB per chip, more than {capacity_bytes / GIB:.2f}"
+  seconds = None
+  if chip is not None or hlo_dir:
+    from sao.aot import driver, instruction_time  # pylint: disable=g-import-not-at-top
+    text = compiled.as_text()
+    if hlo_dir:
+      driver.write_hlo(text, driver.hlo_path(hlo_dir, block, length))
+    seconds = instruction_time.serial_seconds(text, chip) if chip is not None else None
   return LayerRow(block, length, batch, fits, memory.argument_size_in_bytes, memory.temp_size_in_bytes,
                   memory.output_size_in_bytes, float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)),
-                  program_flops, largest, error)
+                  program_flops, largest, error, seconds)
 
 
 def format_row(row: LayerRow) -> str:
   lines = [f"{row.block} T={row.length} B={row.batch}: {'fits' if row.fits else 'DOES NOT FIT'}; per chip GiB: "
            f"args {row.argument_bytes / GIB:.3f}, temp {row.temp_bytes / GIB:.3f}, out {row.output_bytes / GIB:.3f}; "
            f"XLA per chip: {row.xla_flops:.4g} flops, {row.xla_bytes_accessed:.4g} bytes accessed (loop bodies "
-           f"once); program matmul flops (all chips, loops multiplied out) {row.program_flops:.4g}"]
+           f"once); program matmul flops (all chips, loops multiplied out) {row.program_flops:.4g}"
+           + (f"; Σ instructions {row.instruction_seconds:.4f} s per chip" if row.instruction_seconds is not None
+              else "")]
   if row.error:
     lines.append(f"  {row.error}")
   lines += [f"  {b['size'] / GIB:8.3f} GiB {b['kind']:<9} {b['shape']:<34} {b['instruction']} {b['op_name'][-100:]}"
@@ -175,16 +202,18 @@ def main(argv):
   start = time.perf_counter()
   chip, devices = tpu_topology.topology_devices(_TOPOLOGY.value)
   mesh = mesh_lib.make_mesh(parse_mesh(_MESH.value), devices)
-  cfg = model_config(_MODEL.value, _DTYPE.value, _REMAT.value)
+  cfg = model_config(_MODEL.value, _DTYPE.value, _REMAT.value, _OVERRIDES.value)
   print(f"{_MODEL.value} {_BLOCK.value} on {_TOPOLOGY.value}, mesh {dict(mesh.shape)}, {_DTYPE.value}, "
         f"remat {_REMAT.value}", flush=True)
   rows = []
   for length in (int(t) for t in _LENGTHS.value):
-    rows.append(compile_block(cfg, _BLOCK.value, mesh, _BATCH.value, length, _TOP.value, chip.hbm_bytes))
+    rows.append(compile_block(cfg, _BLOCK.value, mesh, _BATCH.value, length, _TOP.value, chip.hbm_bytes, chip,
+                              _HLO_DIR.value))
     print(format_row(rows[-1]), flush=True)
     if _OUT.value:
       with open(_OUT.value, "w") as f:
-        json.dump([dict(vars(r), model=_MODEL.value, topology=_TOPOLOGY.value, mesh=dict(mesh.shape))
+        json.dump([dict(vars(r), model=_MODEL.value, topology=_TOPOLOGY.value, mesh=dict(mesh.shape),
+                        model_override=list(_OVERRIDES.value))
                    for r in rows], f, indent=1)
   print(f"compiled {len(rows)} programs in {time.perf_counter() - start:.0f} s")
   if not all(r.fits for r in rows):

@@ -115,6 +115,9 @@ def base_config() -> ml_collections.ConfigDict:
           # MoE under expert parallelism: a shard runs its own rows in chunks of this × its balanced share of the
           # gathered rows (one chunk when they fit; nothing dropped; sao.models.moe). 0: every gathered row at once.
           moe_capacity_factor=0.0,
+          # Gated DeltaNet's chunk matmuls: "float32" (f32 at HIGHEST precision) or "bfloat16" (bf16 operands, f32
+          # accumulation and state, as flash-linear-attention computes them; sao.models.gated_deltanet).
+          linear_attn_matmul="float32",
           toy=dict(model_type="qwen3", hidden_size=64, intermediate_size=192, num_layers=2, num_heads=4,
                    num_kv_heads=2, head_dim=16, max_position_embeddings=1024,
                    # Untied: with tied embeddings an RL step on a guess's output logit also moves that number's input

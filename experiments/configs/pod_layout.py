@@ -16,13 +16,17 @@ def full_precision(config: ml_collections.ConfigDict) -> None:
   """bf16 as TPU trainers run it (MaxText, levanter): bf16 parameters and activations in HBM, float32 AdamW moments
   and float32 master weights (the update is applied to the master copy and the bf16 params are its cast: at the
   actor's lr 1e-6 an update is ~1e-6 relative, far below bf16's 2^-8 spacing, so applied to bf16 directly most would
-  round away). Per-layer remat: the backward pass recomputes each decoder layer from its input instead of keeping
-  its activations (one layer's [rows, T, hidden] input per layer is all that is kept). Scan over layers: the
-  ahead-of-time compile of the full depth takes about one period of layers' time (docs/tpu_compile_report.md)."""
+  round away); Gated DeltaNet's chunk matmuls take bf16 operands. Per-layer remat: the backward pass recomputes each
+  decoder layer from its input instead of keeping its activations (one layer's [rows, T, hidden] input per layer is
+  all that is kept). Scan over layers: the ahead-of-time compile of the full depth takes about one period of layers'
+  time (docs/tpu_compile_report.md)."""
   config.model.param_dtype = "bfloat16"
   config.model.compute_dtype = "bfloat16"
   config.model.remat = "full"
   config.model.scan_layers = True
+  # Gated DeltaNet's chunk matmuls with bf16 operands (f32 accumulation and state, as flash-linear-attention's
+  # kernels): the chunk arrays' HBM traffic halves (docs/tpu_hlo_breakdown.md).
+  config.model.linear_attn_matmul = "bfloat16"
   for role in (config.learner.actor, config.learner.critic):
     role.optimizer.master_weights = True
 

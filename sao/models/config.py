@@ -18,6 +18,7 @@ HYBRID_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 WRAPPER_TYPES = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 LAYER_TYPES = ("full_attention", "linear_attention")
 LINEAR_ATTN_FORMS = ("chunked", "recurrent")
+LINEAR_ATTN_MATMULS = ("float32", "bfloat16")
 MOE_IMPLS = ("routed", "dense")
 DTYPES = ("float32", "bfloat16")
 # Attention implementations (sao.models.attention): "auto" = splash on TPU, blockwise for long sequences, else xla.
@@ -54,7 +55,9 @@ class ModelConfig:
   applied as 1 + w), and Gated DeltaNet blocks with `linear_num_key_heads` q/k heads of `linear_key_head_dim`,
   `linear_num_value_heads` v heads of `linear_value_head_dim`, a causal depthwise conv of `linear_conv_kernel_dim`,
   computed in `linear_attn_form` ("chunked": parallel within chunks of `linear_chunk_size`; "recurrent": one token
-  at a time; a one-token step with a cache is always recurrent).
+  at a time; a one-token step with a cache is always recurrent) with its matmuls in `linear_attn_matmul` ("float32":
+  f32 at HIGHEST precision, the oracle; "bfloat16": bf16 operands, f32 accumulation, f32 state —
+  `sao.models.gated_deltanet`).
   """
   model_type: str
   vocab_size: int
@@ -90,6 +93,7 @@ class ModelConfig:
   linear_conv_kernel_dim: int = 4
   linear_chunk_size: int = 64  # ours: chunk length of the parallel Gated DeltaNet form
   linear_attn_form: str = "chunked"  # ours: "chunked" | "recurrent" (see the class docstring)
+  linear_attn_matmul: str = "float32"  # ours: "float32" | "bfloat16", the chunked form's matmuls (class docstring)
   moe_impl: str = "routed"  # ours: "routed" (sorted, grouped matmuls) | "dense" (every expert, the oracle)
   # ours: > 0 under expert parallelism: a shard runs its sorted rows in chunks of this × its balanced share (one
   # chunk when they fit; sao.models.moe), nothing dropped. 0: every gathered row at once.
@@ -150,6 +154,9 @@ class ModelConfig:
       raise ValueError(f"moe_impl: unsupported {self.moe_impl!r}; expected one of {MOE_IMPLS}")
     if self.linear_attn_form not in LINEAR_ATTN_FORMS:
       raise ValueError(f"linear_attn_form: unsupported {self.linear_attn_form!r}; expected one of {LINEAR_ATTN_FORMS}")
+    if self.linear_attn_matmul not in LINEAR_ATTN_MATMULS:
+      raise ValueError(f"linear_attn_matmul: unsupported {self.linear_attn_matmul!r}; expected one of "
+                       f"{LINEAR_ATTN_MATMULS}")
     if not self.moe_capacity_factor >= 0:
       raise ValueError(f"moe_capacity_factor: must be >= 0, got {self.moe_capacity_factor}")
     if self.shared_expert_intermediate_size < 0:

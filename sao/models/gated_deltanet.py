@@ -10,9 +10,15 @@ Two forms that agree (tests/models/test_gated_deltanet.py):
   * `chunked_gated_delta_rule`: the parallel form of Yang et al. (2024, "Gated Delta Networks") as in HF's
     pure-torch fallback: inside each chunk of C tokens everything is matrix products (a unit lower-triangular solve
     builds the WY form of the C delta updates), and a `lax.scan` over chunks carries S.
+
+The chunked form's matmuls run in one of two precisions (`ModelConfig.linear_attn_matmul`): "float32" (f32 operands
+at HIGHEST precision — 6 bf16 passes on a TPU — the oracle) or "bfloat16" (bf16 operands, f32 accumulation, and the
+chunk inputs of the scan stored in bf16, as flash-linear-attention's kernels compute it); either way the state S is
+carried in f32 and the WY solve's unit-lower inverse is built in f32.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -20,11 +26,20 @@ import jax
 import jax.numpy as jnp
 
 from sao.models.config import ModelConfig
-from sao.models.layers import Linear, dtypes, kernel_init
+from sao.models.layers import Linear, dtypes, kernel_init, linear_init, linear_matmul
 
 Array = jax.Array
 # The state is a running sum over the whole sequence: TPU's default bf16-pass matmuls would compound their error.
 _HIGHEST = jax.lax.Precision.HIGHEST
+MATMUL_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def chunk_matmul(eq: str, x: Array, y: Array, dtype: Any = jnp.float32) -> Array:
+  """`einsum(eq, x, y)` in float32: f32 operands at HIGHEST precision, or (`dtype` bf16) the operands cast to bf16
+  and the products accumulated in f32 (`preferred_element_type`)."""
+  if dtype == jnp.float32:
+    return jnp.einsum(eq, x.astype(jnp.float32), y.astype(jnp.float32), precision=_HIGHEST)
+  return jnp.einsum(eq, x.astype(dtype), y.astype(dtype), preferred_element_type=jnp.float32)
 
 
 def l2_normalize(x: Array, eps: float = 1e-6) -> Array:
@@ -146,8 +161,8 @@ def unit_lower_inverse(strict: Array, block: int = SOLVE_BLOCK) -> Array:
   return inverse
 
 
-@jax.custom_vjp
-def solve_unit_lower(strict: Array, rhs: Array) -> Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def solve_unit_lower(strict: Array, rhs: Array, matmul_dtype: Any = jnp.float32) -> Array:
   """X = (I + L)⁻¹ R: the inverse of the unit lower-triangular matrix (`unit_lower_inverse`, blocked substitution on
   the identity: its row steps read [C, C]-sized blocks, not the [C, D] right-hand side) times R, one matmul.
 
@@ -162,31 +177,35 @@ def solve_unit_lower(strict: Array, rhs: Array) -> Array:
   substitution loop would save the whole [..., C, D] carry at each of its C steps for the backward — C times the
   size of X ([64, N, B, H, 64, Dk + Dv] float32 in `chunked_gated_delta_rule`: 4 GiB per chip for Qwen3.5-35B-A3B at
   32,768 tokens on a v5p-128, docs/history.md); this VJP keeps only A⁻¹ and X.
+
+  `matmul_dtype`: the precision of the products by A⁻¹ and of dL (`chunk_matmul`); A⁻¹ itself is built in f32.
   """
-  return _solve_fwd(strict, rhs)[0]
+  return _solve_fwd(strict, rhs, matmul_dtype)[0]
 
 
-def _solve_fwd(strict: Array, rhs: Array) -> tuple[Array, tuple[Array, Array]]:
+def _solve_fwd(strict: Array, rhs: Array, matmul_dtype: Any = jnp.float32) -> tuple[Array, tuple[Array, Array]]:
   inverse = unit_lower_inverse(strict)
-  x = jnp.einsum("...ij,...jd->...id", inverse, rhs, precision=_HIGHEST)
+  x = chunk_matmul("...ij,...jd->...id", inverse, rhs, matmul_dtype)
   return x, (inverse, x)
 
 
-def _solve_bwd(residuals: tuple[Array, Array], dx: Array) -> tuple[Array, Array]:
+def _solve_bwd(matmul_dtype: Any, residuals: tuple[Array, Array], dx: Array) -> tuple[Array, Array]:
   inverse, x = residuals
-  drhs = jnp.einsum("...ji,...jd->...id", inverse, dx, precision=_HIGHEST)
+  drhs = chunk_matmul("...ji,...jd->...id", inverse, dx, matmul_dtype)
   c = inverse.shape[-1]
   below = jnp.tril(jnp.ones((c, c), bool), -1)
-  dstrict = jnp.where(below, -jnp.einsum("...id,...jd->...ij", drhs, x, precision=_HIGHEST), 0.0)
+  dstrict = jnp.where(below, -chunk_matmul("...id,...jd->...ij", drhs, x, matmul_dtype), 0.0)
   return dstrict.astype(inverse.dtype), drhs.astype(x.dtype)
 
 
-solve_unit_lower.defvjp(_solve_fwd, _solve_bwd)
+solve_unit_lower.defvjp(lambda strict, rhs, matmul_dtype: _solve_fwd(strict, rhs, matmul_dtype), _solve_bwd)
 
 
 def chunked_gated_delta_rule(q: Array, k: Array, v: Array, g: Array, beta: Array, initial_state: Array | None = None,
-                             chunk_size: int = 64) -> tuple[Array, Array]:
+                             chunk_size: int = 64, matmul_dtype: Any = jnp.float32) -> tuple[Array, Array]:
   """The gated delta rule in chunks of C = min(chunk_size, T) tokens; same arguments and results as the recurrent form.
+  `matmul_dtype` (f32 or bf16): the chunk matmuls' operands (`chunk_matmul`) and the stored chunk inputs of the scan
+  (the module docstring); the state and the results stay f32.
 
   T is padded to a multiple of C with no-op tokens (g = β = 0, q = k = v = 0). Within a chunk, with
   γ_i = Σ_{j<=i} g_j (cumulative log decay from the chunk start), Γ_ij = exp(γ_i − γ_j) for i >= j (else 0):
@@ -213,16 +232,17 @@ def chunked_gated_delta_rule(q: Array, k: Array, v: Array, g: Array, beta: Array
   lower = jnp.tril(jnp.ones((c, c), bool))
   gamma_diff = gamma[..., :, None] - gamma[..., None, :]
   decay = jnp.where(lower, jnp.exp(jnp.where(lower, gamma_diff, 0.0)), 0.0)  # Γ, zero above the diagonal
-  mm = lambda eq, x, y: jnp.einsum(eq, x, y, precision=_HIGHEST)
+  mm = lambda eq, x, y: chunk_matmul(eq, x, y, matmul_dtype)
+  stored = lambda x: x.astype(matmul_dtype)  # what the scan reads per chunk (and autodiff saves for its backward)
   k_beta = k * beta[..., None]
   strict = mm("...ik,...jk->...ij", k_beta, k) * decay * (1.0 - jnp.eye(c))
   # One solve for both right-hand sides: [U | W] = (I + L)⁻¹ [βV | β e^γ K].
   rhs = jnp.concatenate([v * beta[..., None], k_beta * jnp.exp(gamma)[..., None]], axis=-1)
-  uw = solve_unit_lower(strict, rhs)
-  u, w = uw[..., :dv], uw[..., dv:]
-  attn = mm("...ik,...jk->...ij", q, k) * decay
-  q_decayed = q * jnp.exp(gamma)[..., None]
-  k_decayed = k * jnp.exp(gamma[..., -1:] - gamma)[..., None]
+  uw = solve_unit_lower(strict, rhs, matmul_dtype)
+  u, w = stored(uw[..., :dv]), stored(uw[..., dv:])
+  attn = stored(mm("...ik,...jk->...ij", q, k) * decay)
+  q_decayed = stored(q * jnp.exp(gamma)[..., None])
+  k_decayed = stored(k * jnp.exp(gamma[..., -1:] - gamma)[..., None])
   chunk_decay = jnp.exp(gamma[..., -1])[..., None, None]  # [N, B, H, 1, 1]
 
   def step(s, chunk):
@@ -269,6 +289,29 @@ def causal_conv1d(x: Array, weight: Array, mask: Array, conv_state: Array | None
   y = jnp.where(mask[..., None], nn.silu(y), 0).astype(x.dtype)
   last = real[:, None] + jnp.arange(k - 1)[None, :]  # in `full`, the last K − 1 real inputs
   return y, jnp.take_along_axis(full, last[..., None], axis=1)
+
+
+class SegmentedLinear(nn.Module):
+  """`Linear` with one kernel `[Σ widths, in]` (HF's `in_proj_qkv`: [q | k | v] rows) applied as one product per
+  segment of rows: x [..., in] → [y_i [..., widths_i]].
+
+  Why apart: under tensor parallelism the kernel's rows split over `tensor` contiguously, so one [..., 8,192] product
+  for Qwen3.5-35B-A3B's [q 2,048 | k 2,048 | v 4,096] puts q and k on one shard of two and v on the other, and
+  slicing q, k, v out of it to split each by heads moves the activations between the shards (collective-permutes of
+  [T, 2,048] bf16 rows in every layer's forward, recompute and backward). A product per segment splits each
+  segment by its own heads, and XLA moves the (smaller, already gathered) kernel rows instead.
+  """
+  widths: tuple[int, ...]
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> list[Array]:
+    kernel = self.param("kernel", linear_init(0, 1, "linear_mix", "embed"), (sum(self.widths), x.shape[-1]),
+                        self.param_dtype).astype(self.dtype)
+    x = x.astype(self.dtype)
+    bounds = [sum(self.widths[:i]) for i in range(len(self.widths) + 1)]
+    return [linear_matmul(x, kernel[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
 
 
 class GatedRMSNorm(nn.Module):
@@ -335,17 +378,29 @@ class GatedDeltaNet(nn.Module):
       z = z.reshape(b, t, hv, dv)
       beta_logit, a = ba[..., :r].reshape(b, t, hv), ba[..., r:].reshape(b, t, hv)
     else:
-      mixed = dense("in_proj_qkv", 2 * hk * dk + hv * dv, "linear_mix")
+      mixed = SegmentedLinear((hk * dk, hk * dk, hv * dv), dtype, param_dtype, name="in_proj_qkv")(x)
       z = dense("in_proj_z", hv * dv, "linear_mix").reshape(b, t, hv, dv)
       beta_logit = dense("in_proj_b", hv, "linear_heads")
       a = dense("in_proj_a", hv, "linear_heads")
 
-    conv_w = self.param("conv1d", kernel_init(None, "linear_mix"), (cfg.linear_conv_kernel_dim, mixed.shape[-1]),
+    if not isinstance(mixed, list):
+      mixed = [mixed[..., :hk * dk], mixed[..., hk * dk:2 * hk * dk], mixed[..., 2 * hk * dk:]]
+    widths = [m.shape[-1] for m in mixed]
+    conv_w = self.param("conv1d", kernel_init(None, "linear_mix"), (cfg.linear_conv_kernel_dim, sum(widths)),
                         param_dtype)
-    mixed, conv_state = causal_conv1d(mixed, conv_w, mask, None if cache is None else cache["conv"])
-    q = mixed[..., :hk * dk].reshape(b, t, hk, dk)
-    k = mixed[..., hk * dk:2 * hk * dk].reshape(b, t, hk, dk)
-    v = mixed[..., 2 * hk * dk:].reshape(b, t, hv, dv).astype(jnp.float32)
+    # The conv is depthwise: q, k and v convolve apart, each with its own columns of the weight and the state.
+    bounds = [sum(widths[:i]) for i in range(4)]
+    conv_states, segments = [], []
+    for i, segment in enumerate(mixed):
+      lo, hi = bounds[i], bounds[i + 1]
+      out_i, state_i = causal_conv1d(segment, conv_w[:, lo:hi], mask,
+                                     None if cache is None else cache["conv"][..., lo:hi])
+      segments.append(out_i)
+      conv_states.append(state_i)
+    conv_state = jnp.concatenate(conv_states, axis=-1)
+    q = segments[0].reshape(b, t, hk, dk)
+    k = segments[1].reshape(b, t, hk, dk)
+    v = segments[2].reshape(b, t, hv, dv).astype(jnp.float32)
     q = jnp.repeat(l2_normalize(q) * dk ** -0.5, r, axis=2)  # q/k head i serves v heads i·r … i·r + r − 1
     k = jnp.repeat(l2_normalize(k), r, axis=2)
 
@@ -362,7 +417,8 @@ class GatedDeltaNet(nn.Module):
     if cfg.linear_attn_form == "recurrent" or (cache is not None and t == 1):
       out, state = recurrent_gated_delta_rule(q, k, v, g, beta, state)
     else:
-      out, state = chunked_gated_delta_rule(q, k, v, g, beta, state, cfg.linear_chunk_size)
+      out, state = chunked_gated_delta_rule(q, k, v, g, beta, state, cfg.linear_chunk_size,
+                                            MATMUL_DTYPES[cfg.linear_attn_matmul])
     out = GatedRMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="norm")(out.astype(dtype), z)
     out = Linear(cfg.hidden_size, ("embed", "linear_mix"), dtype=dtype, param_dtype=param_dtype,
                  name="out_proj")(out.reshape(b, t, hv * dv))

@@ -181,7 +181,8 @@ def _autodiff_of_the_loop(monkeypatch):
   itself (the oracle for the VJP's gradients)."""
   from sao.models import gated_deltanet  # pylint: disable=g-import-not-at-top
   forward_substitution = gated_deltanet._forward_substitution  # pylint: disable=protected-access
-  monkeypatch.setattr(gated_deltanet, "solve_unit_lower", forward_substitution)
+  monkeypatch.setattr(gated_deltanet, "solve_unit_lower",
+                      lambda strict, rhs, matmul_dtype=jnp.float32: forward_substitution(strict, rhs))
 
 
 def test_unit_lower_solve_vjp_matches_float64_and_autodiff():
