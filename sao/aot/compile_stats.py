@@ -7,10 +7,13 @@ over chunks, so XLA's figure is a per-iteration figure. `jaxpr_flops` counts eve
 of the traced program (`2·M·N·K`), multiplied by the trip counts of the scans around it; the backward pass is in
 the jaxpr already (the program calls `value_and_grad`), and so is any rematerialised forward.
 
-Analytic model FLOPs (the MFU convention of PaLM, Chowdhery et al. 2022, appendix B): per token, a forward costs
-`2·N_active + 4·L_attn·H·D_head·T` and a training step `6·N_active + 12·L_attn·H·D_head·T`, where `N_active` counts
-the parameters a token's matmuls touch (MoE experts scaled by top-k / num_experts, no embedding lookup) and the
-second term is full (non-causal) softmax attention over `T` positions in the `L_attn` full-attention layers.
+Analytic model FLOPs (MaxText's MFU convention, its `calculate_tflops_training_per_device`): per token, a forward
+costs `2·N_active + 2·L_attn·H·D_head·T` and a training step `6·N_active + 6·L_attn·H·D_head·T`, where `N_active`
+counts the parameters a token's matmuls touch (MoE experts scaled by top-k / num_experts, no embedding lookup) and
+the second term is causal softmax attention (`Q·Kᵀ` and `P·V` over the T·(T+1)/2 ≈ T²/2 query-key pairs a causal
+mask leaves, what a causal kernel such as splash computes) in the `L_attn` full-attention layers. PaLM's appendix B
+(Chowdhery et al. 2022) counts full attention, twice that term (`full_attention_flops`): this project used it until
+2026-12-06, and report rows record which count they hold (`MODEL_FLOPS_CONVENTION`).
 
 HBM: `memory_analysis()` of a compiled program, or — when XLA refuses to compile because the program does not fit
 — the buffer assignment XLA dumps before it gives up (`xla_dump_to`): the same argument / output / temporary split,
@@ -146,19 +149,22 @@ def active_params(model_config: ModelConfig, abstract_params: Any) -> float:
   return total
 
 
+# The count `analytic_flops` gives; report rows record it (rows without the field hold PaLM's "full_attention").
+MODEL_FLOPS_CONVENTION = "causal_attention"
+
+
 def analytic_flops(model_config: ModelConfig, n_active: float, batch: int, length: int, train: bool) -> float:
-  """PaLM's model FLOPs of one pass over `[batch, length]` tokens (see the module docstring)."""
-  attn_layers = sum(kind == "full_attention" for kind in model_config.layer_types)
-  per_token = 2.0 * n_active + 4.0 * attn_layers * model_config.num_heads * model_config.head_dim * length
-  return (3.0 if train else 1.0) * per_token * batch * length
+  """Model FLOPs of one pass over `[batch, length]` tokens, attention counted causal (the module docstring):
+  `(3 if train else 1) · (2·N_active·B·T + full_attention_flops / 2)`."""
+  dense = (3.0 if train else 1.0) * 2.0 * n_active * batch * length
+  return dense + full_attention_flops(model_config, batch, length, train) / 2
 
 
 def full_attention_flops(model_config: ModelConfig, batch: int, length: int, train: bool) -> float:
-  """The softmax-attention part of `analytic_flops`: full (non-causal) `Q·Kᵀ` and `P·V` in every full-attention layer.
-
-  MaxText counts it causal, half of this (`causal_attention_flops = noncausal_attention_flops / 2` in its
-  `calculate_tflops_training_per_device`), as a causal kernel computes it: its MFU of the same step is
-  `MFU_PaLM · (analytic − full_attention / 2) / analytic`."""
+  """Full (non-causal) softmax attention's `Q·Kᵀ` and `P·V` in every full-attention layer,
+  `(3 if train else 1) · 4·L_attn·H·D_head·T²·B`: PaLM's attention term; `analytic_flops` counts half of it (MaxText's
+  `causal_attention_flops = noncausal_attention_flops / 2`), so PaLM's count of a pass is
+  `analytic_flops + full_attention_flops / 2`."""
   attn_layers = sum(kind == "full_attention" for kind in model_config.layer_types)
   return (3.0 if train else 1.0) * 4.0 * attn_layers * model_config.num_heads * model_config.head_dim * \
       float(length) ** 2 * batch

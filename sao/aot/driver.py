@@ -58,7 +58,7 @@ class ProgramRow:
   hbm_capacity_bytes: int
   flops: float  # matmul FLOPs of the program, loops multiplied out (compile_stats.jaxpr_flops)
   xla_flops: float  # XLA's cost_analysis() FLOPs over all chips (each loop body once)
-  analytic_flops: float  # PaLM model FLOPs (compile_stats.analytic_flops); 0 for elementwise programs
+  analytic_flops: float  # model FLOPs (compile_stats.analytic_flops, causal attention); 0 for elementwise programs
   # XLA's cost-model time (`optimal_seconds`, or the roofline of its FLOP and byte counts when that is not positive),
   # scaled by flops / xla_flops for the loop iterations XLA leaves out; None if it does not fit.
   estimated_seconds: float | None
@@ -75,6 +75,10 @@ class ProgramRow:
   instruction_mfu: float | None = None
   grouped_row_share: float = 1.0
   instruction_error: str = ""
+  # The attention count of `analytic_flops` and the MFUs (`compile_stats.MODEL_FLOPS_CONVENTION`); rows compiled
+  # before 2026-12-06 lack the field and hold PaLM's "full_attention" (`experiments/bench/mfu_conventions.py
+  # --rewrite` recounts them).
+  model_flops_convention: str = compile_stats.MODEL_FLOPS_CONVENTION
 
 
 class _Recorder:

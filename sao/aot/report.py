@@ -69,6 +69,8 @@ def row_from_dict(d: dict[str, Any]) -> ReportRow:
   row = ReportRow(**{k: v for k, v in d.items() if k in _ROW_FIELDS})
   if "status" not in d:
     row.status = "compiled" if row.fits else "does_not_fit"
+  if "model_flops_convention" not in d:  # rows compiled before 2026-12-06 counted PaLM's full attention
+    row.model_flops_convention = "full_attention"
   if row.status not in STATUSES:
     raise ValueError(f"report row {row.program!r} at T={row.bucket}: status {row.status!r} is not one of {STATUSES}")
   return row

@@ -46,6 +46,18 @@ def row_line(r, chip, commit: str = "") -> str:
   return f"{line}  {commit}" if commit else line.rstrip()
 
 
+CONVENTIONS = {"causal_attention": "counts attention causal (MaxText's count)",
+               "full_attention": "counts attention full (PaLM's count, twice the causal attention term)"}
+
+
+def convention_of(rows) -> str:
+  """How the rows' model FLOPs count attention (`ProgramRow.model_flops_convention`); rows that disagree are named."""
+  found = sorted({getattr(r, "model_flops_convention", "full_attention") for r in rows})
+  if len(found) == 1:
+    return CONVENTIONS.get(found[0], found[0])
+  return "MIXES COUNTS (" + ", ".join(found) + "): the update lines add them; recount with mfu_conventions.py --rewrite"
+
+
 def format_table(rows, chip, commits: Sequence[str] = ()) -> str:
   """The table of `rows` (`report.ReportRow`s) on `chip`; `commits[i]` (optional) is row i's commit."""
   if commits and len(commits) != len(rows):
@@ -53,7 +65,8 @@ def format_table(rows, chip, commits: Sequence[str] = ()) -> str:
   header = (f"{'program':<20}{'T':>7}{'B':>5}{'calls':>6} {'args':>8}{'temp':>9}{'out':>8}{'total':>9}"
             f"{'/cap':>5}  {'fits':<5}{'xla TF':>11}{'program TF':>11}{'model TF':>11}{'est s':>10}{'MFU':>7}"
             f"{'instr s':>12}{'MFU':>7}" + ("  commit" if commits else ""))
-  lines = [f"HBM GiB per chip ({chip.name}: {chip.hbm_bytes / GIB:.0f} GiB); TFLOPs per step over all chips; est s "
+  lines = [f"HBM GiB per chip ({chip.name}: {chip.hbm_bytes / GIB:.0f} GiB); TFLOPs per step over all chips; model "
+           f"TF {convention_of(rows)}; est s "
            f"and MFU are XLA's cost-model estimate (r: roofline of XLA's FLOP and byte counts, where XLA's own time "
            f"was not positive; no FLOPs inside custom calls), instr s and MFU the per-instruction serial sum of the "
            f"compiled HLO (sao.aot.instruction_time); cost models, not measurements", header, "-" * len(header)]

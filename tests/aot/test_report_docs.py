@@ -26,6 +26,23 @@ def test_every_committed_report_file_is_rendered_somewhere():
   assert files <= rendered, f"report files no page renders: {sorted(files - rendered)}"
 
 
+def test_every_rendered_report_counts_attention_causal():
+  """The project's model FLOPs count attention causal (`compile_stats.analytic_flops`): a report rendered in docs/
+  whose rows hold PaLM's full-attention count is recounted (`experiments/bench/mfu_conventions.py --rewrite`). A row
+  written before the field existed holds the full count, and a table over both kinds says that it mixes them."""
+  from sao.aot import report, report_table  # pylint: disable=g-import-not-at-top
+  reports = os.path.join(DOCS, "reports")
+  for name in sorted(n for n in os.listdir(reports) if n.endswith(".json")):
+    with open(os.path.join(reports, name)) as f:
+      records = json.load(f)
+    rows = [report.row_from_dict(r) for r in records]
+    assert {r.model_flops_convention for r in rows} == {"causal_attention"}, name
+    assert "MaxText's count" in report_table.convention_of(rows)
+  before = report.row_from_dict({k: v for k, v in records[0].items() if k != "model_flops_convention"})
+  assert before.model_flops_convention == "full_attention"
+  assert "MIXES COUNTS" in report_table.convention_of([rows[0], before])
+
+
 def _page(tmp_path, rows):
   (tmp_path / "reports").mkdir()
   (tmp_path / "reports" / "r.json").write_text(json.dumps(rows))
