@@ -222,7 +222,10 @@ def chunked_gated_delta_rule(q: Array, k: Array, v: Array, g: Array, beta: Array
   n = -(-t // c)
   pad = n * c - t
   f32 = lambda x: x.astype(jnp.float32)
-  q, k, v, g, beta = (jnp.pad(f32(x), ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2)) for x in (q, k, v, g, beta))
+  pad_time = lambda x: jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
+  # q, k, v in the matmul dtype from here (bf16: half the bytes of every chunk array made from them); g, β in f32.
+  q, k, v = (pad_time(x.astype(matmul_dtype)) for x in (q, k, v))
+  g, beta = pad_time(f32(g)), pad_time(f32(beta))
   # [B, T, H, D] → [N, B, H, C, D]: chunks first, for the scan.
   to_chunks = lambda x: x.reshape(b, n, c, h, -1).transpose(1, 0, 3, 2, 4)
   q, k, v = to_chunks(q), to_chunks(k), to_chunks(v)
@@ -400,9 +403,11 @@ class GatedDeltaNet(nn.Module):
     conv_state = jnp.concatenate(conv_states, axis=-1)
     q = segments[0].reshape(b, t, hk, dk)
     k = segments[1].reshape(b, t, hk, dk)
-    v = segments[2].reshape(b, t, hv, dv).astype(jnp.float32)
-    q = jnp.repeat(l2_normalize(q) * dk ** -0.5, r, axis=2)  # q/k head i serves v heads i·r … i·r + r − 1
-    k = jnp.repeat(l2_normalize(k), r, axis=2)
+    # Normalised in f32, then kept in the chunk matmuls' dtype (bf16: half the bytes of the repeated heads).
+    rule_dtype = MATMUL_DTYPES[cfg.linear_attn_matmul]
+    v = segments[2].reshape(b, t, hv, dv).astype(rule_dtype)
+    q = jnp.repeat((l2_normalize(q) * dk ** -0.5).astype(rule_dtype), r, axis=2)  # q/k head i: v heads i·r … i·r + r − 1
+    k = jnp.repeat(l2_normalize(k).astype(rule_dtype), r, axis=2)
 
     a_log = self.param("A_log", nn.with_logical_partitioning(
         lambda key, shape, dt: jnp.log(jax.random.uniform(key, shape, dt, 1.0, 16.0)), ("linear_heads",)),

@@ -1,6 +1,8 @@
 """Grouped matmul with its own backward: `out[m] = lhs[m] @ rhs[g(m)]` for rows grouped consecutively by group.
 
-lhs [M, K], rhs [G, K, N], group_sizes [G] int32 with Σ ≤ M → out [M, N]; rows past Σ group_sizes are 0. With
+lhs [M, K], rhs [G, K, N], group_sizes [G] int32 with Σ ≤ M → out [M, N]; rows past Σ group_sizes are 0 (with
+`zero_tail=False` they are undefined — megablox leaves them unwritten — and the caller must ignore them: it saves an
+[M, N] select per product and per d_lhs). With
 `transpose_rhs` rhs is [G, N, K] (per group `[out, in]`, HF's layout of stacked expert weights) and
 `out[m] = lhs[m] @ rhs[g(m)]ᵀ`, with no transposed copy of rhs made (megablox's `gmm` option of the same name).
 Backward (`jax.custom_vjp`), with the same row grouping:
@@ -48,9 +50,9 @@ _MEGABLOX_TILING = (512, 1024, 1024)  # MaxText's default MoE tiles (rows, contr
 
 
 def grouped_matmul(lhs: Array, rhs: Array, group_sizes: Array, impl: str = "auto",
-                   transpose_rhs: bool = False) -> Array:
+                   transpose_rhs: bool = False, zero_tail: bool = True) -> Array:
   """lhs [M, K], rhs [G, K, N] (transpose_rhs: [G, N, K], used as its per-group transpose), group_sizes [G]
-  (Σ ≤ M) → [M, N] in lhs.dtype; rows past Σ are 0 (module doc)."""
+  (Σ ≤ M) → [M, N] in lhs.dtype; rows past Σ are 0, or undefined without `zero_tail` (module doc)."""
   if impl not in IMPLS:
     raise ValueError(f"impl: unsupported {impl!r}; expected one of {IMPLS}")
   contracting = 2 if transpose_rhs else 1
@@ -62,7 +64,7 @@ def grouped_matmul(lhs: Array, rhs: Array, group_sizes: Array, impl: str = "auto
   lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes, jnp.int32)
   if impl == "ragged_dot":
     return jax.lax.ragged_dot(lhs, rhs.swapaxes(1, 2) if transpose_rhs else rhs, group_sizes)
-  return _gmm_vjp(lhs, rhs.astype(lhs.dtype), group_sizes, impl, bool(transpose_rhs))
+  return _gmm_vjp(lhs, rhs.astype(lhs.dtype), group_sizes, impl, bool(transpose_rhs), bool(zero_tail))
 
 
 def transposed_grouped_matmul(lhs: Array, d_out: Array, group_sizes: Array, impl: str = "auto") -> Array:
@@ -73,19 +75,21 @@ def transposed_grouped_matmul(lhs: Array, d_out: Array, group_sizes: Array, impl
   return _tgmm(jnp.asarray(lhs), jnp.asarray(d_out), jnp.asarray(group_sizes, jnp.int32), impl, jnp.float32)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _gmm_vjp(lhs: Array, rhs: Array, group_sizes: Array, impl: str, transpose_rhs: bool) -> Array:
-  return _gmm(lhs, rhs, group_sizes, impl, transpose_rhs)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _gmm_vjp(lhs: Array, rhs: Array, group_sizes: Array, impl: str, transpose_rhs: bool, zero_tail: bool) -> Array:
+  return _gmm(lhs, rhs, group_sizes, impl, transpose_rhs, zero_tail)
 
 
-def _gmm_fwd(lhs, rhs, group_sizes, impl, transpose_rhs):
-  return _gmm(lhs, rhs, group_sizes, impl, transpose_rhs), (lhs, rhs, group_sizes)
+def _gmm_fwd(lhs, rhs, group_sizes, impl, transpose_rhs, zero_tail):
+  return _gmm(lhs, rhs, group_sizes, impl, transpose_rhs, zero_tail), (lhs, rhs, group_sizes)
 
 
-def _gmm_bwd(impl, transpose_rhs, residuals, d_out):
+def _gmm_bwd(impl, transpose_rhs, zero_tail, residuals, d_out):
   lhs, rhs, group_sizes = residuals
   d_out = jnp.asarray(d_out).astype(lhs.dtype)
-  d_lhs = _gmm(d_out, rhs, group_sizes, impl, not transpose_rhs)
+  # d_lhs's rows past Σ are what the forward's caller ignored: undefined too without zero_tail. d_rhs reads only
+  # the rows of its groups (megablox's tgmm selects them), so undefined rows of d_out or lhs do not reach it.
+  d_lhs = _gmm(d_out, rhs, group_sizes, impl, not transpose_rhs, zero_tail)
   # rhs [G, N, K] when transposed: Σ d_outᵀ lhs has its layout, Σ lhsᵀ d_out the [G, K, N] one.
   d_rhs = (_tgmm(d_out, lhs, group_sizes, impl, rhs.dtype) if transpose_rhs
            else _tgmm(lhs, d_out, group_sizes, impl, rhs.dtype))
@@ -95,13 +99,15 @@ def _gmm_bwd(impl, transpose_rhs, residuals, d_out):
 _gmm_vjp.defvjp(_gmm_fwd, _gmm_bwd)
 
 
-def _gmm(lhs: Array, rhs: Array, group_sizes: Array, impl: str, transpose_rhs: bool) -> Array:
-  """lhs @ rhs[g] per group; rhs [G, K, N], or [G, N, K] used transposed when transpose_rhs."""
+def _gmm(lhs: Array, rhs: Array, group_sizes: Array, impl: str, transpose_rhs: bool, zero_tail: bool = True) -> Array:
+  """lhs @ rhs[g] per group; rhs [G, K, N], or [G, N, K] used transposed when transpose_rhs. Only megablox leaves
+  the rows past Σ group_sizes undefined when `zero_tail` is False; the other kernels write zeros there."""
   kernels = {
       "tiled": lambda a, b, s: _tiled_matmul(a, b, s, _TILED_MAX_TILE, transpose_rhs),
       "xla": lambda a, b, s: _ragged_dot(a, b, s, transpose_rhs),
-      "megablox": lambda a, b, s: _megablox_gmm(a, b, s, transpose_rhs, interpret=False),
-      "megablox_interpret": lambda a, b, s: _megablox_gmm(a, b, s, transpose_rhs, interpret=True),
+      "megablox": lambda a, b, s: _megablox_gmm(a, b, s, transpose_rhs, interpret=False, zero_tail=zero_tail),
+      "megablox_interpret": lambda a, b, s: _megablox_gmm(a, b, s, transpose_rhs, interpret=True,
+                                                          zero_tail=zero_tail),
   }
   if impl != "auto":
     return kernels[impl](lhs, rhs, group_sizes)
@@ -219,7 +225,8 @@ def _pad_rows(x: Array, rows: int) -> Array:
   return x if x.shape[0] == rows else jnp.pad(x, ((0, rows - x.shape[0]), (0, 0)))
 
 
-def _megablox_gmm(lhs: Array, rhs: Array, group_sizes: Array, transpose_rhs: bool, interpret: bool) -> Array:
+def _megablox_gmm(lhs: Array, rhs: Array, group_sizes: Array, transpose_rhs: bool, interpret: bool,
+                  zero_tail: bool = True) -> Array:
   m, k = lhs.shape
   n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
   if rhs.shape[0] == 0:
@@ -228,8 +235,9 @@ def _megablox_gmm(lhs: Array, rhs: Array, group_sizes: Array, transpose_rhs: boo
   padded = -(-m // tiling[0]) * tiling[0]  # the kernel needs M divisible by its row tile
   out = _megablox().gmm(_pad_rows(lhs, padded), rhs, group_sizes, preferred_element_type=lhs.dtype, tiling=tiling,
                         transpose_rhs=transpose_rhs, interpret=interpret)[:m]
-  # The kernel never writes rows outside every group (their memory is uninitialised): zero them.
-  return jnp.where((jnp.arange(m) < jnp.sum(group_sizes))[:, None], out, 0)
+  # The kernel never writes rows outside every group (their memory is uninitialised): zero them, unless the caller
+  # ignores them (`zero_tail=False`).
+  return jnp.where((jnp.arange(m) < jnp.sum(group_sizes))[:, None], out, 0) if zero_tail else out
 
 
 def _megablox_tgmm(lhs: Array, d_out: Array, group_sizes: Array, dtype, interpret: bool) -> Array:

@@ -240,19 +240,21 @@ def _local_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up
 
 
 def _expert_mlp(xs: Array, group_sizes: Array, w_gate_up: Array, w_down: Array,
-                row_scale: Array | None = None) -> Array:
+                row_scale: Array | None = None, zero_tail: bool = True) -> Array:
   """SwiGLU of the sorted rows xs [R, D] with their groups' experts (w_gate_up [X, 2F, D]: gate then up, w_down
-  [X, D, F]) → [R, D]; rows past Σ group_sizes are 0. `row_scale` [R]: each row's result times it, applied to the
-  [R, F] activations before the down projection (linear in them) instead of to the [R, D] result."""
+  [X, D, F]) → [R, D]; rows past Σ group_sizes are 0, or undefined without `zero_tail` (the caller drops them:
+  `grouped_matmul`). `row_scale` [R]: each row's result times it, applied to the [R, F] activations before the down
+  projection (linear in them) instead of to the [R, D] result."""
   width = w_down.shape[2]
   # The weights are stored [X, out, in] (HF's layout): grouped_matmul reads them transposed, no swapped copy.
-  gate_up = grouped_matmul(xs, w_gate_up.astype(xs.dtype), group_sizes, transpose_rhs=True)  # [R, 2F]
+  gate_up = grouped_matmul(xs, w_gate_up.astype(xs.dtype), group_sizes, transpose_rhs=True,
+                           zero_tail=zero_tail)  # [R, 2F]
   h = jax.nn.silu(gate_up[:, :width]) * gate_up[:, width:]
   if row_scale is not None:
     h = h * row_scale[:, None].astype(h.dtype)
   # The rows outside every group (other shards' assignments, sorted last) come out exactly 0: `grouped_matmul`
   # zeroes the rows past Σ group_sizes, so no [R, D] select is needed.
-  return grouped_matmul(h, w_down.astype(xs.dtype), group_sizes, transpose_rhs=True)
+  return grouped_matmul(h, w_down.astype(xs.dtype), group_sizes, transpose_rhs=True, zero_tail=zero_tail)
 
 
 def _all_rows(x: Array, weights: Array, order: Array, group_sizes: Array, w_gate_up: Array, w_down: Array) -> Array:
@@ -280,6 +282,12 @@ def _chunks(order: Array, group_sizes: Array, capacity: int) -> tuple[Array, Arr
   return order, (jnp.sum(group_sizes) + capacity - 1) // capacity
 
 
+def _kept(index: Array, window: Array, size: int) -> Array:
+  """`index` [C] of a chunk's sorted rows, with the rows past its groups' Σ window sent out of bounds (`size`), so
+  that a scatter with mode="drop" skips them."""
+  return jnp.where(jnp.arange(index.shape[0]) < jnp.sum(window), index, size)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
 def _bounded_experts(x: Array, weights: Array, order: Array, group_sizes: Array, w_gate_up: Array, w_down: Array,
                      capacity: int) -> Array:
@@ -287,7 +295,8 @@ def _bounded_experts(x: Array, weights: Array, order: Array, group_sizes: Array,
   fill (one when they fit): time ∝ the shard's own rows, memory ∝ `capacity`.
 
   Per chunk: the rows gathered [C, D], the experts with the router weight folded into the [C, F] activations, and
-  the [C, D] result scatter-added into the output, which is accumulated in x.dtype. Why not float32: a token
+  the [C, D] result scatter-added into the output (the chunk's rows past its groups — other shards' assignments,
+  padding — are dropped from the scatter rather than zeroed by a [C, ·] select after every grouped matmul), which is accumulated in x.dtype. Why not float32: a token
   receives at most k additions on a shard (k/E on average under balanced routing), each rounded once — what the
   every-row path's bf16 combine and the `expert`-axis psum_scatter of bf16 partials after it round too — while a
   float32 accumulator made every [C, D] update and the [N, D] output twice as many bytes (the largest temporaries of
@@ -299,7 +308,8 @@ def _bounded_experts(x: Array, weights: Array, order: Array, group_sizes: Array,
   def body(i, out):
     take, window = _window(order, group_sizes, i * capacity, capacity)
     token = take // k
-    return out.at[token].add(_expert_mlp(x[token], window, w_gate_up, w_down, row_scale=gates[take]))
+    ys = _expert_mlp(x[token], window, w_gate_up, w_down, row_scale=gates[take], zero_tail=False)
+    return out.at[_kept(token, window, x.shape[0])].add(ys, mode="drop")
 
   return jax.lax.fori_loop(0, n_chunks, body, jnp.zeros(x.shape, x.dtype))
 
@@ -323,10 +333,12 @@ def _bounded_experts_bwd(capacity, residuals, d_out):
     d_x, d_gates, d_gate_up, d_down = acc
     take, window = _window(padded, group_sizes, i * capacity, capacity)
     token = take // k
-    mlp = lambda rows, scale, w_gu, w_d: _expert_mlp(rows, window, w_gu, w_d, row_scale=scale)
+    mlp = lambda rows, scale, w_gu, w_d: _expert_mlp(rows, window, w_gu, w_d, row_scale=scale, zero_tail=False)
     _, pullback = jax.vjp(mlp, x[token], gates[take], w_gate_up, w_down)
     g_rows, g_scale, g_gate_up, g_down = pullback(d_out[token].astype(x.dtype))
-    return (d_x.at[token].add(g_rows.astype(x.dtype)), d_gates.at[take].add(g_scale.astype(jnp.float32)),
+    # Rows past the chunk's groups hold undefined values (`zero_tail=False`): dropped from both scatters.
+    return (d_x.at[_kept(token, window, x.shape[0])].add(g_rows.astype(x.dtype), mode="drop"),
+            d_gates.at[_kept(take, window, gates.shape[0])].add(g_scale.astype(jnp.float32), mode="drop"),
             d_gate_up + g_gate_up.astype(jnp.float32), d_down + g_down.astype(jnp.float32))
 
   init = (jnp.zeros(x.shape, x.dtype), jnp.zeros(gates.shape, jnp.float32),

@@ -114,3 +114,35 @@ def test_bf16_chunks_are_as_accurate_as_every_row():
     assert error(got, want) <= 2 * error(every_row, want) + 1e-3 * scale(want), capacity
     for name, g, r, w in zip(("x", "weights", "w_gate", "w_up", "w_down"), got_grads, every_row_grads, want_grads):
       assert error(g, w) <= 2 * error(r, w) + 1e-3 * scale(w), (capacity, name, error(g, w), error(r, w))
+
+
+def test_chunks_drop_the_undefined_rows_past_their_groups(monkeypatch):
+  """Megablox leaves a grouped matmul's rows past Σ group_sizes unwritten; the chunks ask it not to zero them
+  (`zero_tail=False`) and drop those rows from their scatters instead. With the unwritten rows made NaN (what
+  uninitialised memory may hold), in the forward products and the backward's d_lhs, the values and every gradient
+  still equal the every-row path's."""
+  from sao.models import grouped_matmul  # pylint: disable=g-import-not-at-top
+  real_gmm = grouped_matmul._gmm  # pylint: disable=protected-access
+
+  def unwritten_tail(lhs, rhs, group_sizes, impl, transpose_rhs, zero_tail=True):
+    out = real_gmm(lhs, rhs, group_sizes, impl, transpose_rhs, zero_tail)
+    if zero_tail:
+      return out
+    return jnp.where((jnp.arange(out.shape[0]) < jnp.sum(group_sizes))[:, None], out, jnp.nan)
+
+  x, weights, chosen, w_gate, w_up, w_down = _shard_problem()
+
+  def loss(capacity):
+    def f(x, weights, w_gate, w_up, w_down):
+      out = moe._local_experts(x, weights, chosen, w_gate, w_up, w_down, first_expert=2, capacity=capacity)
+      return jnp.sum(jnp.sin(out)), out
+    return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2, 3, 4), has_aux=True))
+
+  (_, want), want_grads = loss(None)(x, weights, w_gate, w_up, w_down)
+  monkeypatch.setattr(grouped_matmul, "_gmm", unwritten_tail)
+  (_, got), got_grads = loss(128)(x, weights, w_gate, w_up, w_down)  # 3 chunks, the last one part-filled
+  assert np.isfinite(np.asarray(got)).all()
+  _close(got, want)
+  for g, w in zip(got_grads, want_grads):
+    assert np.isfinite(np.asarray(g)).all()
+    _close(g, w)
