@@ -282,15 +282,52 @@ class MoE(nn.Module):
                                           cfg.norm_topk_prob)
     self.sow("routing", "routed_experts", experts.reshape(*x.shape[:-1], -1))
     w_gate, w_up, w_down = ExpertWeights(cfg, name="experts")()
-    apply = (functools.partial(moe.routed_experts, capacity_factor=cfg.moe_capacity_factor)
-             if cfg.moe_impl == "routed" else moe.dense_experts)
-    out = apply(x.reshape(-1, x.shape[-1]).astype(dtype), weights, experts, w_gate, w_up, w_down).reshape(x.shape)
-    out = out.astype(dtype)
-    if cfg.shared_expert_intermediate_size:
-      shared = MLP(cfg, cfg.shared_expert_intermediate_size, name="shared_expert")(x)
+    tokens = x.reshape(-1, x.shape[-1]).astype(dtype)
+    shared = None
+    if cfg.shared_expert_intermediate_size and not cfg.mlp_bias:
+      # The routed path adds it with its own layout of the tokens (under tensor parallelism, split over `tensor`
+      # with the weights whole: split by width, its input all-gathered and its output reduce-scattered over the 16
+      # chips of the `full` configs' `tensor` axis in every layer, 9.3 s of their 131k actor step).
+      shared = moe.SharedExpert(*SharedExpertWeights(cfg, name="shared_expert")(),
+                                Kernel((1, cfg.hidden_size), (None, "embed"), param_dtype, name="shared_expert_gate")())
+    if cfg.moe_impl == "routed":
+      out = moe.routed_experts(tokens, weights, experts, w_gate, w_up, w_down, cfg.moe_capacity_factor, shared)
+    else:
+      out = moe.dense_experts(tokens, weights, experts, w_gate, w_up, w_down)
+      out = out if shared is None else out + moe.shared_expert(tokens, shared)
+    out = out.reshape(x.shape).astype(dtype)
+    if cfg.shared_expert_intermediate_size and cfg.mlp_bias:  # biased projections: the plain MLP beside the experts
+      shared_out = MLP(cfg, cfg.shared_expert_intermediate_size, name="shared_expert")(x)
       shared_gate = Linear(1, (None, "embed"), dtype=dtype, param_dtype=param_dtype, name="shared_expert_gate")(x)
-      out = out + jax.nn.sigmoid(shared_gate.astype(jnp.float32)).astype(dtype) * shared
+      out = out + jax.nn.sigmoid(shared_gate.astype(jnp.float32)).astype(dtype) * shared_out
     return out
+
+
+class Kernel(nn.Module):
+  """A bias-free `Linear`'s kernel alone (the same param, `kernel` of `shape` `[out, in]` with logical `axes`, the same
+  init), for a caller that applies it elsewhere (`moe.routed_experts` applies the shared expert)."""
+  shape: tuple[int, ...]
+  axes: tuple[str | None, ...]
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self) -> Array:
+    return self.param("kernel", linear_init(0, 1, *self.axes), self.shape, self.param_dtype)
+
+
+class SharedExpertWeights(nn.Module):
+  """The shared expert's kernels (`shared_expert.{gate_proj, up_proj, down_proj}.kernel`, the params of a bias-free
+  `MLP` of its width): gate / up `[S, embed]`, down `[embed, S]`."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self) -> tuple[Array, Array, Array]:
+    cfg = self.config
+    _, param_dtype = dtypes(cfg)
+    width, hidden = cfg.shared_expert_intermediate_size, cfg.hidden_size
+    return (Kernel((width, hidden), ("mlp", "embed"), param_dtype, name="gate_proj")(),
+            Kernel((width, hidden), ("mlp", "embed"), param_dtype, name="up_proj")(),
+            Kernel((hidden, width), ("embed", "mlp"), param_dtype, name="down_proj")())
 
 
 class ExpertWeights(nn.Module):

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -105,6 +106,24 @@ def replay_route(router_logits: Array, replayed: Array, k: int, norm_topk_prob: 
   return jnp.where(use, weights, own_weights), experts
 
 
+class SharedExpert(NamedTuple):
+  """The shared expert's weights in HF's `[out, in]` layout: gate / up `[S, D]`, down `[D, S]`, and its sigmoid gate
+  `[1, D]` (`shared_expert_gate`)."""
+  w_gate: Array
+  w_up: Array
+  w_down: Array
+  gate: Array
+
+
+def shared_expert(x: Array, shared: SharedExpert) -> Array:
+  """`sigmoid(x · gateᵀ) · down(silu(x · w_gateᵀ) * (x · w_upᵀ))`: x [N, D] → [N, D] in x.dtype (the sigmoid in
+  float32), every token through the same small SwiGLU."""
+  mm = lambda a, w: jnp.einsum("nd,sd->ns", a, w.astype(x.dtype))
+  h = jax.nn.silu(mm(x, shared.w_gate)) * mm(x, shared.w_up)
+  gate = jax.nn.sigmoid(mm(x, shared.gate).astype(jnp.float32)).astype(x.dtype)
+  return gate * mm(h, shared.w_down)
+
+
 def dense_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up: Array, w_down: Array) -> Array:
   """Every expert on every token (the oracle): x [N, D], weights / experts [N, k], w_gate / w_up [X, F, D],
   w_down [X, D, F] (HF's `[out, in]` per expert) → [N, D] in x.dtype."""
@@ -117,13 +136,16 @@ def dense_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up:
 
 
 def routed_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up: Array, w_down: Array,
-                   capacity_factor: float = 0.0) -> Array:
+                   capacity_factor: float = 0.0, shared: SharedExpert | None = None) -> Array:
   """Routed, dropless experts (see the module docstring); same arguments and result as `dense_experts`.
-  `capacity_factor` > 0: under expert parallelism, the capacity with a dropless fallback (module docstring)."""
+  `capacity_factor` > 0: under expert parallelism, the capacity with a dropless fallback (module docstring).
+  `shared`: the shared expert's output (`shared_expert`) is added, computed with the routed experts' layout of the
+  tokens when `tensor` splits them (module docstring)."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1 or mesh.manual_axes:  # no mesh, one device, or a caller's shard_map lays it out
-    return _local_experts(x, weights, experts, w_gate, w_up, w_down, first_expert=0)
-  return _mesh_experts(mesh, x, weights, experts, w_gate, w_up, w_down, capacity_factor)
+    out = _local_experts(x, weights, experts, w_gate, w_up, w_down, first_expert=0)
+    return out if shared is None else out + shared_expert(x, shared)
+  return _mesh_experts(mesh, x, weights, experts, w_gate, w_up, w_down, capacity_factor, shared)
 
 
 def _axis_size(mesh, name: str) -> int:
@@ -131,7 +153,7 @@ def _axis_size(mesh, name: str) -> int:
 
 
 def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array, w_up: Array,
-                  w_down: Array, capacity_factor: float = 0.0) -> Array:
+                  w_down: Array, capacity_factor: float = 0.0, shared: SharedExpert | None = None) -> Array:
   """`routed_experts` in one shard_map manual over every axis of `mesh` (the module docstring): x [N, D] and the
   routing [N, k] by rows over the batch axes, w_gate / w_up [X, F, D] and w_down [X, D, F] (HF's `[out, in]`) by
   experts over `expert` and F over `tensor` → [N, D], rows over the batch axes. When `_tokens_over_tensor`, each
@@ -161,8 +183,9 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
     w = jax.lax.all_gather(w, TENSOR_AXIS, axis=width_dim, tiled=True)
     return w if hidden_axis is None else jax.lax.all_gather(w, hidden_axis, axis=hidden_dim, tiled=True)
 
-  def per_shard(x, weights, experts, w_gate, w_up, w_down):
+  def per_shard(x, weights, experts, w_gate, w_up, w_down, *shared_weights):
     first = 0 if expert_axis is None else jax.lax.axis_index(expert_axis) * (n_exp // n_expert_shards)
+    shared_out = None
     if whole_width:
       w_gate, w_up, w_down = gather_weight(w_gate, 1, 2), gather_weight(w_up, 1, 2), gather_weight(w_down, 2, 1)
       # This `tensor` shard's part of the rows it holds (the shard_map's boundary keeps GSPMD's layout, rows
@@ -170,6 +193,8 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
       part = x.shape[0] // mesh.shape[TENSOR_AXIS]
       start = jax.lax.axis_index(TENSOR_AXIS) * part
       x, weights, experts = (jax.lax.dynamic_slice_in_dim(a, start, part) for a in (x, weights, experts))
+      if shared_weights:  # the shared expert on the same part of the rows, its (small) weights whole
+        shared_out = shared_expert(x, SharedExpert(*shared_weights))
     if gather_tokens:  # the expert group's tokens: [N_local · E, ...]
       x, weights, experts = (jax.lax.all_gather(a, expert_axis, tiled=True) for a in (x, weights, experts))
     rows = experts.shape[0] * experts.shape[1]
@@ -181,7 +206,7 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
     elif expert_axis is not None:
       out = jax.lax.psum(out, expert_axis)
     if whole_width:
-      return jax.lax.all_gather(out, TENSOR_AXIS, tiled=True)
+      return jax.lax.all_gather(out if shared_out is None else out + shared_out, TENSOR_AXIS, tiled=True)
     return jax.lax.psum(out, width_axis) if width_axis is not None else out
 
   rows = P(token_axes or None)
@@ -189,8 +214,13 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
     w_in, w_out = P(expert_axis, TENSOR_AXIS, hidden_axis), P(expert_axis, hidden_axis, TENSOR_AXIS)
   else:
     w_in, w_out = P(expert_axis, width_axis, None), P(expert_axis, None, width_axis)
-  return jax.shard_map(per_shard, mesh=mesh, in_specs=(rows, rows, rows, w_in, w_in, w_out), out_specs=rows,
-                       axis_names=set(mesh.axis_names), check_vma=False)(x, weights, experts, w_gate, w_up, w_down)
+  # The shared expert rides along only where `tensor` splits the tokens; its weights enter whole (a few MB: GSPMD
+  # gathers them, and their gradient is summed over the shards).
+  inside = tuple(shared) if shared is not None and whole_width else ()
+  out = jax.shard_map(per_shard, mesh=mesh, in_specs=(rows, rows, rows, w_in, w_in, w_out) + (P(),) * len(inside),
+                      out_specs=rows, axis_names=set(mesh.axis_names), check_vma=False)(
+                          x, weights, experts, w_gate, w_up, w_down, *inside)
+  return out + shared_expert(x, shared) if shared is not None and not inside else out
 
 
 def _tokens_over_tensor(mesh, token_axes: tuple[str, ...], n_tokens: int, k: int, n_exp: int,

@@ -221,13 +221,15 @@ def test_flops_grow_with_experts_per_token_not_num_experts():
   assert routed[(64, 2)] < dense[64] / 8
 
 
-def test_long_micro_batches_split_tokens_over_tensor():
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen3_5_moe_text"])
+def test_long_micro_batches_split_tokens_over_tensor(model_type):
   """With many tokens per shard (8 × 48 here: 192 gathered tokens × top-2 = 384 sorted rows per expert group against
   3 × 4 × 32 = 384 rows of expert weights, so 8 × 128 tips it) `tensor` takes tokens, not expert widths: each `tensor` shard runs half of
   the N / batch shards rows it holds, the expert weights gathered whole inside the shard_map and the output gathered
-  over `tensor` at its end; values and gradients still equal dense."""
+  over `tensor` at its end; values and gradients still equal dense. qwen3_5_moe_text's shared expert runs inside the
+  same shard_map on the same half of the rows (its four weights enter whole)."""
   mesh = _mesh(fsdp=2, expert=2, tensor=2)
-  routed, dense = _configs("qwen3_moe", True)
+  routed, dense = _configs(model_type, True)
   x = jax.random.normal(jax.random.PRNGKey(3), (8, 128, routed.hidden_size))
   params = MoE(routed).init(jax.random.PRNGKey(0), x)["params"]
   k, experts, width = routed.num_experts_per_tok, routed.num_experts, routed.moe_intermediate_size
@@ -243,6 +245,7 @@ def test_long_micro_batches_split_tokens_over_tensor():
     mapped = _shard_map_eqns(jax.make_jaxpr(value_and_grad(routed))(params, x).jaxpr)
     got, got_grads = value_and_grad(routed)(params, x)
   inputs = mapped[0].params["jaxpr"].invars
+  assert len(inputs) == (10 if routed.shared_expert_intermediate_size else 6)
   assert inputs[0].aval.shape == (8 * 128 // 4, routed.hidden_size)  # 4 batch shards; halved over tensor inside
   # w_gate enters as stored (experts over `expert`, F over `tensor`, D over `fsdp`) and is gathered whole inside.
   assert inputs[3].aval.shape == (routed.num_experts // 2, routed.moe_intermediate_size // 2, routed.hidden_size // 2)
