@@ -199,7 +199,9 @@ def main(argv):
   del argv
   from sao.aot import tpu_topology  # pylint: disable=g-import-not-at-top
   from sao.train import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from experiments.compile_tpu import code_version  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
+  version = code_version()
   chip, devices = tpu_topology.topology_devices(_TOPOLOGY.value)
   mesh = mesh_lib.make_mesh(parse_mesh(_MESH.value), devices)
   cfg = model_config(_MODEL.value, _DTYPE.value, _REMAT.value, _OVERRIDES.value)
@@ -213,7 +215,7 @@ def main(argv):
     if _OUT.value:
       with open(_OUT.value, "w") as f:
         json.dump([dict(vars(r), model=_MODEL.value, topology=_TOPOLOGY.value, mesh=dict(mesh.shape),
-                        model_override=list(_OVERRIDES.value))
+                        model_override=list(_OVERRIDES.value), code_version=version)
                    for r in rows], f, indent=1)
   print(f"compiled {len(rows)} programs in {time.perf_counter() - start:.0f} s")
   if not all(r.fits for r in rows):
