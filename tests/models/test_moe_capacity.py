@@ -31,6 +31,15 @@ def _shard_problem(tokens=512, k=2, experts=8, local=2, hidden=16, width=24, see
   return x, weights, chosen, w_gate, w_up, w_down
 
 
+def _shard_loss(chosen, capacity):
+  """Jitted value and gradients (x, router weights, the three expert weights) of Σ sin(out) for shard 1's experts (2
+  and 3 of 8) on `chosen`, every row at once (capacity None) or in chunks of `capacity` rows."""
+  def f(x, weights, w_gate, w_up, w_down):
+    out = moe._local_experts(x, weights, chosen, w_gate, w_up, w_down, first_expert=2, capacity=capacity)
+    return jnp.sum(jnp.sin(out)), out
+  return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2, 3, 4), has_aux=True))
+
+
 @pytest.mark.parametrize("path", ["one_chunk", "chunks"])
 def test_one_shards_experts_equal_every_row(path):
   """Shard 1 of 4 (experts 2 and 3 of 8) over 512 tokens × top-2: ≈ 256 of the 1,024 assignments are its own. A
@@ -41,11 +50,7 @@ def test_one_shards_experts_equal_every_row(path):
   capacity = 384 if path == "one_chunk" else 128
   assert -(-mine // capacity) == (1 if path == "one_chunk" else 3), mine
 
-  def loss(capacity):
-    def f(x, weights, w_gate, w_up, w_down):
-      out = moe._local_experts(x, weights, chosen, w_gate, w_up, w_down, first_expert=2, capacity=capacity)
-      return jnp.sum(jnp.sin(out)), out
-    return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2, 3, 4), has_aux=True))
+  loss = lambda capacity: _shard_loss(chosen, capacity)
 
   (_, want), want_grads = loss(None)(x, weights, w_gate, w_up, w_down)
   (_, got), got_grads = loss(capacity)(x, weights, w_gate, w_up, w_down)
@@ -132,11 +137,7 @@ def test_chunks_drop_the_undefined_rows_past_their_groups(monkeypatch):
 
   x, weights, chosen, w_gate, w_up, w_down = _shard_problem()
 
-  def loss(capacity):
-    def f(x, weights, w_gate, w_up, w_down):
-      out = moe._local_experts(x, weights, chosen, w_gate, w_up, w_down, first_expert=2, capacity=capacity)
-      return jnp.sum(jnp.sin(out)), out
-    return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2, 3, 4), has_aux=True))
+  loss = lambda capacity: _shard_loss(chosen, capacity)
 
   (_, want), want_grads = loss(None)(x, weights, w_gate, w_up, w_down)
   monkeypatch.setattr(grouped_matmul, "_gmm", unwritten_tail)
