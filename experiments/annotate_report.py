@@ -4,7 +4,8 @@ HLO their compile saved (`compile_tpu.py --hlo_dir`), without compiling again:
     python experiments/annotate_report.py --report=docs/reports/sao_full_v5p128.json --hlo_dir=<dir> \
         [--moe_capacity_factor=2]
 
-`compile_tpu.py` records the sum on every row it compiles; this is for rows compiled before it did. A row is priced
+`compile_tpu.py` records the sum on every row it compiles; this is for rows compiled before it did, and (`--reprice`)
+for rows priced before a change to the cost model. A row is priced
 from `<hlo_dir>/<program>_T<bucket>.hlo.txt.gz` on the chip of its topology, its MoE grouped matmuls by the rows of
 the shard's own experts (the row's `expert` mesh axis and `--moe_capacity_factor`, which must be the config's
 `model.moe_capacity_factor`; a row compiled with expert parallelism needs it). The file is rewritten once, atomically;
@@ -25,13 +26,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def define_flags() -> None:
   """The command's flags, defined when it runs (not on import)."""
-  global _REPORT, _HLO_DIR, _CAPACITY  # pylint: disable=global-statement
+  global _REPORT, _HLO_DIR, _CAPACITY, _REPRICE  # pylint: disable=global-statement
   _REPORT = flags.DEFINE_string("report", None, "The compile report's JSON row file (rewritten in place).",
                                 required=True)
   _HLO_DIR = flags.DEFINE_string("hlo_dir", None, "Where the rows' compile wrote <program>_T<bucket>.hlo.txt.gz.",
                                  required=True)
   _CAPACITY = flags.DEFINE_float("moe_capacity_factor", None, "The config's model.moe_capacity_factor (needed for "
                                  "rows compiled with an expert mesh axis > 1).")
+  _REPRICE = flags.DEFINE_bool("reprice", False, "Price rows that already have a per-instruction sum again (after a "
+                               "change to the cost model: the rows keep their commits, the HLO is theirs).")
 
 
 def expert_shards(record: dict) -> int:
@@ -46,13 +49,15 @@ def expert_shards(record: dict) -> int:
   return expert
 
 
-def annotate(records: list[dict], hlo_dir: str, capacity_factor: float | None) -> tuple[list[str], list[str]]:
-  """Prices every unpriced compiled row of `records` in place; returns (priced, left as they were) descriptions."""
+def annotate(records: list[dict], hlo_dir: str, capacity_factor: float | None,
+             reprice: bool = False) -> tuple[list[str], list[str]]:
+  """Prices every unpriced (with `reprice`: every) compiled row of `records` in place; returns (priced, left as they
+  were) descriptions."""
   from sao.aot import driver, instruction_time, report, tpu_topology  # pylint: disable=g-import-not-at-top
   priced, skipped = [], []
   for record in records:
     where = f"{record['program']} T={record['bucket']}"
-    if record.get("instruction_seconds") is not None:
+    if record.get("instruction_seconds") is not None and not reprice:
       skipped.append(f"{where} (already priced)")
       continue
     if record.get("status", "compiled") != "compiled":
@@ -86,7 +91,7 @@ def main(argv):
     records = json.load(f)
   if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
     raise app.UsageError(f"{_REPORT.value}: not a JSON list of report rows")
-  priced, skipped = annotate(records, _HLO_DIR.value, _CAPACITY.value)
+  priced, skipped = annotate(records, _HLO_DIR.value, _CAPACITY.value, _REPRICE.value)
   if priced:
     report.write_json_atomically(_REPORT.value, records)
   print("\n".join([f"priced {len(priced)} rows of {_REPORT.value}:", *(f"  {p}" for p in priced),

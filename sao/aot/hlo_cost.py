@@ -46,10 +46,12 @@ if TYPE_CHECKING:  # the chip facts; imported for the type only, so that this mo
   from sao.aot.tpu_topology import Chip
 
 FREE = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "after-all", "partition-id", "replica-id",
-        "opt-barrier", "add-dependency", "copy-done", "all-gather-done", "all-reduce-done", "collective-permute-done",
-        "async-done", "call-done", "send-done", "recv-done", "domain", "iota"}
-MOVES = {"copy", "copy-start", "transpose", "slice", "dynamic-slice", "dynamic-update-slice", "concatenate", "pad",
-         "reshape", "broadcast", "reverse"}
+        "opt-barrier", "add-dependency", "copy-done", "slice-done", "all-gather-done", "all-reduce-done",
+        "collective-permute-done", "async-done", "call-done", "send-done", "recv-done", "domain", "iota"}
+# `slice-start` / `slice-done`: XLA:TPU's sliced prefetch, a window of an HBM buffer copied asynchronously (often into
+# the core's memory, `S(1)`): priced at its start by the window's bytes (`op_bytes`), its done free.
+MOVES = {"copy", "copy-start", "slice-start", "transpose", "slice", "dynamic-slice", "dynamic-update-slice",
+         "concatenate", "pad", "reshape", "broadcast", "reverse"}
 OTHER = {"gather", "scatter", "sort", "reduce-window", "select-and-scatter", "rng", "rng-bit-generator", "fft",
          "cholesky", "triangular-solve", "top-k"}
 # Custom calls that move no data and compute nothing (buffer bookkeeping, hints, async plumbing).
@@ -203,6 +205,8 @@ def op_bytes(inst: Instruction, comp: Computation) -> float:
     return 2 * _hbm(comp.by_name[inst.operands[1]].shape)
   if inst.opcode == "copy-start":  # (source, destination, context): one read and one write
     return _hbm(inst.shape[:2])
+  if inst.opcode == "slice-start":  # ((source), window, context): the window read, written where it lands
+    return inst.shape[1].bytes + _hbm(inst.shape[1:2])
   return sum(_hbm(comp.by_name[o].shape) for o in inst.operands) + _hbm(inst.shape)
 
 

@@ -77,6 +77,9 @@ def test_annotate_prices_the_rows_whose_hlo_was_saved_and_keeps_the_rest(tmp_pat
   assert "instruction_seconds" not in records[1]
   priced, skipped = annotate_report.annotate(records, hlo_dir, None)  # a second run changes nothing
   assert priced == [] and "critic_values T=32 (already priced)" in skipped
+  records[0]["instruction_seconds"] = 99.0  # as priced by an older cost model: --reprice prices it again
+  priced, _ = annotate_report.annotate(records, hlo_dir, None, reprice=True)
+  assert len(priced) == 1 and records[0]["instruction_seconds"] == pytest.approx(expected)
 
 
 def test_annotate_needs_the_capacity_factor_of_an_expert_parallel_row(tmp_path):
