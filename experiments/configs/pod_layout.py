@@ -53,7 +53,7 @@ def full_expert_mesh(config: ml_collections.ConfigDict) -> None:
   Why: on `full_mesh` every chip's `tensor` group of 16 splits each layer's matmuls 16 ways and the MoE runs every
   expert's 1/16 on every token, so collectives and memory-bound copies hold the step (13.8 s, 6.6 % modeled MFU for
   the SAO actor step at T = 32,768 on a v5p-128, attention counted causal); here the SAO actor step models 3.01 s
-  (30.5 %) and the critic step 2.68 s (30.3 %) at 32,768, 40.9 GiB per chip. Its limit: a micro-batch holds one row per batch shard, and a
+  (30.5 %) and the critic step 2.67 s (30.3 %) at 32,768, 40.9 GiB per chip. Its limit: a micro-batch holds one row per batch shard, and a
   131,072-token row per chip pair does not fit (a 4-layer slice needs 103 GiB per chip), so the buckets and the
   episodes stop at `EXPERT_MESH_MAX_TOKENS` (docs/tpu_hlo_breakdown.md)."""
   c = config.learner
