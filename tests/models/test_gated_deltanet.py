@@ -140,7 +140,7 @@ def test_unit_lower_solve_matches_float64_with_nearly_parallel_keys():
 def test_blocked_substitutions_equal_row_by_row_and_float64(c):
   """The blocked solves (diagonal blocks of 16 rows, matmuls below them) against the row-by-row loops they replace
   and float64 numpy, forward ((I + L)⁻¹R) and backward ((I + L)⁻ᵀR), keys 99 % parallel."""
-  from sao.models import gated_deltanet  # pylint: disable=g-import-not-at-top
+  from sao.models import wy_solve  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(3)
   keys = 0.99 * rng.standard_normal(16) + 0.01 * rng.standard_normal((2, c, 16))
   keys /= np.linalg.norm(keys, axis=-1, keepdims=True)
@@ -148,7 +148,7 @@ def test_blocked_substitutions_equal_row_by_row_and_float64(c):
   rhs = rng.standard_normal((2, c, 8))
   a = np.eye(c) + strict
   f32 = lambda v: jnp.asarray(v, jnp.float32)
-  gdn = gated_deltanet  # pylint: disable=protected-access
+  gdn = wy_solve  # pylint: disable=protected-access
   cases = ((gdn._blocked_forward, gdn._forward_substitution, np.linalg.solve(a, rhs)),
            (gdn._blocked_backward, gdn._backward_substitution, np.linalg.solve(a.swapaxes(-1, -2), rhs)))
   for blocked, loop, want in cases:
@@ -162,7 +162,7 @@ def test_blocked_substitutions_equal_row_by_row_and_float64(c):
 def test_unit_lower_inverse_matches_float64(c):
   """(I + L)⁻¹ by blocks (diagonal blocks by substitution on the identity, block rows below by matmuls) against
   float64 `np.linalg.inv`, keys 99 % parallel, and is lower unit-triangular."""
-  from sao.models.gated_deltanet import unit_lower_inverse  # pylint: disable=g-import-not-at-top
+  from sao.models.wy_solve import unit_lower_inverse  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(7)
   keys = 0.99 * rng.standard_normal(16) + 0.01 * rng.standard_normal((2, c, 16))
   keys /= np.linalg.norm(keys, axis=-1, keepdims=True)
@@ -180,7 +180,8 @@ def _autodiff_of_the_loop(monkeypatch):
   """The chunked rule as it was before `solve_unit_lower` had a custom VJP: jax differentiates the substitution loop
   itself (the oracle for the VJP's gradients)."""
   from sao.models import gated_deltanet  # pylint: disable=g-import-not-at-top
-  forward_substitution = gated_deltanet._forward_substitution  # pylint: disable=protected-access
+  from sao.models import wy_solve  # pylint: disable=g-import-not-at-top
+  forward_substitution = wy_solve._forward_substitution  # pylint: disable=protected-access
   monkeypatch.setattr(gated_deltanet, "solve_unit_lower",
                       lambda strict, rhs, matmul_dtype=jnp.float32: forward_substitution(strict, rhs))
 
@@ -188,7 +189,7 @@ def _autodiff_of_the_loop(monkeypatch):
 def test_unit_lower_solve_vjp_matches_float64_and_autodiff():
   """dR = (I + L)⁻ᵀ dX and dL = strictly_lower(−dR Xᵀ), against float64 numpy and against autodiff of the loop
   (which agrees below the diagonal; above it L is zero by contract and the VJP gives zero)."""
-  from sao.models.gated_deltanet import _forward_substitution  # pylint: disable=g-import-not-at-top
+  from sao.models.wy_solve import _forward_substitution  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(5)
   c, d = 9, 5
   strict = np.tril(0.3 * rng.standard_normal((2, c, c)), -1)
