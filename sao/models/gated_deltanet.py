@@ -242,7 +242,7 @@ class GatedDeltaNet(nn.Module):
       ba = dense("in_proj_ba", (hk, 2 * r), "linear_heads", "linear_mix")
       q, k = qkvz[..., :dk], qkvz[..., dk:2 * dk]
       v, z = qkvz[..., 2 * dk:2 * dk + r * dv], qkvz[..., 2 * dk + r * dv:]
-      mixed = jnp.concatenate([q.reshape(b, t, -1), k.reshape(b, t, -1), v.reshape(b, t, -1)], axis=-1)
+      mixed = [q.reshape(b, t, -1), k.reshape(b, t, -1), v.reshape(b, t, -1)]  # [q | k | v], convolved apart
       z = z.reshape(b, t, hv, dv)
       beta_logit, a = ba[..., :r].reshape(b, t, hv), ba[..., r:].reshape(b, t, hv)
     else:
@@ -251,8 +251,6 @@ class GatedDeltaNet(nn.Module):
       beta_logit = dense("in_proj_b", hv, "linear_heads")
       a = dense("in_proj_a", hv, "linear_heads")
 
-    if not isinstance(mixed, list):
-      mixed = [mixed[..., :hk * dk], mixed[..., hk * dk:2 * hk * dk], mixed[..., 2 * hk * dk:]]
     widths = [m.shape[-1] for m in mixed]
     conv_w = self.param("conv1d", kernel_init(None, "linear_mix"), (cfg.linear_conv_kernel_dim, sum(widths)),
                         param_dtype)
