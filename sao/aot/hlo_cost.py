@@ -92,11 +92,7 @@ class OpCost:
   group_size: int = 0  # chips in a collective's group
   detail: str = ""  # the collective, or the custom call's kernel
   shape: str = ""  # the result, e.g. bf16[1048576,32]
-  mxu_flops: float = -1.0  # per execution, what the matrix unit runs: FLOPs × bf16 passes (< 0: the same as flops)
-
-  def __post_init__(self):
-    if self.mxu_flops < 0:
-      self.mxu_flops = self.flops
+  mxu_flops: float = 0.0  # per execution, what the matrix unit runs: FLOPs × bf16 passes (`hlo_flops.mxu_passes`)
 
   @property
   def total_seconds(self) -> float:
