@@ -77,7 +77,8 @@ def model_config_of(config, dtype: str = ""):
   m = config.model
   precision = dict(dtype=dtype or m.compute_dtype, param_dtype=dtype or m.param_dtype, remat=m.remat,
                    scan_layers=m.get("scan_layers", False), moe_capacity_factor=m.get("moe_capacity_factor", 0.0),
-                   linear_attn_matmul=m.get("linear_attn_matmul", "float32"))
+                   linear_attn_matmul=m.get("linear_attn_matmul", "float32"),
+                   sequence_parallel=m.get("sequence_parallel", False))
   if m.init == "hf":
     return ModelConfig.from_hf(known_configs.hf_config(m.hf_path), **precision)
   toy = {k: v for k, v in m.toy.items() if k != "model_type"}

@@ -118,6 +118,9 @@ def base_config() -> ml_collections.ConfigDict:
           # Gated DeltaNet's chunk matmuls: "float32" (f32 at HIGHEST precision) or "bfloat16" (bf16 operands, f32
           # accumulation and state, as flash-linear-attention computes them; sao.models.gated_deltanet).
           linear_attn_matmul="float32",
+          # Under a mesh with `tensor` > 1: the residual stream's tokens split over `tensor` (the projections' weights
+          # gathered, the mixers' heads reached by all-to-alls) instead of its hidden units (sao.models.sequence_parallel).
+          sequence_parallel=False,
           toy=dict(model_type="qwen3", hidden_size=64, intermediate_size=192, num_layers=2, num_heads=4,
                    num_kv_heads=2, head_dim=16, max_position_embeddings=1024,
                    # Untied: with tied embeddings an RL step on a guess's output logit also moves that number's input

@@ -106,6 +106,9 @@ class ModelConfig:
   # ours: run the decoder layers of cache-free calls (training, scoring) as a `lax.scan` over periods of layer kinds
   # (sao.models.scan); the param tree stays per layer. Compile time then stays that of one period, whatever the depth.
   scan_layers: bool = False
+  # ours: under a mesh with `tensor` > 1, the residual stream and every projection's tokens split over `tensor`, the
+  # mixers' heads reached by all-to-alls (sao.models.sequence_parallel); False: the hidden units split (sao.models.scan).
+  sequence_parallel: bool = False
   attention_impl: str = "auto"  # ours: one of ATTENTION_IMPLS (sao.models.attention.resolve_impl)
 
   def __post_init__(self):

@@ -24,6 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from sao.models import sequence_parallel
 from sao.models.config import ModelConfig
 from sao.models.layers import Linear, dtypes, kernel_init, linear_init, linear_matmul
 from sao.models.wy_solve import _HIGHEST, MATMUL_DTYPES, chunk_matmul, solve_unit_lower
@@ -251,6 +252,13 @@ class GatedDeltaNet(nn.Module):
       beta_logit = dense("in_proj_b", hv, "linear_heads")
       a = dense("in_proj_a", hv, "linear_heads")
 
+    if cfg.sequence_parallel and cache is None:
+      # Sequence parallelism (sao.models.sequence_parallel): the projections keep the chip's own tokens (their
+      # weights gathered); the conv and the recurrence need whole sequences, so q, k, v and the per-head gates move
+      # to channels / heads over `tensor` (all-to-alls); z stays with the tokens for the output norm.
+      mixed = [sequence_parallel.split_heads(sequence_parallel.split_tokens(m)) for m in mixed]
+      beta_logit, a = (sequence_parallel.split_heads(sequence_parallel.split_tokens(g)) for g in (beta_logit, a))
+      z = sequence_parallel.split_tokens(z)
     widths = [m.shape[-1] for m in mixed]
     conv_w = self.param("conv1d", kernel_init(None, "linear_mix"), (cfg.linear_conv_kernel_dim, sum(widths)),
                         param_dtype)
@@ -287,8 +295,13 @@ class GatedDeltaNet(nn.Module):
     else:
       out, state = chunked_gated_delta_rule(q, k, v, g, beta, state, cfg.linear_chunk_size,
                                             MATMUL_DTYPES[cfg.linear_attn_matmul])
+    sp = cfg.sequence_parallel and cache is None
+    if sp:
+      out = sequence_parallel.split_tokens(out)
     out = GatedRMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="norm")(out.astype(dtype), z)
     out = Linear(cfg.hidden_size, ("embed", "linear_mix"), dtype=dtype, param_dtype=param_dtype,
                  name="out_proj")(out.reshape(b, t, hv * dv))
+    if sp:
+      out = sequence_parallel.split_tokens(out)
     new_cache = None if cache is None else {"conv": conv_state.astype(cache["conv"].dtype), "state": state}
     return out, new_cache

@@ -24,7 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from sao.models import moe
+from sao.models import moe, sequence_parallel
 from sao.models.attention import AttentionMask, attention
 from sao.models.config import ModelConfig
 
@@ -203,12 +203,15 @@ class Attention(nn.Module):
       return Linear((heads, width * cfg.head_dim), (axis_name, "head_dim", "embed"), (axis_name, "head_dim"),
                     use_bias=bias, dtype=dtype, param_dtype=param_dtype, name=name)(x)
 
-    q = proj("q_proj", cfg.num_heads, "heads", cfg.attention_bias, 2 if cfg.attn_output_gate else 1)
+    # Sequence parallelism (sao.models.sequence_parallel): the projections keep the chip's own tokens (their
+    # weights gathered), attention reaches its heads by an all-to-all, and its output comes back to the tokens.
+    by_tokens = sequence_parallel.split_tokens if cfg.sequence_parallel and cache is None else lambda a: a
+    q = by_tokens(proj("q_proj", cfg.num_heads, "heads", cfg.attention_bias, 2 if cfg.attn_output_gate else 1))
     gate = None
     if cfg.attn_output_gate:
       q, gate = q[..., :cfg.head_dim], q[..., cfg.head_dim:]
-    k = proj("k_proj", cfg.num_kv_heads, "kv_heads", cfg.attention_bias)
-    v = proj("v_proj", cfg.num_kv_heads, "kv_heads", cfg.attention_bias)
+    k = by_tokens(proj("k_proj", cfg.num_kv_heads, "kv_heads", cfg.attention_bias))
+    v = by_tokens(proj("v_proj", cfg.num_kv_heads, "kv_heads", cfg.attention_bias))
     if cfg.qk_norm:
       q = norm(cfg, "q_norm")(q)
       k = norm(cfg, "k_norm")(k)
@@ -220,12 +223,12 @@ class Attention(nn.Module):
       v = _write_rows(cache["v"], v, write_index)
       new_cache = {"k": k, "v": v}
       k, v = k.astype(dtype), v.astype(dtype)
-    out = attention(q, k, v, mask, cfg.attention_impl)
+    out = by_tokens(attention(q, k, v, mask, cfg.attention_impl))
     if gate is not None:
       out = (out * jax.nn.sigmoid(gate.astype(jnp.float32))).astype(dtype)
     out = Linear(cfg.hidden_size, ("embed", "heads", "head_dim"), ("embed",), n_in=2, use_bias=cfg.attention_out_bias,
                  dtype=dtype, param_dtype=param_dtype, name="o_proj")(out)
-    return out, new_cache
+    return by_tokens(out), new_cache
 
 
 class MLP(nn.Module):
@@ -291,7 +294,8 @@ class MoE(nn.Module):
       shared = moe.SharedExpert(*SharedExpertWeights(cfg, name="shared_expert")(),
                                 Kernel((1, cfg.hidden_size), (None, "embed"), param_dtype, name="shared_expert_gate")())
     if cfg.moe_impl == "routed":
-      out = moe.routed_experts(tokens, weights, experts, w_gate, w_up, w_down, cfg.moe_capacity_factor, shared)
+      out = moe.routed_experts(tokens, weights, experts, w_gate, w_up, w_down, cfg.moe_capacity_factor, shared,
+                               cfg.sequence_parallel)
     else:
       out = moe.dense_experts(tokens, weights, experts, w_gate, w_up, w_down)
       out = out if shared is None else out + moe.shared_expert(tokens, shared)

@@ -136,16 +136,19 @@ def dense_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up:
 
 
 def routed_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up: Array, w_down: Array,
-                   capacity_factor: float = 0.0, shared: SharedExpert | None = None) -> Array:
+                   capacity_factor: float = 0.0, shared: SharedExpert | None = None,
+                   sequence_parallel: bool = False) -> Array:
   """Routed, dropless experts (see the module docstring); same arguments and result as `dense_experts`.
   `capacity_factor` > 0: under expert parallelism, the capacity with a dropless fallback (module docstring).
   `shared`: the shared expert's output (`shared_expert`) is added, computed with the routed experts' layout of the
-  tokens when `tensor` splits them (module docstring)."""
+  tokens when `tensor` splits them (module docstring). `sequence_parallel`: the caller's rows are already split
+  over `tensor` (`sao.models.sequence_parallel`), so when `tensor` splits the tokens the shard_map takes them so,
+  with no slice on the way in and no all-gather on the way out."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1 or mesh.manual_axes:  # no mesh, one device, or a caller's shard_map lays it out
     out = _local_experts(x, weights, experts, w_gate, w_up, w_down, first_expert=0)
     return out if shared is None else out + shared_expert(x, shared)
-  return _mesh_experts(mesh, x, weights, experts, w_gate, w_up, w_down, capacity_factor, shared)
+  return _mesh_experts(mesh, x, weights, experts, w_gate, w_up, w_down, capacity_factor, shared, sequence_parallel)
 
 
 def _axis_size(mesh, name: str) -> int:
@@ -153,7 +156,8 @@ def _axis_size(mesh, name: str) -> int:
 
 
 def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array, w_up: Array,
-                  w_down: Array, capacity_factor: float = 0.0, shared: SharedExpert | None = None) -> Array:
+                  w_down: Array, capacity_factor: float = 0.0, shared: SharedExpert | None = None,
+                  sequence_parallel: bool = False) -> Array:
   """`routed_experts` in one shard_map manual over every axis of `mesh` (the module docstring): x [N, D] and the
   routing [N, k] by rows over the batch axes, w_gate / w_up [X, F, D] and w_down [X, D, F] (HF's `[out, in]`) by
   experts over `expert` and F over `tensor` → [N, D], rows over the batch axes. When `_tokens_over_tensor`, each
@@ -176,6 +180,7 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
     hidden_axis = "fsdp" if fsdp > 1 and x.shape[1] % fsdp == 0 else None
   expert_axis = EXPERT_AXIS if n_expert_shards > 1 else None
   gather_tokens = expert_axis is not None and expert_axis in token_axes
+  rows_split = whole_width and sequence_parallel  # the rows enter already split over `tensor`
 
   def gather_weight(w, width_dim, hidden_dim):
     # An all-gather inside the shard_map transposes to a reduce-scatter of the weight gradient (GSPMD's gather before
@@ -188,11 +193,12 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
     shared_out = None
     if whole_width:
       w_gate, w_up, w_down = gather_weight(w_gate, 1, 2), gather_weight(w_up, 1, 2), gather_weight(w_down, 2, 1)
-      # This `tensor` shard's part of the rows it holds (the shard_map's boundary keeps GSPMD's layout, rows
-      # replicated over `tensor`: a slice here, an all-gather at the end, and no resharding around the block).
-      part = x.shape[0] // mesh.shape[TENSOR_AXIS]
-      start = jax.lax.axis_index(TENSOR_AXIS) * part
-      x, weights, experts = (jax.lax.dynamic_slice_in_dim(a, start, part) for a in (x, weights, experts))
+      if not rows_split:
+        # This `tensor` shard's part of the rows it holds (the shard_map's boundary keeps GSPMD's layout, rows
+        # replicated over `tensor`: a slice here, an all-gather at the end, and no resharding around the block).
+        part = x.shape[0] // mesh.shape[TENSOR_AXIS]
+        start = jax.lax.axis_index(TENSOR_AXIS) * part
+        x, weights, experts = (jax.lax.dynamic_slice_in_dim(a, start, part) for a in (x, weights, experts))
       if shared_weights:  # the shared expert on the same part of the rows, its (small) weights whole
         shared_out = shared_expert(x, SharedExpert(*shared_weights))
     if gather_tokens:  # the expert group's tokens: [N_local · E, ...]
@@ -206,10 +212,11 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
     elif expert_axis is not None:
       out = jax.lax.psum(out, expert_axis)
     if whole_width:
-      return jax.lax.all_gather(out if shared_out is None else out + shared_out, TENSOR_AXIS, tiled=True)
+      out = out if shared_out is None else out + shared_out
+      return out if rows_split else jax.lax.all_gather(out, TENSOR_AXIS, tiled=True)
     return jax.lax.psum(out, width_axis) if width_axis is not None else out
 
-  rows = P(token_axes or None)
+  rows = P((*token_axes, TENSOR_AXIS)) if rows_split else P(token_axes or None)
   if whole_width:
     w_in, w_out = P(expert_axis, TENSOR_AXIS, hidden_axis), P(expert_axis, hidden_axis, TENSOR_AXIS)
   else:

@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from sao.models.config import ModelConfig
 from sao.models.mesh_axes import BATCH_AXES, TENSOR_AXIS, constrainable_axes, logical_mesh_axes
+from sao.models.sequence_parallel import split_tokens
 
 Array = jax.Array
 # (layer params, hidden [B, T, E]) → hidden [B, T, E]: one decoder layer applied functionally.
@@ -70,9 +71,12 @@ def stack_periods(layer_params: Sequence[Any], period: int) -> tuple[Any, ...]:
 RESIDUAL_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (("batch", BATCH_AXES), ("residual_hidden", (TENSOR_AXIS,)))
 
 
-def shard_residual(x: Array) -> Array:
-  """x [B, T, E] constrained to B over the batch axes and E over `tensor` of the context mesh (module docstring);
-  the identity where that mesh has no automatic `tensor` axis of size > 1 dividing E."""
+def shard_residual(x: Array, sequence_parallel: bool = False) -> Array:
+  """x [B, T, E] constrained to B over the batch axes and E over `tensor` of the context mesh (module docstring) —
+  T over `tensor` instead with `sequence_parallel` (`sao.models.sequence_parallel`); the identity where that mesh
+  has no automatic `tensor` axis of size > 1 dividing the dim."""
+  if sequence_parallel:
+    return split_tokens(x)
   # Only automatic axes of size > 1 can take the constraint; the rule drops the axes this view lacks.
   axes = constrainable_axes(jax.sharding.get_abstract_mesh())
   spec = logical_mesh_axes(("batch",) + (None,) * (x.ndim - 2) + ("residual_hidden",), x.shape, axes,
@@ -82,23 +86,25 @@ def shard_residual(x: Array) -> Array:
   return jax.lax.with_sharding_constraint(x, P(*spec))
 
 
-def scan_periods(layer_fns: Sequence[LayerFn], stacked: tuple[Any, ...], x: Array) -> Array:
+def scan_periods(layer_fns: Sequence[LayerFn], stacked: tuple[Any, ...], x: Array,
+                 sequence_parallel: bool = False) -> Array:
   """`x ← f_{P−1}(θ_{P−1}[n], ... f_0(θ_0[n], x))` for n = 0..N−1, as one `lax.scan` over n.
 
   layer_fns: f_j for each period position j; stacked: `stack_periods`' output; x: [B, T, E]. The carry must keep
   its dtype and shape through a period (a decoder layer maps [B, T, E] in the compute dtype to the same). Every
-  layer's input goes through `shard_residual`."""
+  layer's input goes through `shard_residual` (with `sequence_parallel`, its tokens split over `tensor`)."""
+  residual = lambda h: shard_residual(h, sequence_parallel)
   if len(layer_fns) != len(stacked):
     raise ValueError(f"layer_fns: {len(layer_fns)} functions for a period of {len(stacked)} stacked layers")
 
   def period(carry: Array, params: tuple[Any, ...]) -> tuple[Array, None]:
     for fn, layer_params in zip(layer_fns, params):
-      out = fn(layer_params, shard_residual(carry))
+      out = fn(layer_params, residual(carry))
       if out.shape != carry.shape or out.dtype != carry.dtype:
         raise ValueError(f"scan_layers: a decoder layer maps {carry.shape} {carry.dtype} to {out.shape} "
                          f"{out.dtype}; the scan carry needs them equal")
       carry = out
     return carry, None
 
-  x, _ = jax.lax.scan(period, shard_residual(x), stacked)
-  return shard_residual(x)
+  x, _ = jax.lax.scan(period, residual(x), stacked)
+  return residual(x)

@@ -187,9 +187,9 @@ def _scanned_layers(cfg: ModelConfig, layer_inputs: list[tuple[dict, Array | Non
   period = scan.layer_period(cfg)
   num_scanned = cfg.num_layers // period * period
   x = scan.scan_periods([layer_fn(j, True) for j in range(period)],
-                        scan.stack_periods(layer_inputs[:num_scanned], period), x)
+                        scan.stack_periods(layer_inputs[:num_scanned], period), x, cfg.sequence_parallel)
   for i in range(num_scanned, cfg.num_layers):
-    x = layer_fn(i, False)(layer_inputs[i], scan.shard_residual(x))
+    x = layer_fn(i, False)(layer_inputs[i], scan.shard_residual(x, cfg.sequence_parallel))
   return x
 
 

@@ -45,7 +45,8 @@ def base_policy(trainer: Any, demonstrations: Callable[[], Sequence[Trajectory]]
   precision = {"dtype": c.model.get("compute_dtype", "float32"), "param_dtype": c.model.get("param_dtype", "float32"),
                "remat": c.model.get("remat", "none"), "scan_layers": c.model.get("scan_layers", False),
                "moe_capacity_factor": c.model.get("moe_capacity_factor", 0.0),
-               "linear_attn_matmul": c.model.get("linear_attn_matmul", "float32")}
+               "linear_attn_matmul": c.model.get("linear_attn_matmul", "float32"),
+               "sequence_parallel": c.model.get("sequence_parallel", False)}
   cached = lambda: os.path.isfile(os.path.join(base_dir, "config.json"))
   if trainer._decide("base_policy", cached):  # pylint: disable=protected-access
     # A cached base policy's config.json holds the architecture only: the run's precision applies as when it was
