@@ -76,7 +76,7 @@ def test_layer_inputs_sharded_over_tensor_and_model_unchanged(monkeypatch):
     (_, logp), grad = compiled(*args)
     constrained = compiled.as_text()
     with monkeypatch.context() as patch:  # the same program without the constraint (the code before it)
-      patch.setattr(scan, "shard_residual", lambda x: x)
+      patch.setattr(scan, "shard_residual", lambda x, sequence_parallel=False: x)
       compiled_before = _step(CONFIG).lower(*args).compile()
       (_, want_logp), want_grad = compiled_before(*args)
       unconstrained = compiled_before.as_text()
