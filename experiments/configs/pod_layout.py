@@ -39,10 +39,16 @@ def full_mesh(config: ml_collections.ConfigDict) -> None:
   micro-batch of M rows allows at most M batch shards. One row of 131,072 tokens per chip is already the most a
   chip's activations hold, so more rows per micro-batch only buys more batch shards at the cost of memory; the rest
   of the chips shard the model (heads, expert widths, vocabulary) over `tensor`. The compile report
-  (docs/tpu_compile_report.md) measures this layout."""
+  (docs/tpu_compile_report.md) measures this layout.
+
+  Sequence parallelism (`model.sequence_parallel`): `tensor` splits each row's tokens between the layers, not its
+  hidden units, so a layer's projections multiply their own tokens by gathered weights and the mixers reach their
+  heads by all-to-alls, instead of all-gathering and reduce-scattering whole rows over 16 chips in every layer
+  (`sao.models.sequence_parallel`; docs/tpu_hlo_breakdown.md, "Sequence parallelism")."""
   c = config.learner
   c.batching.micro_batch_size = 8
   c.mesh.data, c.mesh.fsdp, c.mesh.expert, c.mesh.tensor = 1, 8, 1, -1
+  config.model.sequence_parallel = True
 
 
 def full_expert_mesh(config: ml_collections.ConfigDict) -> None:
@@ -60,5 +66,7 @@ def full_expert_mesh(config: ml_collections.ConfigDict) -> None:
   c.batching.micro_batch_size = 64
   c.mesh.data, c.mesh.fsdp, c.mesh.expert, c.mesh.tensor = 1, 8, 8, -1
   config.model.moe_capacity_factor = 2.0
+  # The hidden units over `tensor` (2 here): the layout the 32k numbers of docs/tpu_hlo_breakdown.md were measured in.
+  config.model.sequence_parallel = False
   c.batching.bucket_lengths = tuple(b for b in c.batching.bucket_lengths if b <= EXPERT_MESH_MAX_TOKENS)
   config.rollout.max_total_tokens = min(config.rollout.max_total_tokens, EXPERT_MESH_MAX_TOKENS)
