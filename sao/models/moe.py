@@ -142,8 +142,9 @@ def routed_experts(x: Array, weights: Array, experts: Array, w_gate: Array, w_up
   `capacity_factor` > 0: under expert parallelism, the capacity with a dropless fallback (module docstring).
   `shared`: the shared expert's output (`shared_expert`) is added, computed with the routed experts' layout of the
   tokens when `tensor` splits them (module docstring). `sequence_parallel`: the caller's rows are already split
-  over `tensor` (`sao.models.sequence_parallel`), so when `tensor` splits the tokens the shard_map takes them so,
-  with no slice on the way in and no all-gather on the way out."""
+  over `tensor` (`sao.models.sequence_parallel`) and the shard_map takes and returns them so: with whole expert
+  widths each shard runs its own rows (no slice in, no all-gather out); with the widths split it all-gathers the
+  rows over `tensor` on entry and reduce-scatters the partial outputs on exit."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1 or mesh.manual_axes:  # no mesh, one device, or a caller's shard_map lays it out
     out = _local_experts(x, weights, experts, w_gate, w_up, w_down, first_expert=0)
@@ -180,7 +181,12 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
     hidden_axis = "fsdp" if fsdp > 1 and x.shape[1] % fsdp == 0 else None
   expert_axis = EXPERT_AXIS if n_expert_shards > 1 else None
   gather_tokens = expert_axis is not None and expert_axis in token_axes
-  rows_split = whole_width and sequence_parallel  # the rows enter already split over `tensor`
+  # Sequence parallelism: the rows arrive split over `tensor` and leave so. With whole widths each shard runs its own
+  # rows; with F split over `tensor` the shard all-gathers the rows over `tensor` on entry and reduce-scatters its
+  # partial outputs on exit (Megatron's sequence parallelism), the shared expert on its own rows with whole weights.
+  tensor = _axis_size(mesh, TENSOR_AXIS)
+  rows_split = (sequence_parallel and tensor > 1
+                and x.shape[0] % (math.prod(_axis_size(mesh, a) for a in token_axes) * tensor) == 0)
 
   def gather_weight(w, width_dim, hidden_dim):
     # An all-gather inside the shard_map transposes to a reduce-scatter of the weight gradient (GSPMD's gather before
@@ -191,6 +197,11 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
   def per_shard(x, weights, experts, w_gate, w_up, w_down, *shared_weights):
     first = 0 if expert_axis is None else jax.lax.axis_index(expert_axis) * (n_exp // n_expert_shards)
     shared_out = None
+    own_rows = x.shape[0]
+    if rows_split and not whole_width:
+      if shared_weights:
+        shared_out = shared_expert(x, SharedExpert(*shared_weights))
+      x, weights, experts = (jax.lax.all_gather(a, TENSOR_AXIS, tiled=True) for a in (x, weights, experts))
     if whole_width:
       w_gate, w_up, w_down = gather_weight(w_gate, 1, 2), gather_weight(w_up, 1, 2), gather_weight(w_down, 2, 1)
       if not rows_split:
@@ -214,6 +225,12 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
     if whole_width:
       out = out if shared_out is None else out + shared_out
       return out if rows_split else jax.lax.all_gather(out, TENSOR_AXIS, tiled=True)
+    if rows_split:
+      if width_axis is not None:
+        out = jax.lax.psum_scatter(out, TENSOR_AXIS, scatter_dimension=0, tiled=True)
+      else:
+        out = jax.lax.dynamic_slice_in_dim(out, jax.lax.axis_index(TENSOR_AXIS) * own_rows, own_rows)
+      return out if shared_out is None else out + shared_out
     return jax.lax.psum(out, width_axis) if width_axis is not None else out
 
   rows = P((*token_axes, TENSOR_AXIS)) if rows_split else P(token_axes or None)
@@ -221,9 +238,9 @@ def _mesh_experts(mesh, x: Array, weights: Array, experts: Array, w_gate: Array,
     w_in, w_out = P(expert_axis, TENSOR_AXIS, hidden_axis), P(expert_axis, hidden_axis, TENSOR_AXIS)
   else:
     w_in, w_out = P(expert_axis, width_axis, None), P(expert_axis, None, width_axis)
-  # The shared expert rides along only where `tensor` splits the tokens; its weights enter whole (a few MB: GSPMD
-  # gathers them, and their gradient is summed over the shards).
-  inside = tuple(shared) if shared is not None and whole_width else ()
+  # The shared expert rides along only where `tensor` splits the tokens (or they arrive split); its weights enter
+  # whole (a few MB: GSPMD gathers them, and their gradient is summed over the shards).
+  inside = tuple(shared) if shared is not None and (whole_width or rows_split) else ()
   out = jax.shard_map(per_shard, mesh=mesh, in_specs=(rows, rows, rows, w_in, w_in, w_out) + (P(),) * len(inside),
                       out_specs=rows, axis_names=set(mesh.axis_names), check_vma=False)(
                           x, weights, experts, w_gate, w_up, w_down, *inside)

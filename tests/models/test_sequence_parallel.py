@@ -116,16 +116,19 @@ def _shard_maps(jaxpr):
   return found
 
 
-def test_moe_takes_rows_split_over_tensor():
-  """The MoE's shard_map takes N / (batch shards · tensor) rows with no slice inside and returns them so; values and
+@pytest.mark.parametrize("length", [128, 16])  # 16: too few rows for whole widths, F stays split over `tensor`
+def test_moe_takes_rows_split_over_tensor(length):
+  """The MoE's shard_map takes N / (batch shards · tensor) rows and returns them so — with whole expert widths with
+  no slice inside, with F split by an all-gather of the rows over `tensor` in and a reduce-scatter out; values and
   gradients equal the dense oracle's."""
   mesh = _mesh(**AXES)
   routed = ModelConfig.tiny("qwen3_5_moe_text", sequence_parallel=True)
   dense = routed.replace(moe_impl="dense", sequence_parallel=False)
-  x = jax.random.normal(jax.random.PRNGKey(3), (4, 128, routed.hidden_size))
+  x = jax.random.normal(jax.random.PRNGKey(3), (4, length, routed.hidden_size))
   params = MoE(routed).init(jax.random.PRNGKey(0), x)["params"]
-  assert moe._tokens_over_tensor(mesh, ("fsdp", "expert"), 4 * 128, routed.num_experts_per_tok, routed.num_experts,
-                                 routed.moe_intermediate_size)
+  whole = moe._tokens_over_tensor(mesh, ("fsdp", "expert"), 4 * length, routed.num_experts_per_tok,
+                                  routed.num_experts, routed.moe_intermediate_size)
+  assert whole == (length == 128)
 
   def value_and_grad(config):
     loss = lambda p, x: jnp.sum(jnp.sin(MoE(config).apply({"params": p}, x)))
@@ -138,10 +141,14 @@ def test_moe_takes_rows_split_over_tensor():
     mapped = _shard_maps(jax.make_jaxpr(value_and_grad(routed))(params, x_split).jaxpr)
     got, got_grads = value_and_grad(routed)(params, x_split)
   body = mapped[0].params["jaxpr"]
-  assert body.invars[0].aval.shape == (4 * 128 // 8, routed.hidden_size)
+  assert body.invars[0].aval.shape == (4 * length // 8, routed.hidden_size)
   rows = jax.sharding.PartitionSpec(("fsdp", "expert", "tensor"))
   assert mapped[0].params["in_specs"][0] == rows and mapped[0].params["out_specs"][0] == rows
-  assert not [e for e in body.eqns if e.primitive.name == "dynamic_slice"]
+  primitives = {e.primitive.name for e in body.eqns}
+  if whole:
+    assert "dynamic_slice" not in primitives
+  else:
+    assert "reduce_scatter" in primitives or "psum_scatter" in primitives, primitives
   _close(got, want, ATOL)
   for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
     _close(g, w, GRAD_ATOL)
