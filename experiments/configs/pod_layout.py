@@ -56,9 +56,9 @@ def full_expert_mesh(config: ml_collections.ConfigDict) -> None:
   v5p-128, 4 on 256 chips), the 256 experts 32 a shard over `expert`, 64-row micro-batches (one row per batch shard),
   the MoE's rows in chunks of 2 × the balanced share (`model.moe_capacity_factor`, nothing dropped).
 
-  Why: on `full_mesh` every chip's `tensor` group of 16 splits each layer's matmuls 16 ways and the MoE runs every
-  expert's 1/16 on every token, so collectives and memory-bound copies hold the step (13.8 s, 6.6 % modeled MFU for
-  the SAO actor step at T = 32,768 on a v5p-128, attention counted causal); here the SAO actor step models 3.01 s
+  Why: on `full_mesh` every chip's `tensor` group of 16 splits each layer's matmuls 16 ways and at 32,768 tokens the
+  MoE runs every expert's 1/16 on every token, so collectives and memory-bound copies hold the step (9.52 s, 9.6 %
+  modeled MFU for the SAO actor step at T = 32,768 on a v5p-128 with sequence parallelism, attention counted causal); here the SAO actor step models 3.01 s
   (30.5 %) and the critic step 2.67 s (30.3 %) at 32,768, 40.9 GiB per chip. Its limit: a micro-batch holds one row per batch shard, and a
   131,072-token row per chip pair does not fit (a 4-layer slice needs 103 GiB per chip), so the buckets and the
   episodes stop at `EXPERT_MESH_MAX_TOKENS` (docs/tpu_hlo_breakdown.md)."""
