@@ -30,11 +30,9 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
 
 from sao.models.config import ModelConfig
-from sao.models.mesh_axes import BATCH_AXES, TENSOR_AXIS, constrainable_axes, logical_mesh_axes
-from sao.models.sequence_parallel import split_tokens
+from sao.models.sequence_parallel import SPLIT_RULES, split_dim, split_tokens
 
 Array = jax.Array
 # (layer params, hidden [B, T, E]) → hidden [B, T, E]: one decoder layer applied functionally.
@@ -65,25 +63,16 @@ def stack_periods(layer_params: Sequence[Any], period: int) -> tuple[Any, ...]:
                for j in range(period))
 
 
-# The residual stream's logical axes under the shared rule (`mesh_axes.logical_mesh_axes`): rows as the `batch` rule
-# of `sao.models.sharding.LOGICAL_AXIS_RULES` (not imported: sharding imports the transformer, which imports this
-# module), the hidden dim E over `tensor`.
-RESIDUAL_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (("batch", BATCH_AXES), ("residual_hidden", (TENSOR_AXIS,)))
+# The residual stream's rule: rows as the `batch` rule of `sao.models.sharding.LOGICAL_AXIS_RULES` (not imported:
+# sharding imports the transformer, which imports this module), one dim over `tensor` (`sao.models.sequence_parallel`).
+RESIDUAL_RULES = SPLIT_RULES
 
 
 def shard_residual(x: Array, sequence_parallel: bool = False) -> Array:
   """x [B, T, E] constrained to B over the batch axes and E over `tensor` of the context mesh (module docstring) —
   T over `tensor` instead with `sequence_parallel` (`sao.models.sequence_parallel`); the identity where that mesh
   has no automatic `tensor` axis of size > 1 dividing the dim."""
-  if sequence_parallel:
-    return split_tokens(x)
-  # Only automatic axes of size > 1 can take the constraint; the rule drops the axes this view lacks.
-  axes = constrainable_axes(jax.sharding.get_abstract_mesh())
-  spec = logical_mesh_axes(("batch",) + (None,) * (x.ndim - 2) + ("residual_hidden",), x.shape, axes,
-                           RESIDUAL_RULES)
-  if spec[-1] is None:
-    return x
-  return jax.lax.with_sharding_constraint(x, P(*spec))
+  return split_tokens(x) if sequence_parallel else split_dim(x, x.ndim - 1)
 
 
 def scan_periods(layer_fns: Sequence[LayerFn], stacked: tuple[Any, ...], x: Array,

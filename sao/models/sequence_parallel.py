@@ -26,7 +26,8 @@ from sao.models.mesh_axes import BATCH_AXES, TENSOR_AXIS, constrainable_axes, lo
 
 Array = jax.Array
 
-_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (("batch", BATCH_AXES), ("split", (TENSOR_AXIS,)))
+# Rows as the `batch` rule of `sao.models.sharding`; the split dim over `tensor` (also `scan.shard_residual`'s rule).
+SPLIT_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (("batch", BATCH_AXES), ("split", (TENSOR_AXIS,)))
 
 
 def _constrain(x: Array, split_dim: int) -> Array:
@@ -36,10 +37,15 @@ def _constrain(x: Array, split_dim: int) -> Array:
   axes = constrainable_axes(jax.sharding.get_abstract_mesh())
   names = ["batch"] + [None] * (x.ndim - 1)
   names[split_dim] = "split"
-  spec = logical_mesh_axes(names, x.shape, axes, _RULES)
+  spec = logical_mesh_axes(names, x.shape, axes, SPLIT_RULES)
   if spec[split_dim] is None:
     return x
   return jax.lax.with_sharding_constraint(x, P(*spec))
+
+
+def split_dim(x: Array, dim: int) -> Array:
+  """x [B, ...]: B over the batch axes, `dim` over `tensor` (the identity where `tensor` cannot take it)."""
+  return _constrain(x, dim)
 
 
 def split_tokens(x: Array) -> Array:
